@@ -1,0 +1,1 @@
+"""The static checker: libcst facts per file, one small query per rule."""
