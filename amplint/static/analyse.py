@@ -1,0 +1,151 @@
+"""One file from bytes to findings: decode, parse, build facts, run the selected checks."""
+
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+from collections.abc import Iterable
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from amplint.catalogue import rule_info
+from amplint.model import Finding, Fix, Edit
+from amplint.static.checks import Hit, all_checks
+from amplint.static.semantics import AmpFacts
+
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+\d+(?:[\s,]+[A-Za-z]+\d+)*))?", re.IGNORECASE)
+_FILE_NOQA = re.compile(r"^#\s*amplint:\s*noqa\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+class SourceError(Exception):
+    """The file cannot be decoded or parsed; carries a 1-based position."""
+
+    def __init__(self, message: str, line: int = 1, column: int = 1) -> None:
+        super().__init__(message)
+        self.message, self.line, self.column = message, line, column
+
+
+def decode_source(source: bytes | str) -> tuple[str, str]:
+    """Text and encoding name of a Python source, honouring a BOM and a PEP 263 coding line."""
+    if isinstance(source, str):
+        return source, "utf-8"
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+    except SyntaxError as exc:
+        raise SourceError(f"cannot decode: {exc.msg}") from None
+    try:
+        return source.decode(encoding), encoding
+    except (UnicodeDecodeError, LookupError) as exc:
+        line = source[: getattr(exc, "start", 0)].count(b"\n") + 1
+        raise SourceError(f"cannot decode as {encoding}: {exc.reason if hasattr(exc, 'reason') else exc}", line) from None
+
+
+def parse(text: str) -> cst.Module:
+    try:
+        return cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        raise SourceError(f"cannot parse: {exc.message}", exc.raw_line, exc.raw_column + 1) from None
+    except RecursionError:
+        raise SourceError("cannot parse: the file nests too deeply") from None
+
+
+def parse_error_finding(path: str, error: SourceError) -> Finding:
+    info = rule_info("AMP000")
+    return Finding(
+        "AMP000", info.name, info.severity, path, error.line, error.column, error.line, error.column, error.message
+    )
+
+
+def analyse_source(source: bytes | str, path: str, select: Iterable[str] | None = None) -> list[Finding]:
+    try:
+        text, _encoding = decode_source(source)
+        module = parse(text)
+    except SourceError as error:
+        wanted = None if select is None else set(select)
+        return [] if wanted is not None and "AMP000" not in wanted else [parse_error_finding(path, error)]
+    return analyse_module(module, text, path, select)
+
+
+def analyse_module(module: cst.Module, text: str, path: str, select: Iterable[str] | None = None) -> list[Finding]:
+    if _FILE_NOQA.search(text):
+        return []
+    checks = all_checks()
+    codes = [code for code in checks if select is None or code in set(select)]
+    if not codes:
+        return []
+    facts = AmpFacts(module)
+    hits: list[tuple[str, Hit]] = []
+    seen: set[tuple[str, int]] = set()
+    for code in codes:
+        for hit in checks[code](facts):
+            if (code, id(hit.node)) not in seen:
+                seen.add((code, id(hit.node)))
+                hits.append((code, hit))
+    if not hits:
+        return []
+    # Positions cost a full pass over the tree: paid only when there is something to report.
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    suppressions = _noqa_by_line(text)
+    findings = []
+    for code, hit in hits:
+        finding = _finding(code, hit, path, positions)
+        if not _suppressed(finding, suppressions):
+            findings.append(finding)
+    return sorted(findings, key=Finding.sort_key)
+
+
+def _finding(code: str, hit: Hit, path: str, positions) -> Finding:
+    info = rule_info(code)
+    where = positions[hit.node]
+    statement_line = positions[hit.statement].start.line if hit.statement in positions else where.start.line
+    message = hit.message.format(*(positions[n].start.line for n in hit.related)) if hit.related else hit.message
+    fix = None
+    if hit.fix is not None:
+        edits = tuple(
+            Edit(
+                positions[r.node].start.line,
+                positions[r.node].start.column + 1,
+                positions[r.node].end.line,
+                positions[r.node].end.column + 1,
+                r.content,
+            )
+            for r in hit.fix.replacements
+        )
+        fix = Fix(hit.fix.applicability, edits)
+    return Finding(
+        code,
+        info.name,
+        info.severity,
+        path,
+        where.start.line,
+        where.start.column + 1,
+        where.end.line,
+        where.end.column + 1,
+        message,
+        fix,
+        noqa_line=statement_line,
+    )
+
+
+def _noqa_by_line(text: str) -> dict[int, set[str] | None]:
+    """Line -> codes suppressed there (None: every code)."""
+    table: dict[int, set[str] | None] = {}
+    if "noqa" not in text.lower():
+        return table
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = _NOQA.search(line)
+        if match:
+            codes = match.group("codes")
+            table[number] = None if codes is None else {c.upper() for c in re.split(r"[\s,]+", codes) if c}
+    return table
+
+
+def _suppressed(finding: Finding, suppressions: dict[int, set[str] | None]) -> bool:
+    for line in {finding.line, finding.noqa_line}:
+        if line in suppressions:
+            codes = suppressions[line]
+            if codes is None or finding.code in codes:
+                return True
+    return False

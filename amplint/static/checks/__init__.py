@@ -1,0 +1,60 @@
+"""The rules: each module is a small query over `AmpFacts` that yields `Hit`s.
+
+A rule module defines `CODE` and `check(facts) -> Iterable[Hit]`. Name, severity and
+documentation come from the rule's Markdown file in `rules/`, so they are written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import libcst as cst
+
+from amplint.model import Applicability
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """Replace one node's source with new text."""
+
+    node: cst.CSTNode
+    content: str
+
+
+@dataclass(frozen=True)
+class FixPlan:
+    applicability: Applicability
+    replacements: tuple[Replacement, ...]
+
+
+@dataclass(frozen=True)
+class Hit:
+    node: cst.CSTNode  # what the finding points at
+    message: str
+    statement: cst.CSTNode | None = None  # whose first line may carry the `# noqa`
+    fix: FixPlan | None = None
+    # Nodes whose line numbers fill the message's `{0}`, `{1}`... once positions are known.
+    related: tuple[cst.CSTNode, ...] = ()
+
+
+Check = Callable[["AmpFacts"], Iterable[Hit]]  # noqa: F821 (forward reference for readers)
+
+
+def all_checks() -> dict[str, Check]:
+    from amplint.static.checks import (
+        amp001_deprecated_api,
+        amp002_half_with_autocast,
+        amp003_backward_in_autocast,
+        amp004_scaler_per_iteration,
+        amp005_clip_without_unscale,
+    )
+
+    modules = (
+        amp001_deprecated_api,
+        amp002_half_with_autocast,
+        amp003_backward_in_autocast,
+        amp004_scaler_per_iteration,
+        amp005_clip_without_unscale,
+    )
+    return {module.CODE: module.check for module in modules}

@@ -1,0 +1,71 @@
+"""AMP002 half-with-autocast: a model or its inputs converted to fp16/bf16 by hand in AMP code."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import libcst as cst
+
+from amplint.static import names
+from amplint.static.checks import Hit
+from amplint.static.semantics import AmpFacts, CallSite, argument
+
+CODE = "AMP002"
+
+# Casting weights for export or storage is not running the model in low precision.
+_EXPORT_FUNCTION = re.compile(r"export|save|onnx|convert|quantiz|checkpoint|serializ|dump|to_fp16|publish")
+
+
+def low_precision_target(call: CallSite, facts: AmpFacts) -> str | None:
+    """The dtype a conversion call casts to, when it is a literal fp16/bf16 one."""
+    if call.method in ("half", "bfloat16") and not call.node.args:
+        return "float16" if call.method == "half" else "bfloat16"
+    if call.method == "to":
+        for candidate in (argument(call.node, None, "dtype"), argument(call.node, 0, None), argument(call.node, 1, None)):
+            qualified = facts.qualname(candidate, call.scope)
+            if qualified in names.LOW_PRECISION_DTYPES:
+                return qualified.split(".")[-1].replace("half", "float16")
+    if call.method == "type":
+        qualified = facts.qualname(argument(call.node, 0, "dtype"), call.scope)
+        if qualified in names.LOW_PRECISION_DTYPES or qualified in names.LOW_PRECISION_TENSOR_TYPES:
+            return "bfloat16" if "BFloat16" in qualified or "bfloat16" in qualified else "float16"
+    return None
+
+
+def _is_export(call: CallSite, facts: AmpFacts) -> bool:
+    receiver = call.receiver
+    text = facts.module.code_for_node(receiver) if receiver is not None else ""
+    if "state_dict" in text:
+        return True
+    function = call.scope.function_scope
+    if function.kind == "function" and _EXPORT_FUNCTION.search(function.name.lower()):
+        return True
+    statement = call.where.statement
+    return isinstance(statement, cst.SimpleStatementLine) and "torch.save" in facts.module.code_for_node(statement)
+
+
+def _inside_module_class(call: CallSite, facts: AmpFacts) -> bool:
+    """Casts inside a model's own methods (e.g. fp16 inputs for a fused kernel) are the model's business."""
+    owner = call.scope.function_scope.class_name
+    return owner is not None and facts.is_module_class(owner) and call.receiver_key != "self"
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    if not (facts.has_autocast or facts.has_scaler):
+        return
+    uses = "autocast" if facts.has_autocast else "a GradScaler"
+    for call in facts.calls:
+        dtype = low_precision_target(call, facts)
+        if dtype is None or _is_export(call, facts) or _inside_module_class(call, facts):
+            continue
+        subject = facts.module.code_for_node(call.receiver) if call.receiver is not None else "value"
+        if len(subject) > 40:
+            subject = subject[:37] + "..."
+        yield Hit(
+            call.node,
+            f"`{subject}` is converted to {dtype} by hand in code that uses {uses}; keep the model "
+            f"and inputs in float32 and let autocast choose per-op dtypes (a GradScaler cannot "
+            f"unscale {dtype} gradients)",
+            call.where.statement,
+        )

@@ -1,0 +1,45 @@
+"""AMP003 backward-in-autocast: backward or an optimizer step while autocast is still enabled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from amplint.static import names
+from amplint.static.checks import Hit
+from amplint.static.semantics import AmpFacts, CallSite
+
+CODE = "AMP003"
+
+
+def step_kind(call: CallSite, facts: AmpFacts) -> str | None:
+    """"backward" or "step" for the calls that belong after the autocast region."""
+    if call.method == "backward" or call.qualname in names.AUTOGRAD_BACKWARD:
+        return "backward"
+    if call.method == "step":
+        if facts.is_scaler(call.receiver_key, call.scope):
+            return "scaler step"
+        if facts.is_optimizer(call.receiver_key, call.scope):
+            return "optimizer step"
+    return None
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    if not facts.has_autocast:
+        return
+    for call in facts.calls:
+        kind = step_kind(call, facts)
+        if kind is None:
+            continue
+        region = facts.region_of(call.where)
+        if region is None:
+            continue
+        autocast, via = region
+        reached = " through the call on line {1}" if via is not None else ""
+        yield Hit(
+            call.node,
+            f"{kind} runs inside the autocast region opened on line {{0}}{reached}; end the "
+            f"autocast block after the forward pass and loss, and run backward and the optimizer "
+            f"step after it",
+            call.where.statement,
+            related=(autocast.node, via.node) if via is not None else (autocast.node,),
+        )

@@ -1,0 +1,92 @@
+"""AMP004 scaler-per-iteration: a GradScaler built per batch or per epoch instead of once per run."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import libcst as cst
+
+from amplint.static.checks import Hit
+from amplint.static.semantics import AmpFacts, CallSite, Loop, dotted_name, is_per_step_function
+
+CODE = "AMP004"
+
+_EPOCH = re.compile(r"epoch")
+# A loop over folds, trials, seeds or configurations starts a new training run each iteration.
+_RUN = re.compile(r"fold|trial|seed|run|split|config|experiment|repeat|sweep|task|cfg|hparam|model|lrs?\b")
+_SCALER_USE = {"step", "update", "scale", "unscale_"}
+_LAZY_INIT = re.compile(r"\bis None\b|not hasattr|\bnot self\.\w*scaler|\bnot \w*scaler")
+
+
+def _assigned_key(call: CallSite) -> str | None:
+    statement = call.where.statement
+    if isinstance(statement, cst.SimpleStatementLine):
+        for small in statement.body:
+            if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is call.node:
+                target = small.targets[0].target if isinstance(small, cst.Assign) else small.target
+                return dotted_name(target)
+    return None
+
+
+def _lazy_init(call: CallSite, facts: AmpFacts) -> bool:
+    """`if scaler is None: scaler = GradScaler()` builds it once."""
+    return any(_LAZY_INIT.search(facts.module.code_for_node(guard.test)) for guard in call.where.ifs)
+
+
+def _loop_depth_of_uses(loop: Loop, key: str | None, facts: AmpFacts) -> list[int]:
+    """For each use of the scaler inside `loop`, how many loops sit between it and `loop`."""
+    depths = []
+    for use in facts.calls:
+        if key is None or use.receiver_key != key or use.method not in _SCALER_USE:
+            continue
+        chain = [l for l, _ in reversed(facts.enclosing_loops(use.where))]  # outermost first
+        if loop in chain:
+            depths.append(len(chain) - 1 - chain.index(loop))
+    return depths
+
+
+def _starts_a_run(loop: Loop, facts: AmpFacts) -> bool:
+    """The loop body builds a model or an optimizer next to the scaler: one scaler per run."""
+    for call in facts.calls:
+        if call.where.loops and call.where.loops[-1] is loop:
+            if facts.value_kind(call.node, call.scope) in ("optimizer", "model"):
+                return True
+    return False
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    for call in facts.scalers_in():
+        if _lazy_init(call, facts):
+            continue
+        key = _assigned_key(call)
+        loops = facts.enclosing_loops(call.where)
+        if not loops:
+            function = call.scope.function_scope
+            if function.kind == "function" and is_per_step_function(function) and not facts.callers(function):
+                yield Hit(
+                    call.node,
+                    f"a new GradScaler is built on every call of `{function.name}()`, which runs per "
+                    f"step or per epoch; build it once before training and pass it in",
+                    call.where.statement,
+                )
+            continue
+        loop, via = loops[0]
+        depths = _loop_depth_of_uses(loop, key, facts)
+        epoch_loop = bool(_EPOCH.search(loop.text))
+        run_loop = _starts_a_run(loop, facts) or (bool(_RUN.search(loop.text)) and not epoch_loop)
+        if 0 in depths:
+            period = "epoch" if epoch_loop else "iteration"
+        elif run_loop or (depths and min(depths) > 1 and not epoch_loop):
+            continue  # one scaler per fold, trial or run is right
+        else:
+            period = "epoch" if epoch_loop or depths else "iteration"
+        reached = " (through the call on line {1})" if via is not None else ""
+        yield Hit(
+            call.node,
+            f"a new GradScaler is built every {period} of the loop on line {{0}}{reached}, so its "
+            f"loss scale never calibrates and overflowing steps are skipped again and again; build "
+            f"it once before the loop",
+            call.where.statement,
+            related=(loop.node, via.node) if via is not None else (loop.node,),
+        )

@@ -1,0 +1,115 @@
+"""AMP005 clip-without-unscale: clipping or reading gradients that are still multiplied by the scale."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import libcst as cst
+
+from amplint.static import names
+from amplint.static.checks import Hit
+from amplint.static.semantics import AmpFacts, Context, Scope, dotted_name
+
+CODE = "AMP005"
+
+# A statement that computes with `.grad` (a norm, a max, a finiteness test), not one that only
+# tests it for None or resets it.
+_GRAD_COMPUTATION = re.compile(
+    r"\.grad(\.data)?\.(norm|abs|max|min|sum|mean|pow|square|float|item|detach|clone|cpu|numpy|isfinite|isnan|isinf|div_|mul_|clamp_)\b"
+    r"|\b(norm|isfinite|isnan|isinf|abs|amax|max|stack|sum|clamp_)\(\s*[\w.\[\]]*\.grad(\.data)?\s*[,)]"
+)
+
+
+@dataclass(frozen=True)
+class _Event:
+    kind: str  # "scale" | "unscale" | "step" | "update" | "clip" | "grad"
+    node: cst.CSTNode
+    scaler: str | None
+    optimizer: str | None
+    where: Context
+
+
+def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
+    events: list[_Event] = []
+    for call in function.calls:
+        key = call.receiver_key
+        if call.method in ("scale", "unscale_", "step", "update") and facts.is_scaler(key, call.scope):
+            if facts.scaler_disabled(key, call.scope):
+                continue
+            kind = {"scale": "scale", "unscale_": "unscale", "step": "step", "update": "update"}[call.method]
+            optimizer = dotted_name(call.arg(0, "optimizer")) if kind in ("unscale", "step") else None
+            events.append(_Event(kind, call.node, key, optimizer, call.where))
+        elif call.qualname in names.CLIP_GRAD:
+            events.append(_Event("clip", call.node, None, None, call.where))
+    for read in facts.grad_reads:
+        if read.where.scope.function_scope is function and _computes_with_grad(read.where.statement, facts):
+            events.append(_Event("grad", read.where.statement, None, None, read.where))
+    events.sort(key=lambda e: e.where.order)
+    return events
+
+
+def _computes_with_grad(statement: cst.CSTNode, facts: AmpFacts) -> bool:
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    return bool(_GRAD_COMPUTATION.search(facts.module.code_for_node(statement)))
+
+
+def _events_with_helpers(function: Scope, facts: AmpFacts, own: dict[int, list[_Event]]) -> list[_Event]:
+    """The function's events in program order, with same-file helpers' events spliced in (one level)."""
+    merged: list[tuple[int, int, _Event]] = [(e.where.order, 0, e) for e in own[id(function)]]
+    for call in function.calls:
+        helper = facts.called_function(call)
+        if helper is None or helper is function:
+            continue
+        merged.extend((call.where.order, i + 1, e) for i, e in enumerate(own.get(id(helper), ())))
+    merged.sort(key=lambda item: (item[0], item[1]))
+    return [event for _, _, event in merged]
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    if not facts.calls:
+        return
+    functions = [facts.module_scope, *facts.functions]
+    own = {id(f): _own_events(f, facts) for f in functions}
+    if not any(e.kind == "scale" for events in own.values() for e in events):
+        return
+    reported: set[int] = set()
+    for function in functions:
+        events = _events_with_helpers(function, facts, own)
+        stepped_optimizers = {e.optimizer for e in events if e.kind == "step" and e.optimizer}
+        scaled = False
+        unscaled: set[str | None] = set()
+        for index, event in enumerate(events):
+            if event.kind == "scale":
+                scaled = True
+            elif event.kind == "unscale":
+                unscaled.add(event.optimizer)
+            elif event.kind in ("step", "update"):
+                if event.kind == "update":
+                    scaled, unscaled = False, set()
+            elif scaled and id(event.node) not in reported:
+                owner = next((e.optimizer for e in events[index + 1 :] if e.kind == "step"), None)
+                if _already_unscaled(owner, unscaled, stepped_optimizers):
+                    continue
+                reported.add(id(event.node))
+                yield _hit(event, owner)
+
+
+def _already_unscaled(owner: str | None, unscaled: set[str | None], stepped: set[str]) -> bool:
+    if owner is not None and owner in unscaled:
+        return True
+    # With one optimizer, any `unscale_` covers it even when spelled differently (`opt` vs `self.opt`).
+    return bool(unscaled) and (owner is None or len(stepped) <= 1)
+
+
+def _hit(event: _Event, owner: str | None) -> Hit:
+    target = owner or "optimizer"
+    what = "clips gradients" if event.kind == "clip" else "reads `.grad`"
+    return Hit(
+        event.node,
+        f"{what} that are still multiplied by the GradScaler's scale (a clip threshold then "
+        f"compares against scale x norm); call `scaler.unscale_({target})` before it",
+        event.where.statement,
+    )

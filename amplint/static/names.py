@@ -1,0 +1,97 @@
+"""The torch names the rules know, as fully qualified names.
+
+Every spelling that reaches the same object is listed (public re-exports and the defining
+module), so a rule never depends on how a user imported it.
+"""
+
+from __future__ import annotations
+
+DEPRECATED_AMP = {
+    # qualified name -> (device, object kind)
+    "torch.cuda.amp.autocast": ("cuda", "autocast"),
+    "torch.cuda.amp.autocast_mode.autocast": ("cuda", "autocast"),
+    "torch.cpu.amp.autocast": ("cpu", "autocast"),
+    "torch.cpu.amp.autocast_mode.autocast": ("cpu", "autocast"),
+    "torch.cuda.amp.GradScaler": ("cuda", "GradScaler"),
+    "torch.cuda.amp.grad_scaler.GradScaler": ("cuda", "GradScaler"),
+    "torch.cpu.amp.GradScaler": ("cpu", "GradScaler"),
+    "torch.cpu.amp.grad_scaler.GradScaler": ("cpu", "GradScaler"),
+    "torch.cuda.amp.custom_fwd": ("cuda", "custom_fwd"),
+    "torch.cuda.amp.autocast_mode.custom_fwd": ("cuda", "custom_fwd"),
+    "torch.cuda.amp.custom_bwd": ("cuda", "custom_bwd"),
+    "torch.cuda.amp.autocast_mode.custom_bwd": ("cuda", "custom_bwd"),
+}
+
+# Module-level autocast state functions deprecated in torch 2.4 (pytorch/pytorch#124359).
+DEPRECATED_AUTOCAST_STATE = {
+    "torch.get_autocast_gpu_dtype": 'torch.get_autocast_dtype("cuda")',
+    "torch.get_autocast_cpu_dtype": 'torch.get_autocast_dtype("cpu")',
+    "torch.set_autocast_gpu_dtype": 'torch.set_autocast_dtype("cuda", dtype)',
+    "torch.set_autocast_cpu_dtype": 'torch.set_autocast_dtype("cpu", dtype)',
+    "torch.is_autocast_cpu_enabled": 'torch.is_autocast_enabled("cpu")',
+    "torch.set_autocast_cpu_enabled": 'torch.set_autocast_enabled("cpu", enabled)',
+}
+
+AUTOCAST = {
+    "torch.autocast",
+    "torch.amp.autocast",
+    "torch.amp.autocast_mode.autocast",
+    "torch.cuda.amp.autocast",
+    "torch.cuda.amp.autocast_mode.autocast",
+    "torch.cpu.amp.autocast",
+    "torch.cpu.amp.autocast_mode.autocast",
+}
+
+GRAD_SCALER = {
+    "torch.amp.GradScaler",
+    "torch.amp.grad_scaler.GradScaler",
+    "torch.cuda.amp.GradScaler",
+    "torch.cuda.amp.grad_scaler.GradScaler",
+    "torch.cpu.amp.GradScaler",
+    "torch.cpu.amp.grad_scaler.GradScaler",
+}
+
+CLIP_GRAD = {
+    "torch.nn.utils.clip_grad_norm_",
+    "torch.nn.utils.clip_grad_norm",
+    "torch.nn.utils.clip_grad_value_",
+    "torch.nn.utils.clip_grad.clip_grad_norm_",
+    "torch.nn.utils.clip_grad.clip_grad_norm",
+    "torch.nn.utils.clip_grad.clip_grad_value_",
+    "torch.nn.utils.clip_grads_with_norm_",
+    "torch.nn.utils.clip_grad.clip_grads_with_norm_",
+    "torch.nn.utils.get_total_norm",
+}
+
+AUTOGRAD_BACKWARD = {"torch.autograd.backward"}
+
+LOW_PRECISION_DTYPES = {"torch.float16", "torch.half", "torch.bfloat16"}
+LOW_PRECISION_TENSOR_TYPES = {
+    "torch.HalfTensor",
+    "torch.BFloat16Tensor",
+    "torch.cuda.HalfTensor",
+    "torch.cuda.BFloat16Tensor",
+}
+
+FUNCTOOLS_PARTIAL = {"functools.partial"}
+
+# Autocast signatures: the new API takes the device first; the deprecated classes do not.
+AUTOCAST_POSITIONAL = {
+    "new": ("device_type", "dtype", "enabled", "cache_enabled"),
+    "deprecated": ("enabled", "dtype", "cache_enabled"),
+}
+
+# Star-import sources whose public names the resolver knows.
+STAR_EXPORTS = {
+    "torch.cuda.amp": {"autocast", "GradScaler", "custom_fwd", "custom_bwd"},
+    "torch.cpu.amp": {"autocast", "GradScaler"},
+    "torch.amp": {"autocast", "GradScaler", "custom_fwd", "custom_bwd"},
+    "torch.nn.utils": {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"},
+    "torch": {"autocast"},
+}
+
+TORCH_OPTIMIZER_PREFIXES = ("torch.optim.", "bitsandbytes.optim.", "apex.optimizers.", "timm.optim.")
+THIRD_PARTY_OPTIMIZERS = {"transformers.AdamW", "transformers.Adafactor", "transformers.optimization.AdamW"}
+SCHEDULER_PREFIXES = ("torch.optim.lr_scheduler.",)
+MODEL_FACTORIES = {"timm.create_model", "torch.hub.load"}
+MODEL_PREFIXES = ("torchvision.models.",)

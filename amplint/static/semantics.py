@@ -1,0 +1,924 @@
+"""One libcst pass per file that records the AMP facts every rule queries.
+
+The pass records structure only (scopes, imports, calls in program order with their enclosing
+loops, `with` items and `if`s, assignments, returns, `.grad` reads). Names are resolved after the
+walk, when every import of the file is known, so a function may use a name imported further down.
+
+Why not libcst's QualifiedNameProvider: its scope analysis is 64% of analysis time on AMP-heavy
+files (research/anchors-linters.md); AMP rules only need import aliases, which one pass over the
+import statements gives for a fraction of that.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import libcst as cst
+
+from amplint.static import names
+
+# ---------------------------------------------------------------------------------------------
+# Recorded structure
+
+
+@dataclass(eq=False)
+class Scope:
+    """A module, function, lambda or class body: where imports and assignments live."""
+
+    kind: str  # "module" | "function" | "class" | "lambda"
+    name: str
+    node: cst.CSTNode
+    parent: Scope | None
+    class_name: str | None = None  # the class a method belongs to
+    decorators: tuple[cst.Decorator, ...] = ()
+    imports: dict[str, str] = field(default_factory=dict)
+    star_imports: list[str] = field(default_factory=list)
+    calls: list[CallSite] = field(default_factory=list)
+    returns: list[cst.BaseExpression] = field(default_factory=list)
+    params: tuple[str, ...] = ()
+
+    def resolve_head(self, head: str) -> str | None:
+        scope: Scope | None = self
+        while scope is not None:
+            if head in scope.imports:
+                return scope.imports[head]
+            for module in scope.star_imports:
+                if head in names.STAR_EXPORTS.get(module, ()):
+                    return f"{module}.{head}"
+            scope = scope.parent
+        return None
+
+    def resolve(self, dotted: str | None) -> str | None:
+        if not dotted:
+            return None
+        head, _, rest = dotted.partition(".")
+        base = self.resolve_head(head)
+        if base is None:
+            return None
+        return f"{base}.{rest}" if rest else base
+
+    @property
+    def function_scope(self) -> Scope:
+        """The nearest enclosing function or module (class bodies and lambdas are skipped)."""
+        scope = self
+        while scope.kind in ("class", "lambda") and scope.parent is not None:
+            scope = scope.parent
+        return scope
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.class_name}.{self.name}" if self.class_name else self.name
+
+
+@dataclass(eq=False, frozen=True)
+class Loop:
+    node: cst.CSTNode
+    kind: str  # "for" | "while" | "comprehension"
+    target: str  # the loop variable(s), as source text
+    iterable: str  # what it iterates over (or the while condition), as source text
+
+    @property
+    def text(self) -> str:
+        return f"{self.target} {self.iterable}".lower()
+
+
+@dataclass(eq=False, frozen=True)
+class Context:
+    """The position of a recorded node inside its function: enclosing loops, withs and ifs."""
+
+    scope: Scope
+    loops: tuple[Loop, ...]
+    withs: tuple[cst.WithItem, ...]
+    ifs: tuple[cst.If, ...]
+    statement: cst.CSTNode
+    order: int
+
+
+@dataclass(eq=False)
+class CallSite:
+    node: cst.Call
+    callee: str | None  # dotted source text of the called expression, if it is a name chain
+    method: str | None  # attribute name for `x.m(...)`
+    receiver: cst.BaseExpression | None
+    receiver_key: str | None  # dotted text of the receiver: "scaler", "self.scaler"
+    where: Context
+    qualname: str | None = None  # resolved after the walk
+
+    @property
+    def scope(self) -> Scope:
+        return self.where.scope
+
+    def arg(self, position: int | None, keyword: str | None) -> cst.BaseExpression | None:
+        return argument(self.node, position, keyword)
+
+
+@dataclass(eq=False)
+class Assignment:
+    key: str
+    value: cst.BaseExpression
+    where: Context
+
+
+@dataclass(eq=False)
+class GradRead:
+    node: cst.Attribute
+    where: Context
+
+
+@dataclass(eq=False)
+class ImportRef:
+    node: cst.CSTNode  # the ImportAlias
+    qualname: str
+    statement: cst.CSTNode
+
+
+@dataclass(eq=False)
+class Reference:
+    """A name or attribute chain in load position that is not the callee of a call."""
+
+    node: cst.BaseExpression
+    dotted: str
+    where: Context
+
+
+def dotted_name(node: cst.CSTNode | None) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted_name(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def argument(call: cst.Call, position: int | None, keyword: str | None) -> cst.BaseExpression | None:
+    """The expression passed for a parameter, by keyword or by position (before any `*args`)."""
+    positional = 0
+    for arg in call.args:
+        if arg.keyword is not None:
+            if keyword is not None and arg.keyword.value == keyword:
+                return arg.value
+        elif arg.star:
+            positional = -(10**9)  # positions after *args are unknown
+        else:
+            if position is not None and positional == position:
+                return arg.value
+            positional += 1
+    return None
+
+
+def has_star_args(call: cst.Call) -> bool:
+    return any(arg.star for arg in call.args)
+
+
+_module_for_code = cst.Module(body=[])
+
+
+def source_text(node: cst.CSTNode) -> str:
+    return _module_for_code.code_for_node(node)
+
+
+# ---------------------------------------------------------------------------------------------
+# The walk
+
+
+class _Recorder(cst.CSTVisitor):
+    def __init__(self, facts: AmpFacts) -> None:
+        self.facts = facts
+        self.scope = facts.module_scope
+        self.loops: list[Loop] = []
+        self.withs: list[cst.WithItem] = []
+        self.ifs: list[cst.If] = []
+        self.statements: list[cst.CSTNode] = []
+        # Per function: the stacks above, saved while a nested function is walked.
+        self._saved: list[tuple] = []
+        self._order = 0
+        self._callee_nodes: set[int] = set()
+        self._not_references: set[int] = set()  # names that are labels, not loads
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _context(self) -> Context:
+        self._order += 1
+        return Context(
+            scope=self.scope,
+            loops=tuple(self.loops),
+            withs=tuple(self.withs),
+            ifs=tuple(self.ifs),
+            statement=self.statements[-1] if self.statements else self.facts.module,
+            order=self._order,
+        )
+
+    def _enter_scope(self, scope: Scope) -> None:
+        self._saved.append((self.scope, self.loops, self.withs, self.ifs))
+        self.facts.scopes.append(scope)
+        self.scope = scope
+        self.loops, self.withs, self.ifs = [], [], []
+
+    def _leave_scope(self) -> None:
+        self.scope, self.loops, self.withs, self.ifs = self._saved.pop()
+
+    # -- statements ---------------------------------------------------------------------------
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self.statements.append(node)
+
+    def leave_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self.statements.pop()
+
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            full = dotted_name(alias.name)
+            if full is None:
+                continue
+            if alias.asname is not None:
+                bound = dotted_name(alias.asname.name)
+                if bound:
+                    self.scope.imports[bound] = full
+            else:
+                head = full.split(".")[0]
+                self.scope.imports.setdefault(head, head)
+            self.facts.imports.append(ImportRef(alias, full, self._statement()))
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if node.relative:  # relative imports name the user's own package, never torch
+            return False
+        module = dotted_name(node.module)
+        if module is None:
+            return False
+        if isinstance(node.names, cst.ImportStar):
+            self.scope.star_imports.append(module)
+            return False
+        for alias in node.names:
+            name = dotted_name(alias.name)
+            if name is None:
+                continue
+            bound = dotted_name(alias.asname.name) if alias.asname is not None else name
+            if bound:
+                self.scope.imports[bound] = f"{module}.{name}"
+            self.facts.imports.append(ImportRef(alias, f"{module}.{name}", self._statement()))
+        return False
+
+    def _statement(self) -> cst.CSTNode:
+        return self.statements[-1] if self.statements else self.facts.module
+
+    # -- scopes -------------------------------------------------------------------------------
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.statements.append(node)
+        enclosing_class = self.scope.name if self.scope.kind == "class" else None
+        params = tuple(
+            p.name.value
+            for p in (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)
+        )
+        scope = Scope(
+            "function",
+            node.name.value,
+            node,
+            self.scope,
+            class_name=enclosing_class,
+            decorators=tuple(node.decorators),
+            params=params,
+        )
+        self.facts.functions.append(scope)
+        # Decorators are evaluated in the enclosing scope.
+        for decorator in node.decorators:
+            decorator.visit(self)
+        self._enter_scope(scope)
+        node.body.visit(self)
+        self._leave_scope()
+        self.statements.pop()
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.statements.append(node)
+        bases = tuple(dotted_name(arg.value) for arg in node.bases if arg.keyword is None)
+        scope = Scope("class", node.name.value, node, self.scope)
+        self.facts.classes.append((scope, bases))
+        for decorator in node.decorators:
+            decorator.visit(self)
+        for arg in node.bases:
+            arg.visit(self)
+        self._saved.append((self.scope, self.loops, self.withs, self.ifs))
+        self.facts.scopes.append(scope)
+        self.scope = scope
+        node.body.visit(self)
+        self._leave_scope()
+        self.statements.pop()
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> None:
+        self._enter_scope(Scope("lambda", "<lambda>", node, self.scope))
+
+    def leave_Lambda(self, node: cst.Lambda) -> None:
+        self._leave_scope()
+
+    def visit_Return(self, node: cst.Return) -> None:
+        if node.value is not None:
+            self.scope.function_scope.returns.append(node.value)
+
+    # -- loops, withs, ifs ----------------------------------------------------------------------
+    def visit_For(self, node: cst.For) -> None:
+        self.statements.append(node)
+        node.iter.visit(self)
+        node.target.visit(self)
+        self.loops.append(Loop(node, "for", source_text(node.target), source_text(node.iter)))
+        self.facts.loop_targets.append((node.target, self._context()))
+        node.body.visit(self)
+        self.loops.pop()
+        if node.orelse is not None:
+            node.orelse.visit(self)
+        self.statements.pop()
+        return False
+
+    def visit_While(self, node: cst.While) -> None:
+        self.statements.append(node)
+        self.loops.append(Loop(node, "while", "", source_text(node.test)))
+        node.test.visit(self)
+        node.body.visit(self)
+        self.loops.pop()
+        if node.orelse is not None:
+            node.orelse.visit(self)
+        self.statements.pop()
+        return False
+
+    def _comprehension(self, node: cst.CSTNode, for_in: cst.CompFor) -> None:
+        self.loops.append(Loop(node, "comprehension", source_text(for_in.target), source_text(for_in.iter)))
+
+    def visit_ListComp(self, node: cst.ListComp) -> None:
+        self._comprehension(node, node.for_in)
+
+    def leave_ListComp(self, node: cst.ListComp) -> None:
+        self.loops.pop()
+
+    def visit_SetComp(self, node: cst.SetComp) -> None:
+        self._comprehension(node, node.for_in)
+
+    def leave_SetComp(self, node: cst.SetComp) -> None:
+        self.loops.pop()
+
+    def visit_DictComp(self, node: cst.DictComp) -> None:
+        self._comprehension(node, node.for_in)
+
+    def leave_DictComp(self, node: cst.DictComp) -> None:
+        self.loops.pop()
+
+    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> None:
+        self._comprehension(node, node.for_in)
+
+    def leave_GeneratorExp(self, node: cst.GeneratorExp) -> None:
+        self.loops.pop()
+
+    def visit_With(self, node: cst.With) -> None:
+        self.statements.append(node)
+        for item in node.items:
+            item.visit(self)
+        self.withs.extend(node.items)
+        self.facts.with_items.extend((item, self.scope) for item in node.items)
+        node.body.visit(self)
+        del self.withs[len(self.withs) - len(node.items) :]
+        self.statements.pop()
+        return False
+
+    def visit_If(self, node: cst.If) -> None:
+        self.statements.append(node)
+        node.test.visit(self)
+        self.ifs.append(node)
+        node.body.visit(self)
+        self.ifs.pop()
+        if node.orelse is not None:
+            node.orelse.visit(self)
+        self.statements.pop()
+        return False
+
+    def visit_Try(self, node: cst.Try) -> None:
+        self.statements.append(node)
+
+    def leave_Try(self, node: cst.Try) -> None:
+        self.statements.pop()
+
+    # -- expressions --------------------------------------------------------------------------
+    def visit_Call(self, node: cst.Call) -> None:
+        self._callee_nodes.add(id(node.func))
+
+    def leave_Call(self, node: cst.Call) -> None:
+        # Recorded on leave, so arguments and receivers come first: program (evaluation) order.
+        func = node.func
+        method = receiver = receiver_key = None
+        if isinstance(func, cst.Attribute):
+            method = func.attr.value
+            receiver = func.value
+            receiver_key = dotted_name(receiver)
+        call = CallSite(node, dotted_name(func), method, receiver, receiver_key, self._context())
+        self.scope.function_scope.calls.append(call)
+        self.facts.calls.append(call)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._bind(target.target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._bind(node.target, node.value)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind(node.target, node.value)
+
+    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        key = dotted_name(target)
+        if key is not None:
+            self.facts.assignments.append(Assignment(key, value, self._context()))
+        elif isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
+            for t, v in zip(target.elements, value.elements):
+                self._bind(t.value, v.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if node.attr.value == "grad":
+            self.facts.grad_reads.append(GradRead(node, self._context()))
+        dotted = dotted_name(node)
+        if dotted is None:
+            self._not_references.add(id(node.attr))
+            return True
+        if id(node) not in self._callee_nodes:
+            self.facts.references.append(Reference(node, dotted, self._context()))
+        # `.grad` inside a chain (`p.grad.data`) is still a read.
+        inner = node.value
+        while isinstance(inner, cst.Attribute):
+            if inner.attr.value == "grad":
+                self.facts.grad_reads.append(GradRead(inner, self._context()))
+            inner = inner.value
+        return False  # a name chain is recorded whole
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if id(node) not in self._callee_nodes and id(node) not in self._not_references:
+            self.facts.references.append(Reference(node, node.value, self._context()))
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self._not_references.add(id(node.keyword))
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self._not_references.add(id(node.name))
+
+
+# ---------------------------------------------------------------------------------------------
+# The facts and the queries rules share
+
+
+@dataclass(frozen=True)
+class Autocast:
+    """What an expression that opens an autocast region says about it."""
+
+    node: cst.CSTNode
+    enabled: str  # "yes" | "no" | "maybe"
+    device: str | None
+    dtype: str | None  # qualified dtype name when literal, e.g. "torch.bfloat16"
+    deprecated: bool
+
+
+_NON_MODULE_NN = {"Parameter", "ParameterList", "ParameterDict", "Buffer"}
+_STEP_FUNCTION = re.compile(r"train(ing)?_?(step|one_epoch|epoch|batch|iter(ation)?)|(fit|run)_(batch|step|epoch)|step_fn")
+
+
+class AmpFacts:
+    """Everything one walk recorded about a module, with the shared queries over it."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.module_scope = Scope("module", "<module>", module, None)
+        self.scopes: list[Scope] = [self.module_scope]
+        self.functions: list[Scope] = []
+        self.classes: list[tuple[Scope, tuple[str | None, ...]]] = []
+        self.calls: list[CallSite] = []
+        self.assignments: list[Assignment] = []
+        self.imports: list[ImportRef] = []
+        self.references: list[Reference] = []
+        self.grad_reads: list[GradRead] = []
+        self.with_items: list[tuple[cst.WithItem, Scope]] = []
+        self.loop_targets: list[tuple[cst.BaseExpression, Context]] = []
+        module.visit(_Recorder(self))
+        for call in self.calls:
+            call.qualname = self.callee_qualname(call)
+
+    # -- names --------------------------------------------------------------------------------
+    def qualname(self, expr: cst.BaseExpression | None, scope: Scope, depth: int = 0) -> str | None:
+        """The qualified name an expression refers to, through imports and simple aliases."""
+        dotted = dotted_name(expr)
+        if dotted is None:
+            return None
+        resolved = scope.resolve(dotted)
+        if resolved is not None or depth > 2:
+            return resolved
+        # `ac = torch.autocast` and later `ac(...)`.
+        for value, value_scope in self.bindings(dotted, scope):
+            if isinstance(value, (cst.Name, cst.Attribute)):
+                aliased = self.qualname(value, value_scope, depth + 1)
+                if aliased:
+                    return aliased
+        return None
+
+    def callee_qualname(self, call: CallSite) -> str | None:
+        qualified = self.qualname(call.node.func, call.scope)
+        if qualified is not None:
+            return qualified
+        # `amp_ctx = functools.partial(torch.autocast, "cuda")` and later `amp_ctx()`.
+        for value, value_scope in self.bindings(call.callee, call.scope):
+            if isinstance(value, cst.Call) and self.qualname(value.func, value_scope) in names.FUNCTOOLS_PARTIAL:
+                if value.args:
+                    return self.qualname(value.args[0].value, value_scope)
+        return None
+
+    def bindings(self, key: str | None, scope: Scope) -> list[tuple[cst.BaseExpression, Scope]]:
+        """Values assigned to a name or `self.attr`, nearest scope first."""
+        if key is None:
+            return []
+        matches = [a for a in self._assignments_by_key.get(key, ())]
+        if not matches:
+            return []
+        if key.startswith("self.") or key.startswith("cls."):
+            owner = scope.function_scope.class_name
+            same_class = [a for a in matches if a.where.scope.function_scope.class_name == owner]
+            chosen = same_class or matches
+        else:
+            chain = []
+            current: Scope | None = scope.function_scope
+            while current is not None:
+                chain.append(current)
+                current = current.parent
+            chosen = []
+            for candidate in chain:
+                chosen = [a for a in matches if a.where.scope.function_scope is candidate]
+                if chosen:
+                    break
+        return [(a.value, a.where.scope) for a in chosen]
+
+    @cached_property
+    def _assignments_by_key(self) -> dict[str, list[Assignment]]:
+        table: dict[str, list[Assignment]] = {}
+        for assignment in self.assignments:
+            table.setdefault(assignment.key, []).append(assignment)
+        return table
+
+    @cached_property
+    def functions_by_name(self) -> dict[str, list[Scope]]:
+        table: dict[str, list[Scope]] = {}
+        for function in self.functions:
+            table.setdefault(function.name, []).append(function)
+        return table
+
+    def called_function(self, call: CallSite) -> Scope | None:
+        """The in-file function or method a call runs: `f()`, `self.f()`, `cls.f()`."""
+        if call.callee is None:
+            return None
+        if call.method is None:
+            if call.scope.resolve_head(call.callee) is not None:
+                return None  # an imported name shadows nothing here
+            candidates = [f for f in self.functions_by_name.get(call.callee, ()) if f.class_name is None]
+            return candidates[0] if candidates else None
+        if call.receiver_key in ("self", "cls", "super()"):
+            owner = call.scope.function_scope.class_name
+            candidates = self.functions_by_name.get(call.method, ())
+            same_class = [f for f in candidates if f.class_name == owner]
+            return same_class[0] if same_class else None
+        return None
+
+    @cached_property
+    def call_sites_of(self) -> dict[int, list[CallSite]]:
+        """In-file call sites, keyed by the id of the function they call."""
+        table: dict[int, list[CallSite]] = {}
+        for call in self.calls:
+            target = self.called_function(call)
+            if target is not None:
+                table.setdefault(id(target), []).append(call)
+        return table
+
+    def callers(self, function: Scope) -> list[CallSite]:
+        return self.call_sites_of.get(id(function), [])
+
+    # -- value kinds --------------------------------------------------------------------------
+    def autocast_of(self, expr: cst.BaseExpression | None, scope: Scope, depth: int = 0) -> Autocast | None:
+        """The autocast region an expression opens when used in `with` or as a decorator."""
+        if expr is None or depth > 3:
+            return None
+        if isinstance(expr, cst.Call):
+            qualified = self.qualname(expr.func, scope)
+            if qualified in names.AUTOCAST:
+                return _autocast_from_call(expr, qualified, scope)
+            partial = self._partial_autocast(expr.func, scope)
+            if partial is not None:
+                return partial
+            # A factory in this file: `def amp_ctx(): return torch.autocast(...)`.
+            function = self._function_named(expr.func, scope)
+            if function is not None:
+                for value in function.returns:
+                    found = self.autocast_of(value, function, depth + 1)
+                    if found:
+                        return found
+            return None
+        if isinstance(expr, cst.IfExp):
+            body = self.autocast_of(expr.body, scope, depth + 1)
+            orelse = self.autocast_of(expr.orelse, scope, depth + 1)
+            found = body or orelse
+            if found is None:
+                return None
+            if body and orelse and body.enabled == orelse.enabled:
+                return found
+            return Autocast(expr, "maybe", found.device, found.dtype, found.deprecated)
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            for value, value_scope in self.bindings(dotted_name(expr), scope):
+                found = self.autocast_of(value, value_scope, depth + 1)
+                if found:
+                    return found
+        return None
+
+    def _partial_autocast(self, func: cst.BaseExpression, scope: Scope) -> Autocast | None:
+        for value, value_scope in self.bindings(dotted_name(func), scope):
+            if (
+                isinstance(value, cst.Call)
+                and self.qualname(value.func, value_scope) in names.FUNCTOOLS_PARTIAL
+                and value.args
+            ):
+                target = self.qualname(value.args[0].value, value_scope)
+                if target in names.AUTOCAST:
+                    shifted = value.with_changes(args=value.args[1:])
+                    return _autocast_from_call(shifted, target, value_scope)
+        return None
+
+    def _function_named(self, func: cst.BaseExpression, scope: Scope) -> Scope | None:
+        dotted = dotted_name(func)
+        if dotted is None:
+            return None
+        if isinstance(func, cst.Name):
+            candidates = [f for f in self.functions_by_name.get(dotted, ()) if f.class_name is None]
+            return candidates[0] if candidates else None
+        if isinstance(func, cst.Attribute) and dotted_name(func.value) in ("self", "cls"):
+            owner = scope.function_scope.class_name
+            candidates = [f for f in self.functions_by_name.get(func.attr.value, ()) if f.class_name == owner]
+            return candidates[0] if candidates else None
+        return None
+
+    def value_kind(self, expr: cst.BaseExpression | None, scope: Scope, depth: int = 0) -> str | None:
+        """"scaler", "optimizer", "scheduler", "model" or "autocast" for what an expression holds."""
+        if expr is None or depth > 3:
+            return None
+        if isinstance(expr, cst.Call):
+            qualified = self.qualname(expr.func, scope)
+            if qualified in names.GRAD_SCALER:
+                return "scaler"
+            if qualified in names.AUTOCAST:
+                return "autocast"
+            if qualified is not None:
+                kind = _kind_of_constructor(qualified)
+                if kind:
+                    return kind
+            if isinstance(expr.func, cst.Attribute):
+                method = expr.func.attr.value
+                if method in ("to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16", "requires_grad_"):
+                    return self.value_kind(expr.func.value, scope, depth + 1)
+                if method == "from_pretrained" or method == "from_config":
+                    return "model"
+                if method in ("prepare",) and expr.args:  # accelerator.prepare(model)
+                    return None
+            if isinstance(expr.func, cst.Name) and self.is_module_class(expr.func.value):
+                return "model"
+            return None
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            for value, value_scope in self.bindings(dotted_name(expr), scope):
+                kind = self.value_kind(value, value_scope, depth + 1)
+                if kind:
+                    return kind
+        return None
+
+    @cached_property
+    def _module_classes(self) -> set[str]:
+        found: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for scope, bases in self.classes:
+                if scope.name in found:
+                    continue
+                for base in bases:
+                    qualified = scope.parent.resolve(base) if base and scope.parent else None
+                    if (
+                        (qualified and (qualified.startswith("torch.nn.") or qualified.startswith("transformers.") or qualified.startswith("lightning") or qualified.startswith("pytorch_lightning")))
+                        or (base in found)
+                        or (base and base.split(".")[-1] in ("Module", "LightningModule", "PreTrainedModel"))
+                    ):
+                        found.add(scope.name)
+                        changed = True
+                        break
+        return found
+
+    def is_module_class(self, name: str) -> bool:
+        return name in self._module_classes
+
+    def scalers_in(self) -> list[CallSite]:
+        return [c for c in self.calls if c.qualname in names.GRAD_SCALER]
+
+    def is_scaler(self, key: str | None, scope: Scope) -> bool:
+        """Whether a receiver is a GradScaler: constructed as one, or used the way only one is."""
+        return key is not None and key in self._scaler_keys
+
+    @cached_property
+    def _scaler_keys(self) -> set[str]:
+        keys: set[str] = set()
+        for assignment in self.assignments:
+            if self.value_kind(assignment.value, assignment.where.scope) == "scaler":
+                keys.add(assignment.key)
+        for call in self.calls:
+            if call.receiver_key is None:
+                continue
+            if call.method in ("unscale_", "get_scale") or (
+                call.method == "scale" and id(call.node) in self.backward_of_scale
+            ):
+                keys.add(call.receiver_key)
+            elif call.method in ("step", "update", "scale") and "scaler" in call.receiver_key.split(".")[-1].lower():
+                keys.add(call.receiver_key)
+        return keys
+
+    def scaler_disabled(self, key: str | None, scope: Scope) -> bool:
+        """True only when every construction bound to this name passes a literal `enabled=False`."""
+        values = [v for v, s in self.bindings(key, scope) if self.value_kind(v, s) == "scaler"]
+        if not values:
+            return False
+        for value in values:
+            constructor = _constructor_call(value)
+            if constructor is None:
+                return False
+            enabled = argument(constructor, None, "enabled")
+            if not (isinstance(enabled, cst.Name) and enabled.value == "False"):
+                return False
+        return True
+
+    def is_optimizer(self, key: str | None, scope: Scope) -> bool:
+        if key is None:
+            return False
+        if key in self._optimizer_keys:
+            return True
+        last = key.split(".")[-1].lower()
+        if "sched" in last or "scaler" in last:
+            return False
+        return bool(re.search(r"optim|^opt(_|\d|$)|_opt$|^opt[a-z]$", last))
+
+    @cached_property
+    def _optimizer_keys(self) -> set[str]:
+        keys: set[str] = set()
+        for assignment in self.assignments:
+            if self.value_kind(assignment.value, assignment.where.scope) == "optimizer":
+                keys.add(assignment.key)
+        for call in self.calls:
+            if call.method in ("step", "unscale_") and self.is_scaler(call.receiver_key, call.scope):
+                passed = dotted_name(call.arg(0, "optimizer"))
+                if passed:
+                    keys.add(passed)
+        return keys
+
+    # -- regions ------------------------------------------------------------------------------
+    def innermost_autocast(self, where: Context) -> Autocast | None:
+        """The autocast region a recorded node sits in, lexically, within its own function."""
+        for item in reversed(where.withs):
+            found = self._with_item_autocast(item, where.scope)
+            if found is not None:
+                return found
+        scope: Scope | None = where.scope
+        while scope is not None and scope.kind in ("function", "lambda", "class"):
+            if scope.kind == "function":
+                for decorator in scope.decorators:
+                    found = self.decorator_autocast(decorator, scope.parent or scope)
+                    if found is not None:
+                        return found
+                break
+            scope = scope.parent
+        return None
+
+    def _with_item_autocast(self, item: cst.WithItem, scope: Scope) -> Autocast | None:
+        key = id(item)
+        if key not in self._with_cache:
+            self._with_cache[key] = self.autocast_of(item.item, scope)
+        return self._with_cache[key]
+
+    @cached_property
+    def _with_cache(self) -> dict[int, Autocast | None]:
+        return {}
+
+    def decorator_autocast(self, decorator: cst.Decorator, scope: Scope) -> Autocast | None:
+        expr = decorator.decorator
+        if isinstance(expr, cst.Call):
+            return self.autocast_of(expr, scope)
+        qualified = self.qualname(expr, scope)
+        if qualified in names.AUTOCAST:
+            return Autocast(expr, "yes", None, None, qualified in names.DEPRECATED_AMP)
+        return None
+
+    def region_of(self, where: Context, depth: int = 0) -> tuple[Autocast, CallSite | None] | None:
+        """The enabled (or possibly enabled) region a node runs in, lexically or via in-file calls.
+
+        Returns the region and, when it is reached through a call, the call site inside it.
+        """
+        lexical = self.innermost_autocast(where)
+        if lexical is not None:
+            return (lexical, None) if lexical.enabled != "no" else None
+        if depth >= 3:
+            return None
+        function = where.scope.function_scope
+        if function.kind != "function":
+            return None
+        for site in self.callers(function):
+            outer = self.region_of(site.where, depth + 1)
+            if outer is not None:
+                return outer[0], outer[1] or site
+        return None
+
+    @cached_property
+    def backward_of_scale(self) -> dict[int, CallSite]:
+        """`s.scale(loss)` calls whose result is back-propagated, keyed by the id of the scale call."""
+        table: dict[int, CallSite] = {}
+        for call in self.calls:
+            if call.method == "backward" and isinstance(call.receiver, cst.Call):
+                table[id(call.receiver)] = call
+            elif call.qualname in names.AUTOGRAD_BACKWARD:
+                first = call.arg(0, "tensors")
+                if isinstance(first, cst.Call):
+                    table[id(first)] = call
+        return table
+
+    @cached_property
+    def has_autocast(self) -> bool:
+        if any(c.qualname in names.AUTOCAST for c in self.calls):
+            return True
+        return any(
+            self.decorator_autocast(d, f.parent or f) for f in self.functions for d in f.decorators
+        )
+
+    @cached_property
+    def has_scaler(self) -> bool:
+        return any(c.qualname in names.GRAD_SCALER for c in self.calls)
+
+    # -- loops --------------------------------------------------------------------------------
+    def enclosing_loops(self, where: Context, depth: int = 0) -> list[tuple[Loop, CallSite | None]]:
+        """Loops around a node, innermost first: its own, then those around its in-file callers."""
+        found = [(loop, None) for loop in reversed(where.loops) if loop.kind != "comprehension"]
+        if found or depth >= 3:
+            return found
+        function = where.scope.function_scope
+        if function.kind != "function":
+            return found
+        for site in self.callers(function):
+            outer = self.enclosing_loops(site.where, depth + 1)
+            if outer:
+                return [(loop, via or site) for loop, via in outer]
+        return found
+
+
+def is_per_step_function(scope: Scope) -> bool:
+    return bool(_STEP_FUNCTION.search(scope.name.lower()))
+
+
+def _constructor_call(value: cst.BaseExpression) -> cst.Call | None:
+    while isinstance(value, cst.Call):
+        if isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda"):
+            value = value.func.value
+            continue
+        return value
+    return None
+
+
+def _kind_of_constructor(qualified: str) -> str | None:
+    last = qualified.rsplit(".", 1)[-1]
+    if qualified.startswith(names.SCHEDULER_PREFIXES) or "get_" in last and "schedule" in last:
+        return "scheduler"
+    if qualified.startswith(names.TORCH_OPTIMIZER_PREFIXES) and last[:1].isupper():
+        return "optimizer"
+    if qualified in names.THIRD_PARTY_OPTIMIZERS:
+        return "optimizer"
+    if qualified.startswith("torch.nn.") and last[:1].isupper() and last not in _NON_MODULE_NN:
+        return "model"
+    if qualified in names.MODEL_FACTORIES or qualified.startswith(names.MODEL_PREFIXES):
+        return "model"
+    return None
+
+
+def _autocast_from_call(call: cst.Call, qualified: str, scope: Scope) -> Autocast:
+    deprecated = qualified in names.DEPRECATED_AMP
+    if deprecated:
+        device = names.DEPRECATED_AMP[qualified][0]
+        positions = names.AUTOCAST_POSITIONAL["deprecated"]
+    else:
+        device = _string_literal(argument(call, 0, "device_type"))
+        positions = names.AUTOCAST_POSITIONAL["new"]
+    enabled_expr = argument(call, positions.index("enabled"), "enabled")
+    if enabled_expr is None:
+        enabled = "maybe" if has_star_args(call) else "yes"
+    elif isinstance(enabled_expr, cst.Name) and enabled_expr.value in ("True", "False"):
+        enabled = "yes" if enabled_expr.value == "True" else "no"
+    else:
+        enabled = "maybe"
+    dtype_expr = argument(call, positions.index("dtype"), "dtype")
+    dtype = scope.resolve(dotted_name(dtype_expr))
+    return Autocast(call, enabled, device, dtype, deprecated)
+
+
+def _string_literal(expr: cst.BaseExpression | None) -> str | None:
+    if isinstance(expr, cst.SimpleString):
+        return expr.evaluated_value if isinstance(expr.evaluated_value, str) else None
+    return None
