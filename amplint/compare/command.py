@@ -1,0 +1,122 @@
+"""`amplint compare SPEC`: the click layer only; the work happens in the sibling modules."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import click
+
+from amplint.compare.errors import CompareError, describe_exception, one_line
+
+EXIT_PASSED, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+
+
+class _OneLineErrors(click.Command):
+    """Usage mistakes get the same one-line stderr message and exit 2 as a bad spec."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            click.echo(f"amplint compare: error: {one_line(exc.format_message())}", err=True)
+            ctx.exit(EXIT_ERROR)
+
+
+@click.command("compare", cls=_OneLineErrors)
+@click.argument("spec_path", metavar="SPEC")
+@click.option("--json", "json_path", metavar="FILE", help="Write the JSON report here (`-` for stdout, which then holds only the JSON).")
+@click.option("--save-baseline", metavar="FILE", help="Save the FP32 baseline outputs (with case ids and weight/input hashes) to FILE.")
+@click.option("--baseline", "baseline_path", metavar="FILE", help="Compare against a baseline saved earlier with --save-baseline instead of recomputing it.")
+@click.option("--device", help="Override the spec's DEVICE (cpu, cuda, cuda:N).")
+@click.option("--trials", help="Override the spec's TRIALS, comma-separated (e.g. bfloat16,float16).")
+@click.option("--no-gains", is_flag=True, help="Skip the time and memory measurement of passing trials.")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed passes before timing.")
+@click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True, help="Timed passes per variant (the median is reported).")
+@click.option("--all-cases", is_flag=True, help="List every case, not only the changed, non-finite, out-of-tolerance and near-tie ones.")
+def compare_command(spec_path: str, **options) -> None:
+    """Compare an FP32 baseline with AMP trials on the fixed dataset that SPEC defines.
+
+    Exit status: 0 every trial passed, 1 a trial failed, 2 bad spec or error.
+    """
+    sys.exit(run_compare_command(spec_path, **options))
+
+
+def run_compare_command(
+    spec_path: str,
+    *,
+    json_path: str | None = None,
+    save_baseline: str | None = None,
+    baseline_path: str | None = None,
+    device: str | None = None,
+    trials: str | None = None,
+    no_gains: bool = False,
+    warmup: int = 3,
+    repeats: int = 10,
+    all_cases: bool = False,
+) -> int:
+    # The JSON on stdout must stay parseable, so `--json -` sends the human report to stderr.
+    stream = sys.stderr if json_path == "-" else sys.stdout
+    report = None
+    try:
+        with warnings.catch_warnings():
+            # A torch built without numpy warns on import; that is not the user's concern here.
+            warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
+            import torch  # noqa: F401
+
+        from amplint.compare import report as reporting
+        from amplint.compare import run, spec as specs, store
+
+        trial_override = tuple(t.strip() for t in trials.split(",") if t.strip()) if trials is not None else None
+        spec = specs.load_spec(spec_path, device=device, trials=trial_override)
+        console = reporting.make_console(stream)
+        console.print(f"amplint compare {spec.path}: device {spec.device}, trials {', '.join(spec.trials)}")
+        console.print(f"Criteria fixed before any trial: {spec.criteria.describe()}")
+
+        prepared = run.prepare(spec)
+        baseline = store.load_baseline(baseline_path, prepared) if baseline_path else run.compute_baseline(prepared)
+
+        def keep_baseline() -> None:
+            if save_baseline:
+                store.save_baseline(save_baseline, prepared, baseline)
+                console.print(f"Baseline saved to {save_baseline}")
+
+        report = run.run_compare(
+            prepared,
+            baseline,
+            measure_gains=not no_gains,
+            warmup=warmup,
+            repeats=repeats,
+            progress=console.print,
+            after_baseline=keep_baseline,
+        )
+        if report["baseline"].get("criteria_at_save"):
+            console.print(
+                f"[yellow]warning: the criteria differ from those saved with the baseline: {report['baseline']['criteria_at_save']}[/yellow]"
+            )
+        reporting.render(report, console, all_cases=all_cases)
+        if json_path:
+            reporting.write_json(report, json_path)
+    except CompareError as exc:
+        if exc.report is not None and json_path:
+            _write_partial(exc.report, json_path)
+        return _error(f"{spec_path}: {exc}")
+    except OSError as exc:
+        return _error(f"{spec_path}: {describe_exception(exc)}")
+    except Exception as exc:  # a bug in amplint or an unexpected failure: still one line, exit 2
+        return _error(f"{spec_path}: internal error: {describe_exception(exc)}")
+    return EXIT_PASSED if all(trial["passed"] for trial in report["trials"]) else EXIT_FAILED
+
+
+def _write_partial(report: dict, json_path: str) -> None:
+    from amplint.compare.report import write_json
+
+    try:
+        write_json(report, json_path)
+    except OSError:
+        pass  # the error line that follows matters more than the partial report
+
+
+def _error(message: str) -> int:
+    click.echo(f"amplint compare: error: {one_line(message)}", err=True)
+    return EXIT_ERROR

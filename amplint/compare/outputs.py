@@ -1,0 +1,184 @@
+"""Model outputs as named leaves; the default decision and margin; hashing weights and inputs.
+
+An output may be a tensor, a (nested) tuple/list/dict/namedtuple of tensors, or a Python number.
+Every numeric leaf is compared; leaves are named by their path ("output" for a lone tensor,
+"0", "logits", "aux.1" inside containers) so reports and per-output tolerances can refer to them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+from typing import Any, Iterator
+
+import torch
+
+ROOT = "output"
+
+
+def leaves(output: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(name, leaf) for every tensor or Python number in ``output``, in a stable order."""
+    if isinstance(output, torch.Tensor) or _is_number(output):
+        yield (prefix or ROOT), output
+    elif isinstance(output, dict) or _has_fields(output):
+        items = output.items() if isinstance(output, dict) else output._asdict().items()
+        for key, value in items:
+            yield from leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(output, (tuple, list)):
+        for index, value in enumerate(output):
+            yield from leaves(value, f"{prefix}.{index}" if prefix else str(index))
+    # Anything else (None, strings, objects) carries no numbers to compare.
+
+
+def plain(output: Any) -> Any:
+    """Detached CPU copy with plain containers (dict/tuple/list): safe to keep and to torch.save."""
+    if isinstance(output, torch.Tensor):
+        return output.detach().to("cpu", copy=True)
+    if isinstance(output, dict):
+        return {key: plain(value) for key, value in output.items()}
+    if _has_fields(output):
+        return {key: plain(value) for key, value in output._asdict().items()}
+    if isinstance(output, tuple):
+        return tuple(plain(value) for value in output)
+    if isinstance(output, list):
+        return [plain(value) for value in output]
+    return output
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: to_device(item, device) for key, item in value.items()}
+    if isinstance(value, tuple) and not _has_fields(value):
+        return tuple(to_device(item, device) for item in value)
+    if isinstance(value, list):
+        return [to_device(item, device) for item in value]
+    return value
+
+
+def call_model(model: torch.nn.Module, case_input: Any) -> Any:
+    """A tuple input is positional arguments, a dict keyword arguments, anything else one argument."""
+    if isinstance(case_input, tuple) and not _has_fields(case_input):
+        return model(*case_input)
+    if isinstance(case_input, dict):
+        return model(**case_input)
+    return model(case_input)
+
+
+def is_finite(output: Any) -> bool:
+    for _, leaf in leaves(output):
+        if isinstance(leaf, torch.Tensor):
+            if (leaf.is_floating_point() or leaf.is_complex()) and not bool(torch.isfinite(leaf).all()):
+                return False
+        elif isinstance(leaf, float) and not math.isfinite(leaf):
+            return False
+    return True
+
+
+def as_float64(leaf: Any) -> torch.Tensor:
+    if isinstance(leaf, torch.Tensor):
+        return leaf.detach().to("cpu", torch.complex128 if leaf.is_complex() else torch.float64)
+    return torch.tensor(leaf, dtype=torch.float64)
+
+
+def first_float_tensor(output: Any) -> torch.Tensor | None:
+    for _, leaf in leaves(output):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            return leaf
+    return None
+
+
+def default_decide(output: Any) -> Any:
+    """The contract's default: argmax of the last dimension, ties going to the lowest index.
+
+    Applied to the first floating tensor of the output. A 1-element output (a scalar regressor, a
+    single logit) has nothing to choose between, so it has no default decision (None): define
+    ``decide`` with the application's threshold. A row holding NaN has no decision either (None).
+    """
+    scores = first_float_tensor(output)
+    if scores is None or scores.numel() <= 1:
+        return None
+    scores = scores.detach().to("cpu", torch.float64)
+    if scores.dim() == 0:
+        return None
+    size = scores.shape[-1]
+    is_top = scores == scores.amax(dim=-1, keepdim=True)
+    index = torch.arange(size).expand_as(scores)
+    # Lowest index among the maxima; `size` marks a row where NaN made every comparison false.
+    choice = torch.where(is_top, index, torch.full_like(index, size)).amin(dim=-1)
+    return _rows_to_json(choice, size)
+
+
+def default_margin(output: Any) -> float | None:
+    """Gap between the two highest scores of the last dimension (smallest over rows), or None."""
+    scores = first_float_tensor(output)
+    if scores is None or scores.dim() == 0 or scores.shape[-1] < 2:
+        return None
+    top_two = scores.detach().to("cpu", torch.float64).topk(2, dim=-1).values
+    return float((top_two[..., 0] - top_two[..., 1]).min())
+
+
+def _rows_to_json(choice: torch.Tensor, missing: int) -> Any:
+    values = choice.tolist()
+
+    def clean(value):
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return None if value == missing else value
+
+    values = clean(values)
+    # A batch of one row ([1, C] scores) decides like a single row.
+    while isinstance(values, list) and len(values) == 1:
+        values = values[0]
+    return values
+
+
+def jsonable(value: Any) -> Any:
+    """A decision as JSON: tensors become numbers or lists; unknown objects their repr."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        return jsonable(value.item() if value.numel() == 1 else value.tolist())
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(item) for item in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars, without importing numpy
+        return jsonable(value.item())
+    return repr(value)
+
+
+def hash_tensors(named: Iterator[tuple[str, Any]]) -> str:
+    """sha256 over names, dtypes, shapes and bytes: equal exactly when the values are identical."""
+    digest = hashlib.sha256()
+    for name, value in named:
+        digest.update(name.encode())
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().to("cpu").contiguous()
+            digest.update(f"|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+            if tensor.numel():
+                digest.update(ctypes.string_at(tensor.data_ptr(), tensor.numel() * tensor.element_size()))
+        else:
+            digest.update(f"|{type(value).__name__}|{value!r}|".encode())
+    return digest.hexdigest()
+
+
+def weights_hash(model: torch.nn.Module) -> str:
+    return hash_tensors(iter(sorted(model.state_dict().items())))
+
+
+def inputs_hash(cases: list[tuple[str, Any]]) -> str:
+    return hash_tensors((f"{case_id}/{name}", leaf) for case_id, case_input in cases for name, leaf in leaves(case_input))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _has_fields(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(value, "_asdict")

@@ -1,0 +1,484 @@
+"""The comparison itself: prepare the fixed inputs, run the FP32 baseline, run each AMP trial.
+
+Every run starts from a deep copy of the same pristine model and the same inputs, with the same
+seed, in eval mode and inference mode, so the only difference between the baseline and a trial is
+the autocast context. The result is the report dict of DESIGN.md "Compare spec and report".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import platform
+import random
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from amplint.compare import outputs as out
+from amplint.compare.criteria import (
+    FAILED_DECISIONS,
+    FAILED_ERROR,
+    FAILED_NONFINITE,
+    FAILED_QUALITY,
+    FAILED_TOLERANCE,
+    Criteria,
+)
+from amplint.compare.errors import CompareError, describe_exception, one_line
+from amplint.compare.spec import Spec, spec_exception
+
+SEED = 0
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Prepared:
+    """The frozen experiment: one model, one list of inputs, on the spec's device."""
+
+    spec: Spec
+    model: torch.nn.Module  # pristine, on the device, in eval mode; never run directly
+    cases: list[tuple[str, Any]]  # (id, input on the device)
+    device: torch.device
+    weights_sha256: str
+    inputs_sha256: str
+
+    def fresh_model(self) -> torch.nn.Module:
+        return copy.deepcopy(self.model)
+
+
+@dataclass
+class Baseline:
+    """The reference outputs (plain CPU copies), computed now or loaded from a file."""
+
+    outputs: list[Any]
+    source: str  # "computed" or the baseline file's path
+    criteria_at_save: dict | None = None
+    torch_at_save: str | None = None
+
+
+def seed_everything() -> None:
+    random.seed(SEED)
+    torch.manual_seed(SEED)
+
+
+def prepare(spec: Spec) -> Prepared:
+    """Build the model and the dataset once, check both are plain FP32, and move them to the device."""
+    device = torch.device(spec.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CompareError(f"DEVICE is {spec.device!r} but CUDA is not available here (torch {torch.__version__})")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise CompareError(f"DEVICE is {spec.device!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+    spec_file = os.path.abspath(spec.path)
+
+    seed_everything()
+    if isinstance(spec.model, torch.nn.Module):
+        model = copy.deepcopy(spec.model)
+    else:
+        try:
+            model = spec.model()
+        except Exception as exc:
+            raise CompareError(spec_exception(exc, spec_file, "model()")) from None
+    if not isinstance(model, torch.nn.Module):
+        raise CompareError(f"model() must return a torch.nn.Module, got {type(model).__name__}")
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point() and tensor.dtype != torch.float32:
+            raise CompareError(
+                f"model() returned {name!r} in {_dtype(tensor.dtype)}; the baseline must be FP32 "
+                "(do not call .half()/.bfloat16() on the model: autocast chooses the dtype per op)"
+            )
+
+    seed_everything()
+    cases = _read_cases(spec, spec_file)
+    weights_sha256 = out.weights_hash(model)
+    inputs_sha256 = out.inputs_hash(cases)
+    model = model.to(device).eval()
+    return Prepared(
+        spec=spec,
+        model=model,
+        cases=[(case_id, out.to_device(case_input, device)) for case_id, case_input in cases],
+        device=device,
+        weights_sha256=weights_sha256,
+        inputs_sha256=inputs_sha256,
+    )
+
+
+def _read_cases(spec: Spec, spec_file: str) -> list[tuple[str, Any]]:
+    try:
+        raw = spec.cases() if callable(spec.cases) else spec.cases
+        items = list(raw)
+    except TypeError as exc:
+        if not callable(spec.cases) or "iter" in str(exc):
+            raise CompareError(f"`cases` must return an iterable of (id, input) pairs: {describe_exception(exc)}") from None
+        raise CompareError(spec_exception(exc, spec_file, "cases()")) from None
+    except Exception as exc:
+        raise CompareError(spec_exception(exc, spec_file, "cases()")) from None
+    if not items:
+        raise CompareError("cases() returned no cases; the fixed dataset must not be empty")
+    cases: list[tuple[str, Any]] = []
+    seen: set[str] = set()
+    for position, item in enumerate(items):
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise CompareError(f"cases() item {position} is not an (id, input) pair: {one_line(repr(item), 80)}")
+        case_id, case_input = item
+        if isinstance(case_id, bool) or not isinstance(case_id, (str, int)):
+            raise CompareError(f"cases() item {position}: the case id must be a string, got {type(case_id).__name__}")
+        case_id = str(case_id)
+        if case_id in seen:
+            raise CompareError(f"cases(): duplicate case id {case_id!r}")
+        seen.add(case_id)
+        for name, leaf in out.leaves(case_input):
+            if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.dtype != torch.float32:
+                raise CompareError(
+                    f"case {case_id!r}: input {name!r} is {_dtype(leaf.dtype)}; the baseline must be FP32 "
+                    "(give float32 inputs and let autocast cast them)"
+                )
+        cases.append((case_id, case_input))
+    return cases
+
+
+@contextlib.contextmanager
+def full_fp32_precision():
+    """Keep "FP32" honest: no TF32 on CUDA and no reduced-precision float32 matmul on any device."""
+    saved = (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+    )
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cuda.matmul.allow_tf32 = saved[1]
+        torch.backends.cudnn.allow_tf32 = saved[2]
+
+
+def autocast_context(device_type: str, dtype: str | None):
+    """The trial's context, or an explicitly disabled one for the FP32 baseline."""
+    if dtype is None:
+        return torch.autocast(device_type, enabled=False)
+    return torch.autocast(device_type, dtype=getattr(torch, dtype))
+
+
+class _NonFiniteBaseline(Exception):
+    def __init__(self, message: str, summary: dict) -> None:
+        super().__init__(message)
+        self.summary = summary
+
+
+class _RunFailed(Exception):
+    def __init__(self, case_id: str, exc: BaseException) -> None:
+        super().__init__(case_id)
+        self.case_id = case_id
+        self.exc = exc
+
+
+def forward_all(prepared: Prepared, dtype: str | None) -> list[Any]:
+    """Run every case once (fresh model copy, same seed per case); plain CPU copies of the outputs."""
+    model = prepared.fresh_model()
+    device_type = prepared.device.type
+    results = []
+    with full_fp32_precision(), torch.inference_mode():
+        for case_id, case_input in prepared.cases:
+            seed_everything()
+            try:
+                with autocast_context(device_type, dtype):
+                    if dtype is not None and not torch.is_autocast_enabled(device_type):
+                        raise RuntimeError(f"autocast did not engage for {dtype} on {device_type}")
+                    output = out.call_model(model, copy.deepcopy(case_input))
+            except Exception as exc:
+                raise _RunFailed(case_id, exc) from exc
+            results.append(out.plain(output))
+    return results
+
+
+def compute_baseline(prepared: Prepared) -> Baseline:
+    try:
+        outputs = forward_all(prepared, None)
+    except _RunFailed as failed:
+        where = f"the FP32 baseline failed on case {failed.case_id!r}"
+        raise CompareError(spec_exception(failed.exc, os.path.abspath(prepared.spec.path), where)) from None
+    return Baseline(outputs=outputs, source="computed")
+
+
+def run_compare(
+    prepared: Prepared,
+    baseline: Baseline,
+    *,
+    measure_gains: bool = True,
+    warmup: int = 3,
+    repeats: int = 10,
+    progress: Progress = lambda message: None,
+    after_baseline: Callable[[], None] = lambda: None,
+) -> dict:
+    """The full report. Raises CompareError (with a partial report) when the baseline is unusable."""
+    spec = prepared.spec
+    criteria = spec.criteria
+    spec_file = os.path.abspath(spec.path)
+    ids = [case_id for case_id, _ in prepared.cases]
+    decide = spec.decide or out.default_decide
+
+    report: dict[str, Any] = {
+        "spec": spec.path,
+        "device": spec.device,
+        "criteria": criteria.to_json(),
+        "environment": environment(prepared.device),
+        "baseline": None,
+        "trials": [],
+    }
+
+    try:
+        report["baseline"] = _judge_baseline(prepared, baseline, decide, spec_file)
+    except _NonFiniteBaseline as bad:
+        report["baseline"] = bad.summary
+        raise CompareError(str(bad), report=report) from None
+    baseline_cases = report["baseline"]["cases"]
+    after_baseline()
+    progress(
+        f"Baseline float32 ({baseline.source}): {len(ids)} cases, all finite"
+        + (f", quality {_fmt(report['baseline']['quality'])}" if report["baseline"]["quality"] is not None else "")
+    )
+
+    for dtype in spec.trials:
+        progress(f"Trial {dtype}: running {len(ids)} cases under torch.autocast({spec.device_type!r}, {dtype})")
+        trial = _run_trial(prepared, baseline, baseline_cases, dtype, decide, spec_file)
+        report["trials"].append(trial)
+        progress(f"Trial {dtype}: {'passed' if trial['passed'] else 'failed ' + ', '.join(trial['failed_criteria'])}")
+
+    passing = [trial for trial in report["trials"] if trial["passed"]]
+    if measure_gains and passing:
+        from amplint.compare.gains import measure
+
+        for trial in passing:
+            progress(f"Gains {trial['dtype']}: timing {warmup} warm-up + {repeats} timed passes, then peak memory")
+            trial["timing"], trial["memory"] = measure(prepared, trial["dtype"], warmup=warmup, repeats=repeats)
+    return report
+
+
+def _judge_baseline(prepared: Prepared, baseline: Baseline, decide, spec_file: str) -> dict:
+    spec = prepared.spec
+    criteria = spec.criteria
+    names = sorted({name for output in baseline.outputs for name, _ in out.leaves(output)})
+    if not names:
+        raise CompareError("the model's outputs hold no tensors or numbers to compare")
+    criteria.check_output_names(names)
+
+    cases = []
+    nonfinite = []
+    for (case_id, _), output in zip(prepared.cases, baseline.outputs):
+        finite = out.is_finite(output)
+        decision = margin = None
+        if finite:
+            decision = _call(lambda: out.jsonable(decide(output)), spec_file, f"decide() on the baseline of case {case_id!r}")
+            margin = _margin(spec, output, spec_file, case_id)
+        else:
+            nonfinite.append(case_id)
+        cases.append({"id": case_id, "finite": finite, "decision": decision, "margin": margin})
+
+    summary = {"dtype": "float32", "finite": not nonfinite, "quality": None, "source": baseline.source, "cases": cases}
+    # A stored baseline remembers the criteria it was saved with: widening them later shows.
+    if baseline.criteria_at_save is not None and baseline.criteria_at_save != criteria.to_json():
+        summary["criteria_at_save"] = baseline.criteria_at_save
+    if baseline.torch_at_save is not None and baseline.torch_at_save != torch.__version__:
+        summary["torch_at_save"] = baseline.torch_at_save
+    if nonfinite:
+        shown = ", ".join(repr(case_id) for case_id in nonfinite[:5]) + (", ..." if len(nonfinite) > 5 else "")
+        raise _NonFiniteBaseline(
+            f"the FP32 baseline is not finite on {len(nonfinite)} case(s) ({shown}); "
+            "a non-finite baseline is not a reference: fix the model or the cases first",
+            summary,
+        )
+
+    if spec.quality is not None:
+        quality = _quality(spec, baseline.outputs, prepared, spec_file)
+        if quality is None:
+            raise CompareError("quality() on the baseline outputs must return a finite number")
+        summary["quality"] = quality
+        if criteria.min_quality is not None and quality < criteria.min_quality:
+            raise CompareError(
+                f"the FP32 baseline's quality {_fmt(quality)} is below min_quality {_fmt(criteria.min_quality)}; "
+                "start from a baseline that meets the need"
+            )
+    return summary
+
+
+def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict], dtype: str, decide, spec_file: str) -> dict:
+    spec = prepared.spec
+    criteria = spec.criteria
+    trial: dict[str, Any] = {
+        "dtype": dtype,
+        "passed": False,
+        "failed_criteria": [],
+        "decision_changes": 0,
+        "nonfinite_cases": 0,
+        "out_of_tolerance_cases": 0,
+        "quality": None,
+        "max_abs_diff": None,
+        "error": None,
+        "warnings": [],
+        "cases": [],
+        "timing": None,
+        "memory": None,
+    }
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            outputs = forward_all(prepared, dtype)
+        except _RunFailed as failed:
+            trial["error"] = f"case {failed.case_id!r}: {describe_exception(failed.exc)}"
+            outputs = None
+    trial["warnings"] = sorted({one_line(str(w.message)) for w in caught})
+    if outputs is None:
+        trial["failed_criteria"] = [FAILED_ERROR]
+        return trial
+
+    worst = 0.0
+    for (case_id, _), base_output, trial_output, base_case in zip(prepared.cases, baseline.outputs, outputs, baseline_cases):
+        case = compare_outputs(base_output, trial_output, criteria)
+        try:
+            decision = out.jsonable(decide(trial_output))
+            decision_error = None
+        except Exception as exc:  # e.g. a custom decide() meeting NaN; the decision is then lost
+            decision, decision_error = None, describe_exception(exc)
+        entry = {
+            "id": case_id,
+            "finite": case["finite"],
+            "max_abs_diff": _finite_or_none(case["max_abs_diff"]),
+            "within_tolerance": case["within_tolerance"],
+            "decision": decision,
+            "decision_changed": decision != base_case["decision"],
+            "near_tie": base_case["margin"] is not None and base_case["margin"] < criteria.near_tie_margin,
+            "worst": case["worst"],
+        }
+        if decision_error:
+            entry["decision_error"] = decision_error
+        if case["note"]:
+            entry["note"] = case["note"]
+        trial["cases"].append(entry)
+        trial["nonfinite_cases"] += not entry["finite"]
+        trial["out_of_tolerance_cases"] += not entry["within_tolerance"]
+        trial["decision_changes"] += entry["decision_changed"]
+        worst = max(worst, case["max_abs_diff"]) if not math.isnan(case["max_abs_diff"]) else math.inf
+    trial["max_abs_diff"] = _finite_or_none(worst)
+
+    failed = []
+    if trial["nonfinite_cases"]:
+        failed.append(FAILED_NONFINITE)
+    if trial["out_of_tolerance_cases"] > criteria.max_out_of_tolerance_cases:
+        failed.append(FAILED_TOLERANCE)
+    if trial["decision_changes"] > criteria.max_decision_changes:
+        failed.append(FAILED_DECISIONS)
+    if spec.quality is not None:
+        try:
+            trial["quality"] = _quality(spec, outputs, prepared, spec_file, raise_errors=True)
+        except Exception as exc:
+            trial["quality_error"] = describe_exception(exc)
+        if trial["quality"] is None or (criteria.min_quality is not None and trial["quality"] < criteria.min_quality):
+            failed.append(FAILED_QUALITY)
+    trial["failed_criteria"] = failed
+    trial["passed"] = not failed
+    return trial
+
+
+def compare_outputs(base: Any, trial: Any, criteria: Criteria) -> dict:
+    """Finiteness, the largest |trial - baseline| and |trial - base| <= atol + rtol*|base| per element."""
+    base_leaves = dict(out.leaves(base))
+    trial_leaves = dict(out.leaves(trial))
+    result = {"finite": out.is_finite(trial), "max_abs_diff": 0.0, "within_tolerance": True, "worst": None, "note": None}
+    if list(base_leaves) != list(trial_leaves):
+        result.update(max_abs_diff=math.nan, within_tolerance=False, note="the trial's outputs differ in structure from the baseline's")
+        return result
+    for name, base_leaf in base_leaves.items():
+        b = out.as_float64(base_leaf)
+        t = out.as_float64(trial_leaves[name])
+        if b.shape != t.shape:
+            result.update(max_abs_diff=math.nan, within_tolerance=False, note=f"output {name!r} has shape {tuple(t.shape)}, baseline {tuple(b.shape)}")
+            return result
+        if b.numel() == 0:
+            continue
+        atol, rtol = criteria.tolerance_for(name)
+        diff = (t - b).abs()
+        # NaN compares false, so a NaN element is outside any tolerance, as it should be.
+        inside = diff <= atol + rtol * b.abs()
+        if not bool(inside.all()):
+            result["within_tolerance"] = False
+        ranked = torch.nan_to_num(diff.double(), nan=math.inf, posinf=math.inf)
+        position = int(ranked.reshape(-1).argmax())
+        gap = float(ranked.reshape(-1)[position])
+        if result["worst"] is None or gap > result["max_abs_diff"]:
+            index = list(torch.unravel_index(torch.tensor(position), b.shape)) if b.dim() else []
+            result["max_abs_diff"] = gap
+            result["worst"] = {
+                "output": name,
+                "index": [int(i) for i in index],
+                "baseline": _finite_or_text(b.reshape(-1)[position]),
+                "trial": _finite_or_text(t.reshape(-1)[position]),
+            }
+    return result
+
+
+def _margin(spec: Spec, output: Any, spec_file: str, case_id: str) -> float | None:
+    if spec.margin is None:
+        return out.default_margin(output)
+    value = _call(lambda: spec.margin(output), spec_file, f"margin() on the baseline of case {case_id!r}")
+    value = out.jsonable(value)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CompareError(f"margin() must return a finite number or None, got {value!r} for case {case_id!r}")
+    return float(value)
+
+
+def _quality(spec: Spec, outputs: list[Any], prepared: Prepared, spec_file: str, raise_errors: bool = False) -> float | None:
+    ids = [case_id for case_id, _ in prepared.cases]
+    by_id = dict(zip(ids, outputs))
+    if raise_errors:
+        value = spec.quality(by_id, ids)
+    else:
+        value = _call(lambda: spec.quality(by_id, ids), spec_file, "quality() on the baseline")
+    value = out.jsonable(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _call(function, spec_file: str, where: str):
+    try:
+        return function()
+    except Exception as exc:
+        raise CompareError(spec_exception(exc, spec_file, where)) from None
+
+
+def environment(device: torch.device) -> dict:
+    gpu = None
+    backend = "cpu"
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device)
+        backend = "rocm" if getattr(torch.version, "hip", None) else "cuda"
+    return {"torch": torch.__version__, "python": platform.python_version(), "backend": backend, "gpu": gpu}
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _finite_or_text(value: torch.Tensor) -> float | str:
+    number = complex(value) if value.is_complex() else float(value)
+    if isinstance(number, complex):
+        return str(number)
+    return number if math.isfinite(number) else str(number)  # "inf", "-inf", "nan": JSON has none
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.6g}"

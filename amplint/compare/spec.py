@@ -1,0 +1,188 @@
+"""Loading a compare spec: a Python file whose names say what to compare and how to judge it.
+
+Required: ``model`` and ``cases``. Optional: ``decide``, ``margin`` (an amplint extension),
+``quality``, ``CRITERIA``, ``TRIALS``, ``DEVICE``. Every problem is raised as a `CompareError` with
+one line of text; the command prefixes it with the spec's path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib.util
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from amplint.compare.criteria import Criteria, parse_criteria
+from amplint.compare.errors import CompareError, describe_exception
+
+# Autocast lower-precision dtypes amplint can try, with the spellings accepted for them.
+TRIAL_DTYPES = {
+    "float16": "float16",
+    "half": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+DEFAULT_TRIALS = ("bfloat16", "float16")
+DEFAULT_DEVICE = "cpu"
+
+KNOWN_NAMES = ("model", "cases", "decide", "margin", "quality", "CRITERIA", "TRIALS", "DEVICE")
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: str  # as the user gave it; used in the report and in error messages
+    model: Callable[[], Any] | Any  # a factory, or an nn.Module instance
+    cases: Callable[[], Any] | Any  # a factory, or an iterable of (id, input)
+    decide: Callable[[Any], Any] | None
+    margin: Callable[[Any], Any] | None
+    quality: Callable[[dict, list], Any] | None
+    criteria: Criteria
+    trials: tuple[str, ...]
+    device: str
+
+    @property
+    def device_type(self) -> str:
+        """What torch.autocast wants: "cuda" for "cuda:1"."""
+        return self.device.split(":", 1)[0]
+
+
+def load_spec(path: str, device: str | None = None, trials: tuple[str, ...] | None = None) -> Spec:
+    """Import the spec file and validate its names. ``device``/``trials`` override DEVICE/TRIALS."""
+    module = _import_spec(path)
+    names = vars(module)
+    _reject_misspellings(names)
+    for required in ("model", "cases"):
+        if required not in names:
+            raise CompareError(f"the spec defines no `{required}`{_did_you_mean(required, names)}")
+    for optional in ("decide", "margin", "quality"):
+        if names.get(optional) is not None and not callable(names[optional]):
+            raise CompareError(f"`{optional}` must be a function, got {type(names[optional]).__name__}")
+    if not callable(names["model"]) and not _is_module(names["model"]):
+        raise CompareError(f"`model` must be a function returning a torch.nn.Module, got {type(names['model']).__name__}")
+
+    criteria = parse_criteria(names.get("CRITERIA"))
+    if criteria.min_quality is not None and names.get("quality") is None:
+        raise CompareError("CRITERIA['min_quality'] is set but the spec defines no `quality(outputs, ids)`")
+    return Spec(
+        path=path,
+        model=names["model"],
+        cases=names["cases"],
+        decide=names.get("decide"),
+        margin=names.get("margin"),
+        quality=names.get("quality"),
+        criteria=criteria,
+        trials=parse_trials(trials if trials is not None else names.get("TRIALS", DEFAULT_TRIALS)),
+        device=parse_device(device if device is not None else names.get("DEVICE", DEFAULT_DEVICE)),
+    )
+
+
+def parse_trials(raw: object) -> tuple[str, ...]:
+    if isinstance(raw, str) or not _is_sequence(raw):
+        raise CompareError(f"TRIALS must be a list of dtypes such as ['bfloat16', 'float16'], got {raw!r}")
+    trials: list[str] = []
+    for item in raw:
+        name = _dtype_name(item)
+        if name not in TRIAL_DTYPES:
+            raise CompareError(
+                f"TRIALS: unknown dtype {name!r}; autocast trials are 'float16' or 'bfloat16' "
+                "(the FP32 baseline always runs)"
+            )
+        canonical = TRIAL_DTYPES[name]
+        if canonical in trials:
+            raise CompareError(f"TRIALS lists {canonical!r} twice")
+        trials.append(canonical)
+    if not trials:
+        raise CompareError("TRIALS is empty; name at least one of 'bfloat16', 'float16'")
+    return tuple(trials)
+
+
+def parse_device(raw: object) -> str:
+    text = str(raw) if _is_torch_device(raw) else raw
+    if not isinstance(text, str):
+        raise CompareError(f"DEVICE must be 'cpu' or 'cuda', got {raw!r}")
+    kind, _, index = text.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
+        raise CompareError(f"DEVICE must be 'cpu', 'cuda' or 'cuda:N', got {text!r}")
+    return text
+
+
+def _dtype_name(item: object) -> str:
+    # torch.float16 prints as "torch.float16"; accept it without importing torch here.
+    text = str(item)
+    return text[len("torch."):] if text.startswith("torch.") else text
+
+
+def _is_sequence(raw: object) -> bool:
+    return isinstance(raw, (list, tuple))
+
+
+def _is_module(obj: object) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+def _is_torch_device(obj: object) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.device)
+
+
+def _did_you_mean(name: str, names: dict) -> str:
+    candidates = [n for n in names if not n.startswith("_")]
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.75)
+    return f" (found `{close[0]}`; the name must be `{name}`)" if close else ""
+
+
+def _reject_misspellings(names: dict) -> None:
+    """`TRIAL = [...]` or `CRITERION = {...}` would otherwise be ignored and the defaults used."""
+    for name in names:
+        if name in KNOWN_NAMES or name.startswith("_") or not name.isupper():
+            continue
+        close = difflib.get_close_matches(name, [k for k in KNOWN_NAMES if k.isupper()], n=1, cutoff=0.8)
+        if close and close[0] not in names:
+            raise CompareError(f"the spec defines `{name}`; did you mean `{close[0]}`?")
+
+
+def _import_spec(path: str):
+    if not os.path.exists(path):
+        raise CompareError("no such file")
+    if os.path.isdir(path):
+        raise CompareError("is a directory, not a spec file")
+    absolute = os.path.abspath(path)
+    digest = hashlib.sha1(absolute.encode()).hexdigest()[:12]
+    module_spec = importlib.util.spec_from_file_location(f"amplint_compare_spec_{digest}", absolute)
+    if module_spec is None or module_spec.loader is None:
+        raise CompareError("cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    # Let a spec import helpers that sit beside it.
+    directory = os.path.dirname(absolute)
+    sys.path.insert(0, directory)
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise CompareError(f"line {exc.lineno}: SyntaxError: {exc.msg}") from None
+    except (Exception, SystemExit) as exc:
+        raise CompareError(spec_exception(exc, absolute)) from None
+    finally:
+        if sys.path and sys.path[0] == directory:
+            del sys.path[0]
+    return module
+
+
+def spec_exception(exc: BaseException, spec_file: str | None = None, where: str = "") -> str:
+    """'line 12 (in model): ValueError: ...' - the innermost spec line that raised, when known."""
+    line = None
+    if spec_file is not None:
+        for frame in traceback.extract_tb(exc.__traceback__):
+            if os.path.abspath(frame.filename) == spec_file:
+                line = (frame.lineno, frame.name)
+    prefix = []
+    if line is not None:
+        prefix.append(f"line {line[0]}" + (f" (in {line[1]})" if line[1] != "<module>" else ""))
+    if where:
+        prefix.append(where)
+    return (": ".join(prefix) + ": " if prefix else "") + describe_exception(exc)
