@@ -60,12 +60,6 @@ def main() -> None:
     """
 
 
-def _codes(value: str | None) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    return tuple(code.strip().upper() for code in value.split(",") if code.strip())
-
-
 @main.command("check")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=str))
 @click.option("--select", help="Comma-separated rule codes or prefixes to enable (replaces the default set).")
@@ -94,7 +88,7 @@ def check_command(paths: tuple[str, ...], **options) -> None:
     """Check PATHS (files or directories; `-` reads standard input) for AMP mistakes."""
     from amplint.static.command import run_check_command
 
-    sys.exit(run_check_command(paths, _codes, **options))
+    sys.exit(run_check_command(paths, **options))
 
 
 @main.command("rule")

@@ -174,15 +174,15 @@ def _import_spec(path: str):
 
 
 def spec_exception(exc: BaseException, spec_file: str | None = None, where: str = "") -> str:
-    """'line 12 (in model): ValueError: ...' - the innermost spec line that raised, when known."""
+    """'model(), line 12: ValueError: ...' - where amplint called, and the innermost spec line that raised."""
     line = None
     if spec_file is not None:
         for frame in traceback.extract_tb(exc.__traceback__):
             if os.path.abspath(frame.filename) == spec_file:
                 line = (frame.lineno, frame.name)
-    prefix = []
+    parts = [where] if where else []
     if line is not None:
-        prefix.append(f"line {line[0]}" + (f" (in {line[1]})" if line[1] != "<module>" else ""))
-    if where:
-        prefix.append(where)
-    return (": ".join(prefix) + ": " if prefix else "") + describe_exception(exc)
+        lineno, function = line
+        shown_function = function not in ("<module>", "<lambda>") and f"{function}(" not in where
+        parts.append(f"line {lineno}" + (f" in {function}()" if shown_function else ""))
+    return (", ".join(parts) + ": " if parts else "") + describe_exception(exc)

@@ -2,44 +2,20 @@
 
 from __future__ import annotations
 
-import io
 import re
-import tokenize
 from collections.abc import Iterable
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from amplint.catalogue import rule_info
-from amplint.model import Finding, Fix, Edit
+from amplint.model import Edit, Finding, Fix
+from amplint.static.source import SourceError, decode_source, parse_error_finding
 from amplint.static.checks import Hit, all_checks
 from amplint.static.semantics import AmpFacts
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+\d+(?:[\s,]+[A-Za-z]+\d+)*))?", re.IGNORECASE)
 _FILE_NOQA = re.compile(r"^#\s*amplint:\s*noqa\s*$", re.IGNORECASE | re.MULTILINE)
-
-
-class SourceError(Exception):
-    """The file cannot be decoded or parsed; carries a 1-based position."""
-
-    def __init__(self, message: str, line: int = 1, column: int = 1) -> None:
-        super().__init__(message)
-        self.message, self.line, self.column = message, line, column
-
-
-def decode_source(source: bytes | str) -> tuple[str, str]:
-    """Text and encoding name of a Python source, honouring a BOM and a PEP 263 coding line."""
-    if isinstance(source, str):
-        return source, "utf-8"
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
-    except SyntaxError as exc:
-        raise SourceError(f"cannot decode: {exc.msg}") from None
-    try:
-        return source.decode(encoding), encoding
-    except (UnicodeDecodeError, LookupError) as exc:
-        line = source[: getattr(exc, "start", 0)].count(b"\n") + 1
-        raise SourceError(f"cannot decode as {encoding}: {exc.reason if hasattr(exc, 'reason') else exc}", line) from None
 
 
 def parse(text: str) -> cst.Module:
@@ -49,13 +25,6 @@ def parse(text: str) -> cst.Module:
         raise SourceError(f"cannot parse: {exc.message}", exc.raw_line, exc.raw_column + 1) from None
     except RecursionError:
         raise SourceError("cannot parse: the file nests too deeply") from None
-
-
-def parse_error_finding(path: str, error: SourceError) -> Finding:
-    info = rule_info("AMP000")
-    return Finding(
-        "AMP000", info.name, info.severity, path, error.line, error.column, error.line, error.column, error.message
-    )
 
 
 def analyse_source(source: bytes | str, path: str, select: Iterable[str] | None = None) -> list[Finding]:

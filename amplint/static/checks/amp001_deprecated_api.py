@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from amplint.static import names
+from amplint.static import autofix, names
 from amplint.static.checks import Hit
 from amplint.static.semantics import AmpFacts
 
@@ -33,11 +33,11 @@ def _is_deprecated(qualname: str | None) -> bool:
 def check(facts: AmpFacts) -> Iterator[Hit]:
     for ref in facts.imports:
         if _is_deprecated(ref.qualname):
-            yield Hit(ref.node, message_for(ref.qualname), ref.statement)
+            yield Hit(ref.node, message_for(ref.qualname), ref.statement, autofix.deprecated_import(ref, facts))
     for call in facts.calls:
         if _is_deprecated(call.qualname) and facts.qualname(call.node.func, call.scope) == call.qualname:
-            yield Hit(call.node.func, message_for(call.qualname), call.where.statement)
+            yield Hit(call.node.func, message_for(call.qualname), call.where.statement, autofix.deprecated_call(call, facts))
     for ref in facts.references:
         qualname = ref.where.scope.resolve(ref.dotted)
         if _is_deprecated(qualname):
-            yield Hit(ref.node, message_for(qualname), ref.where.statement)
+            yield Hit(ref.node, message_for(qualname), ref.where.statement, autofix.deprecated_reference(ref, qualname, facts))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from amplint.static import names
+from amplint.static import autofix, names
 from amplint.static.checks import Hit
 from amplint.static.semantics import AmpFacts, Context, Scope, dotted_name
 
@@ -94,7 +94,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 if _already_unscaled(owner, unscaled, stepped_optimizers):
                     continue
                 reported.add(id(event.node))
-                yield _hit(event, owner)
+                scaler = next((e.scaler for e in reversed(events[:index]) if e.kind == "scale"), None)
+                yield _hit(event, owner, autofix.unscale_before(event, scaler, owner, events, facts))
 
 
 def _already_unscaled(owner: str | None, unscaled: set[str | None], stepped: set[str]) -> bool:
@@ -104,7 +105,7 @@ def _already_unscaled(owner: str | None, unscaled: set[str | None], stepped: set
     return bool(unscaled) and (owner is None or len(stepped) <= 1)
 
 
-def _hit(event: _Event, owner: str | None) -> Hit:
+def _hit(event: _Event, owner: str | None, fix) -> Hit:
     target = owner or "optimizer"
     what = "clips gradients" if event.kind == "clip" else "reads `.grad`"
     return Hit(
@@ -112,4 +113,5 @@ def _hit(event: _Event, owner: str | None) -> Hit:
         f"{what} that are still multiplied by the GradScaler's scale (a clip threshold then "
         f"compares against scale x norm); call `scaler.unscale_({target})` before it",
         event.where.statement,
+        fix,
     )

@@ -1,0 +1,99 @@
+"""Which files a run checks: walk folders for *.py / *.pyi, honouring .gitignore and `exclude`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pathspec
+
+# Folders that never hold the user's own source (the same defaults as ruff).
+SKIPPED_DIRS = frozenset(
+    {
+        ".bzr", ".direnv", ".eggs", ".git", ".git-rewrite", ".hg", ".ipynb_checkpoints", ".mypy_cache",
+        ".nox", ".pants.d", ".pyenv", ".pytest_cache", ".pytype", ".ruff_cache", ".amplint_cache", ".svn",
+        ".tox", ".venv", ".vscode", "__pycache__", "__pypackages__", "_build", "buck-out", "build", "dist",
+        "node_modules", "site-packages", "venv",
+    }
+)
+PYTHON_SUFFIXES = (".py", ".pyi")
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: Path  # on disk
+    display: str  # as reported: the command-line argument joined with the relative path
+
+
+class Excluder:
+    """`exclude` patterns from the configuration, relative to the configuration's folder."""
+
+    def __init__(self, patterns: tuple[str, ...], root: Path) -> None:
+        self.root = root.resolve()
+        self.spec = pathspec.GitIgnoreSpec.from_lines(patterns) if patterns else None
+
+    def excludes(self, path: Path, is_dir: bool = False) -> bool:
+        if self.spec is None:
+            return False
+        try:
+            relative = path.resolve().relative_to(self.root).as_posix()
+        except ValueError:
+            relative = path.as_posix().lstrip("/")
+        return self.spec.match_file(relative + "/" if is_dir else relative)
+
+
+def _gitignore(folder: Path) -> pathspec.GitIgnoreSpec | None:
+    try:
+        lines = (folder / ".gitignore").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def _ignored(path: Path, is_dir: bool, gitignores: list[tuple[Path, pathspec.GitIgnoreSpec]]) -> bool:
+    for folder, spec in gitignores:
+        relative = path.relative_to(folder).as_posix()
+        if spec.match_file(relative + "/" if is_dir else relative):
+            return True
+    return False
+
+
+def walk(argument: str, excluder: Excluder, respect_gitignore: bool) -> Iterator[SourceFile]:
+    """Python files below a folder named on the command line, in a stable order."""
+    top = Path(argument)
+    gitignores: list[tuple[Path, pathspec.GitIgnoreSpec]] = []
+    if respect_gitignore:
+        # .gitignore files above the folder, up to the repository root, apply too.
+        for parent in [top.resolve(), *top.resolve().parents]:
+            spec = _gitignore(parent)
+            if spec is not None:
+                gitignores.append((parent, spec))
+            if (parent / ".git").exists():
+                break
+    yield from _walk(top, top.resolve(), argument, excluder, gitignores, respect_gitignore)
+
+
+def _walk(folder, resolved, display, excluder, gitignores, respect_gitignore) -> Iterator[SourceFile]:
+    if respect_gitignore and resolved != (gitignores[0][0] if gitignores else None):
+        spec = _gitignore(resolved)
+        if spec is not None:
+            gitignores = [*gitignores, (resolved, spec)]
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return
+    for entry in entries:
+        child = resolved / entry.name
+        child_display = os.path.join(display, entry.name)
+        if entry.is_dir(follow_symlinks=False):
+            if entry.name in SKIPPED_DIRS or (Path(entry.path) / "pyvenv.cfg").exists():
+                continue
+            if excluder.excludes(child, is_dir=True) or (gitignores and _ignored(child, True, gitignores)):
+                continue
+            yield from _walk(entry.path, child, child_display, excluder, gitignores, respect_gitignore)
+        elif entry.name.endswith(PYTHON_SUFFIXES) and entry.is_file():
+            if excluder.excludes(child) or (gitignores and _ignored(child, False, gitignores)):
+                continue
+            yield SourceFile(Path(entry.path), child_display)

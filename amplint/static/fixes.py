@@ -1,0 +1,106 @@
+"""Apply fixes to a source file: byte-faithful outside each edit, re-parsed before it is kept.
+
+A fix is a list of edits in 1-based (line, column) character positions of the decoded text.
+Edits of different findings that overlap are left for the next round; rounds repeat until no
+fix applies (at most a few times), as ruff does, so a second `--fix` finds nothing to change.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from amplint.model import Applicability, Edit, Finding
+
+_MAX_ROUNDS = 5
+
+
+@dataclass
+class FixResult:
+    source: bytes  # the fixed file
+    applied: int  # how many findings were fixed
+    remaining: list[Finding]  # findings after fixing
+
+
+def _offsets(text: str) -> list[int]:
+    """Character offset of the start of each line (1-based line numbers index it directly)."""
+    starts = [0, 0]
+    for index, char in enumerate(text):
+        if char == "\n":
+            starts.append(index + 1)
+    return starts
+
+
+def apply_edits(text: str, edits: list[Edit]) -> str:
+    starts = _offsets(text)
+    newline = "\r\n" if "\r\n" in text else "\n"
+    spans = sorted(
+        ((starts[e.line] + e.column - 1, starts[e.end_line] + e.end_column - 1, e.content) for e in edits),
+        reverse=True,
+    )
+    for start, end, content in spans:
+        if newline != "\n":
+            content = content.replace("\n", newline)
+        text = text[:start] + content + text[end:]
+    return text
+
+
+def _wanted(finding: Finding, unsafe: bool) -> bool:
+    return finding.fix is not None and (unsafe or finding.fix.applicability is Applicability.SAFE)
+
+
+def fix_source(source: bytes, path: str, select, unsafe: bool) -> FixResult:
+    from amplint.static.analyse import analyse_source, parse
+    from amplint.static.source import SourceError, decode_source
+
+    try:
+        text, encoding = decode_source(source)
+    except SourceError:
+        return FixResult(source, 0, analyse_source(source, path, select))
+    applied = 0
+    findings = analyse_source(text, path, select)
+    for _ in range(_MAX_ROUNDS):
+        chosen: list[Finding] = []
+        taken: list[tuple[tuple[int, int], tuple[int, int]]] = []
+        for finding in findings:
+            if not _wanted(finding, unsafe):
+                continue
+            spans = [((e.line, e.column), (e.end_line, e.end_column)) for e in finding.fix.edits]
+            if any(_overlaps(span, other) for span in spans for other in taken):
+                continue
+            taken.extend(spans)
+            chosen.append(finding)
+        if not chosen:
+            break
+        candidate = apply_edits(text, [e for f in chosen for e in f.fix.edits])
+        try:
+            parse(candidate)
+        except SourceError:
+            break  # never write a file that no longer parses
+        text = candidate
+        applied += len(chosen)
+        findings = analyse_source(text, path, select)
+    if applied == 0:
+        return FixResult(source, 0, findings)
+    return FixResult(text.encode(encoding), applied, findings)
+
+
+def _overlaps(a, b) -> bool:
+    return a[0] < b[1] and b[0] < a[1] or a == b
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace a file's bytes in one step, keeping its permission bits."""
+    mode = path.stat().st_mode & 0o7777
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".amplint")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise

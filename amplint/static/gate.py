@@ -1,0 +1,52 @@
+"""Which rules could fire on a file, decided from its raw bytes before any parse.
+
+Each rule lists text that must occur in any file it can flag, whatever the import spelling:
+every alias still has to import the original name once. A file that passes no gate is never
+parsed, and libcst is never imported for it. A property test checks that every INVALID fixture
+and rule example passes its rule's gate, so the gate never costs recall.
+"""
+
+from __future__ import annotations
+
+import re
+
+_AMP_WORD = re.compile(rb"\bamp\b|autocast_(?:gpu|cpu)|is_autocast_cpu")
+_CONVERSION = re.compile(rb"half|float16", re.IGNORECASE)
+
+
+def _amp001(source: bytes) -> bool:
+    return (b"amp" in source or b"autocast_" in source) and _AMP_WORD.search(source) is not None
+
+
+def _amp002(source: bytes) -> bool:
+    return (b"autocast" in source or b"GradScaler" in source) and _CONVERSION.search(source) is not None
+
+
+def _amp003(source: bytes) -> bool:
+    return b"autocast" in source and (b"backward" in source or b"step" in source)
+
+
+def _amp004(source: bytes) -> bool:
+    return b"GradScaler" in source
+
+
+def _amp005(source: bytes) -> bool:
+    return b"scale" in source and (b"grad" in source)
+
+
+GATES = {
+    "AMP001": _amp001,
+    "AMP002": _amp002,
+    "AMP003": _amp003,
+    "AMP004": _amp004,
+    "AMP005": _amp005,
+}
+
+
+def possible_rules(source: bytes, enabled: frozenset[str]) -> frozenset[str]:
+    """The enabled rules this file could trigger. Rules without a gate are always possible."""
+    return frozenset(code for code in enabled if code != "AMP000" and GATES.get(code, _always)(source))
+
+
+def _always(source: bytes) -> bool:
+    return True

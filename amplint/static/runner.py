@@ -1,0 +1,182 @@
+"""A whole check run: discovery, cache, the byte gate, parallel analysis, per-file ignores."""
+
+from __future__ import annotations
+
+import ast
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pathspec
+
+from amplint.config import Settings
+from amplint.model import Finding
+from amplint.static.cache import ResultCache, content_hash
+from amplint.static.discovery import Excluder, SourceFile, walk
+from amplint.static.gate import possible_rules
+
+# Below this much source to parse, starting worker processes costs more than it saves.
+_PARALLEL_MIN_BYTES = 300_000
+
+
+@dataclass
+class RunResult:
+    findings: list[Finding] = field(default_factory=list)
+    files_checked: int = 0
+    errors: list[str] = field(default_factory=list)  # paths that could not be read
+    sources: dict[str, SourceFile] = field(default_factory=dict)  # display path -> file, for fixes
+
+
+@dataclass(frozen=True)
+class _Job:
+    display: str
+    source: bytes
+    codes: frozenset[str]
+
+
+def all_codes() -> list[str]:
+    from amplint.catalogue import catalogue
+
+    return sorted(catalogue())
+
+
+def collect_files(arguments: list[str], settings: Settings, force_exclude: bool, result: RunResult) -> list[tuple[SourceFile, bool]]:
+    """Files to check, each with whether it was named explicitly."""
+    excluder = Excluder(settings.exclude, settings.root)
+    files: list[tuple[SourceFile, bool]] = []
+    seen: set[Path] = set()
+    for argument in arguments:
+        path = Path(argument)
+        if path.is_dir():
+            for source in walk(argument, excluder, settings.respect_gitignore):
+                if source.path.resolve() not in seen:
+                    seen.add(source.path.resolve())
+                    files.append((source, False))
+        elif path.is_file():
+            if force_exclude and excluder.excludes(path):
+                continue
+            if path.resolve() not in seen:
+                seen.add(path.resolve())
+                files.append((SourceFile(path, argument), True))
+        else:
+            reason = "no such file or directory" if not path.exists() and not path.is_symlink() else "not a file or directory"
+            result.errors.append(f"{argument}: {reason}")
+    return files
+
+
+def check_paths(
+    arguments: list[str],
+    settings: Settings,
+    *,
+    use_cache: bool = True,
+    jobs: int | None = None,
+    force_exclude: bool = False,
+) -> RunResult:
+    result = RunResult()
+    enabled = settings.enabled_codes(all_codes())
+    files = collect_files(arguments, settings, force_exclude, result)
+    cache = ResultCache(settings.root / ".amplint_cache", settings.fingerprint()) if use_cache else None
+    pending: list[tuple[_Job, str, os.stat_result, str]] = []
+    for source_file, explicit in files:
+        result.files_checked += 1
+        result.sources[source_file.display] = source_file
+        key = str(source_file.path.resolve())
+        try:
+            stat = source_file.path.stat()
+            cached = cache.lookup_stat(key, stat) if cache else None
+            if cached is not None:
+                result.findings.extend(_with_path(cached, source_file.display))
+                continue
+            data = source_file.path.read_bytes()
+        except OSError as exc:
+            result.errors.append(f"{source_file.display}: cannot read: {exc.strerror or exc}")
+            continue
+        digest = content_hash(data)
+        cached = cache.lookup_hash(key, stat, digest) if cache else None
+        if cached is not None:
+            result.findings.extend(_with_path(cached, source_file.display))
+            continue
+        codes = possible_rules(data, enabled)
+        if codes:
+            pending.append((_Job(source_file.display, data, codes | (enabled & {"AMP000"})), key, stat, digest))
+            continue
+        found = _syntax_only(data, source_file.display) if explicit and "AMP000" in enabled else []
+        if cache:
+            cache.store(key, stat, digest, [f.to_json() for f in found])
+        result.findings.extend(found)
+    for (job, key, stat, digest), found in zip(pending, _analyse_all([p[0] for p in pending], jobs)):
+        if cache:
+            cache.store(key, stat, digest, [f.to_json() for f in found])
+        result.findings.extend(found)
+    if cache:
+        cache.save()
+    result.findings = sorted(_apply_per_file_ignores(result.findings, settings), key=Finding.sort_key)
+    return result
+
+
+def check_stdin(source: bytes, display: str, settings: Settings) -> RunResult:
+    enabled = settings.enabled_codes(all_codes())
+    codes = possible_rules(source, enabled)
+    found = _analyse(_Job(display, source, codes | (enabled & {"AMP000"}))) if codes else _syntax_only(source, display) if "AMP000" in enabled else []
+    return RunResult(findings=_apply_per_file_ignores(found, settings), files_checked=1)
+
+
+def _with_path(cached: list[dict], display: str) -> list[Finding]:
+    return [Finding.from_json({**item, "path": display}) for item in cached]
+
+
+def _analyse(job: _Job) -> list[Finding]:
+    from amplint.static.analyse import analyse_source
+
+    return analyse_source(job.source, job.display, job.codes)
+
+
+def _analyse_all(jobs_to_run: list[_Job], workers: int | None) -> list[list[Finding]]:
+    workers = workers or os.cpu_count() or 1
+    total = sum(len(job.source) for job in jobs_to_run)
+    if workers <= 1 or len(jobs_to_run) < 2 or total < _PARALLEL_MIN_BYTES:
+        return [_analyse(job) for job in jobs_to_run]
+    # Biggest files first so one large file does not finish last on its own.
+    order = sorted(range(len(jobs_to_run)), key=lambda i: -len(jobs_to_run[i].source))
+    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs_to_run)), mp_context=context) as pool:
+        results = list(pool.map(_analyse, [jobs_to_run[i] for i in order], chunksize=1))
+    ordered: list[list[Finding]] = [[] for _ in jobs_to_run]
+    for position, index in enumerate(order):
+        ordered[index] = results[position]
+    return ordered
+
+
+def _syntax_only(source: bytes, display: str) -> list[Finding]:
+    """AMP000 for a file no rule needs to analyse: CPython's own parser, no libcst import."""
+    from amplint.static.source import SourceError, decode_source, parse_error_finding
+
+    try:
+        text, _ = decode_source(source)
+        ast.parse(text)
+    except SourceError as error:
+        return [parse_error_finding(display, error)]
+    except SyntaxError as error:
+        message = f"cannot parse: {error.msg}"
+        return [parse_error_finding(display, SourceError(message, error.lineno or 1, error.offset or 1))]
+    except (ValueError, RecursionError, MemoryError) as error:
+        return [parse_error_finding(display, SourceError(f"cannot parse: {error}"))]
+    return []
+
+
+def _apply_per_file_ignores(findings: list[Finding], settings: Settings) -> list[Finding]:
+    if not settings.per_file_ignores:
+        return findings
+    specs = [(pathspec.GitIgnoreSpec.from_lines([pattern]), codes) for pattern, codes in settings.per_file_ignores]
+    kept = []
+    for finding in findings:
+        try:
+            relative = Path(finding.path).resolve().relative_to(settings.root).as_posix()
+        except ValueError:
+            relative = Path(finding.path).as_posix()
+        if not any(spec.match_file(relative) and any(finding.code.startswith(c) for c in codes) for spec, codes in specs):
+            kept.append(finding)
+    return kept

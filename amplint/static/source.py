@@ -1,0 +1,39 @@
+"""Decoding a source file and reporting one that cannot be read: no libcst needed here."""
+
+from __future__ import annotations
+
+import io
+import tokenize
+
+from amplint.catalogue import rule_info
+from amplint.model import Finding
+
+
+class SourceError(Exception):
+    """The file cannot be decoded or parsed; carries a 1-based position."""
+
+    def __init__(self, message: str, line: int = 1, column: int = 1) -> None:
+        super().__init__(message)
+        self.message, self.line, self.column = message, line, column
+
+
+def decode_source(source: bytes | str) -> tuple[str, str]:
+    """Text and encoding name of a Python source, honouring a BOM and a PEP 263 coding line."""
+    if isinstance(source, str):
+        return source, "utf-8"
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+    except SyntaxError as exc:
+        raise SourceError(f"cannot decode: {exc.msg}") from None
+    try:
+        return source.decode(encoding), encoding
+    except (UnicodeDecodeError, LookupError) as exc:
+        line = source[: getattr(exc, "start", 0)].count(b"\n") + 1
+        raise SourceError(f"cannot decode as {encoding}: {exc.reason if hasattr(exc, 'reason') else exc}", line) from None
+
+
+def parse_error_finding(path: str, error: SourceError) -> Finding:
+    info = rule_info("AMP000")
+    return Finding(
+        "AMP000", info.name, info.severity, path, error.line, error.column, error.line, error.column, error.message
+    )

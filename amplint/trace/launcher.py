@@ -1,0 +1,140 @@
+"""Run the user's script (or module) as `__main__`, exactly as `python SCRIPT ARGS` would, and
+record how it ended instead of letting it end the process: the report must be written first.
+
+The caller prints the script's traceback (`print_script_traceback`) and exits with `exit_code`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from types import TracebackType
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_AMPLINT_DIR = os.path.dirname(_HERE)
+
+
+@dataclass
+class RunOutcome:
+    status: str  # "ok" | "exception" | "exit"
+    code: int
+    exception: BaseException | None = None  # kept to print its traceback after the report
+    message: str | None = None  # "RuntimeError: ..." for the report
+
+    @property
+    def exit_code(self) -> int:
+        return self.code
+
+
+def resolve_target(target: str, module: bool, cwd: str) -> tuple[str, str | None]:
+    """(absolute path of the code that runs as __main__, module name or None)."""
+    if not module:
+        path = os.path.abspath(os.path.join(cwd, target))
+        if os.path.isdir(path):
+            path = os.path.join(path, "__main__.py")
+        return path, None
+    # `python -m` puts the current folder first on sys.path before resolving the name.
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        spec = importlib.util.find_spec(target)
+    except (ImportError, ValueError) as exc:
+        raise LookupError(f"cannot import module {target!r}: {exc}") from None
+    if spec is None:
+        raise LookupError(f"no module named {target!r}")
+    if spec.submodule_search_locations is not None:  # a package: runs pkg.__main__
+        main_spec = importlib.util.find_spec(f"{target}.__main__")
+        if main_spec is None or not main_spec.origin:
+            raise LookupError(f"{target!r} is a package and cannot be directly executed (no __main__)")
+        return os.path.abspath(main_spec.origin), target
+    if not spec.origin or not os.path.exists(spec.origin):
+        raise LookupError(f"module {target!r} has no source file to run")
+    return os.path.abspath(spec.origin), target
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def run_target(path: str, module_name: str | None, args: list[str]) -> RunOutcome:
+    """Run the target; never raises (the outcome says how it ended)."""
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    sys.argv = [path, *args]
+    if module_name is None:
+        # Like `python script.py`: the script's folder comes first on sys.path.
+        sys.path.insert(0, os.path.dirname(path))
+    previous_sigterm = _raise_on_sigterm()
+    try:
+        if module_name is None:
+            runpy.run_path(path, run_name="__main__")
+        else:
+            runpy.run_module(module_name, run_name="__main__", alter_sys=True)
+        return RunOutcome("ok", 0)
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return RunOutcome("exit", 0)
+        if isinstance(code, int):
+            return RunOutcome("exit", code)
+        # Python prints a non-integer exit argument to stderr and exits with 1.
+        print(code, file=sys.stderr)
+        return RunOutcome("exit", 1, message=str(code))
+    except KeyboardInterrupt as exc:
+        return RunOutcome("exception", 130, exc, _describe(exc))
+    except BaseException as exc:  # noqa: BLE001 - the script's own failure, reported and re-printed
+        return RunOutcome("exception", 1, exc, _describe(exc))
+    finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+        sys.argv = saved_argv
+        if module_name is None and sys.path and sys.path[0] == os.path.dirname(path):
+            del sys.path[0]
+        elif saved_path0 is not None and sys.path and sys.path[0] != saved_path0:
+            pass
+
+
+def _raise_on_sigterm():
+    """torchrun stops the other ranks with SIGTERM when one fails: turn it into SystemExit so the
+    `finally` that writes the report runs. Only the main thread may install handlers."""
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous not in (signal.SIG_DFL, None):
+            return None  # the script or a launcher already handles it
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        return previous
+    except (ValueError, OSError):  # not the main thread
+        return None
+
+
+def _is_launcher_frame(filename: str) -> bool:
+    return (
+        filename.startswith(_AMPLINT_DIR)
+        or filename.endswith(os.sep + "runpy.py")
+        or filename == "<frozen runpy>"
+    )
+
+
+def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
+    """Drop the launcher's and runpy's frames from the front, as `python script.py` shows none."""
+    while tb is not None and _is_launcher_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
+
+
+def print_script_traceback(outcome: RunOutcome) -> None:
+    exc = outcome.exception
+    if exc is None:
+        return
+    tb = _user_traceback(exc.__traceback__)
+    exc.__traceback__ = tb
+    hook = sys.excepthook
+    try:
+        hook(type(exc), exc, tb)  # respects a hook the script installed (rich, IPython...)
+    except Exception:  # noqa: BLE001 - a broken hook must not hide the script's error
+        traceback.print_exception(type(exc), exc, tb)

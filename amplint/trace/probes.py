@@ -1,0 +1,593 @@
+"""API patches (feasibility L1): cheap, always on, each records the user's callsite.
+
+- `torch.set_autocast_enabled/dtype` mirror, `autocast.__enter__` (where the region was opened)
+- `torch.autograd.backward/grad` (AMP003), optimizer step hooks (AMP003, steps, phases)
+- GradScaler `__init__/scale/unscale_/step/update` (AMP004, skipped steps, scale history)
+- the clip functions (AMP005), LR schedulers (steps right after a skipped step)
+- `nn.Module.half/bfloat16/to` and a forward pre-hook (AMP002)
+- `warnings.warn` (AMP001 deprecations attributed to user lines; keeps torch's own warnings
+  pointing at the user's line although our wrappers sit in between)
+
+Everything is undone by `Probes.remove()`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+import warnings
+import weakref
+
+import torch
+import torch.nn.utils.clip_grad as clip_grad_module
+import torch.optim.lr_scheduler as lr_scheduler_module
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from amplint.trace.callsite import CodeClassifier
+from amplint.trace.nonfinite import NonFiniteMonitor
+from amplint.trace.state import ClipEvent, Conversion, SchedulerStep, ScalerInfo, ScalerStep, TraceState, Update, WarningRecord
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+_AMP_WARNING = re.compile(
+    r"torch\.(cuda|cpu)\.amp\.|get_autocast_(gpu|cpu|xla|ipu)_dtype|set_autocast_(gpu|cpu)_|"
+    r"is_autocast_(cpu|xla|ipu)_enabled|autocast|GradScaler|lr_scheduler\.step\(\)` before `optimizer\.step\(\)",
+)
+_DEPRECATED_API = re.compile(r"`?(torch\.(?:cuda|cpu)\.amp\.[\w.]+)\(args\.\.\.\)`? is deprecated")
+
+
+def _dtype_name(dtype) -> str | None:
+    return None if dtype is None else str(dtype).replace("torch.", "")
+
+
+class Probes:
+    def __init__(self, state: TraceState, classifier: CodeClassifier, monitor: NonFiniteMonitor):
+        self.state = state
+        self.classifier = classifier
+        self.monitor = monitor
+        self._undo: list = []
+        self._optimizers: weakref.WeakSet = weakref.WeakSet()
+        self._forward_pre_hook = None
+        self._scaler_objects: dict[int, weakref.ref] = {}
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _patch(self, owner, name: str, make) -> None:
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        replacement = make(getattr(owner, name))
+        if isinstance(original, (staticmethod, classmethod)):
+            replacement = type(original)(replacement)
+        setattr(owner, name, replacement)
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def _callsite(self, depth: int = 1):
+        site = self.classifier.user_callsite(depth + 1)
+        if site is not None:
+            self.state.lines_seen.add(site)
+        return site
+
+    def install(self) -> None:
+        self._install_autocast_mirror()
+        self._install_backward()
+        self._install_optimizer()
+        self._install_scaler()
+        self._install_clip()
+        self._install_schedulers()
+        self._install_conversions()
+        self._install_warnings()
+
+    def remove(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    # -- autocast ----------------------------------------------------------------------------
+    def _install_autocast_mirror(self) -> None:
+        mirror = self.state.mirror
+        for device in ("cpu", "cuda"):
+            try:
+                mirror.enabled[device] = torch.is_autocast_enabled(device)
+            except RuntimeError:
+                continue
+        refresh = self._refresh_mirror
+        refresh()
+
+        def wrap_setter(real):
+            @functools.wraps(real)
+            def set_autocast_state(*args, **kwargs):
+                result = real(*args, **kwargs)
+                refresh_from(args, kwargs, real)
+                return result
+
+            return set_autocast_state
+
+        def refresh_from(args, kwargs, real):
+            name = real.__name__
+            if name == "set_autocast_enabled":
+                device, enabled = (args[0], args[1]) if len(args) >= 2 else ("cuda", (args or [kwargs.get("enabled")])[0])
+                mirror.enabled[str(device)] = bool(enabled)
+            refresh()
+
+        self._patch(torch, "set_autocast_enabled", wrap_setter)
+        self._patch(torch, "set_autocast_dtype", wrap_setter)
+
+        probes = self
+
+        def wrap_enter(real):
+            @functools.wraps(real)
+            def __enter__(self_):
+                site = probes._callsite()
+                result = real(self_)
+                if getattr(self_, "_enabled", False):
+                    probes.state.autocast_entries[site] += 1
+                probes.state.mirror.entered.append(site if getattr(self_, "_enabled", False) else None)
+                return result
+
+            return __enter__
+
+        def wrap_exit(real):
+            @functools.wraps(real)
+            def __exit__(self_, *exc):
+                try:
+                    return real(self_, *exc)
+                finally:
+                    if probes.state.mirror.entered:
+                        probes.state.mirror.entered.pop()
+
+            return __exit__
+
+        autocast_cls = torch.amp.autocast_mode.autocast
+        self._patch(autocast_cls, "__enter__", wrap_enter)
+        self._patch(autocast_cls, "__exit__", wrap_exit)
+
+    def _refresh_mirror(self) -> None:
+        mirror = self.state.mirror
+        active = []
+        for device, enabled in mirror.enabled.items():
+            if enabled:
+                try:
+                    active.append((device, _dtype_name(torch.get_autocast_dtype(device))))
+                except RuntimeError:
+                    active.append((device, None))
+        mirror.active = tuple(active)
+
+    def autocast_evidence(self) -> dict | None:
+        mirror = self.state.mirror
+        if not mirror.active:
+            return None
+        device, dtype = mirror.active[-1]
+        opened = next((s for s in reversed(mirror.entered) if s is not None), None)
+        return {"device": device, "dtype": dtype, "entered_at": opened}
+
+    # -- backward ----------------------------------------------------------------------------
+    def _install_backward(self) -> None:
+        state, monitor, probes = self.state, self.monitor, self
+
+        def wrap_backward(real):
+            @functools.wraps(real)
+            def backward(tensors, *args, **kwargs):
+                if state.paused or not state.active:
+                    return real(tensors, *args, **kwargs)
+                site = probes._callsite()
+                evidence = probes.autocast_evidence()
+                calls = state.backward_calls[site]
+                calls[0 if evidence else 1] += 1
+                if evidence and site not in state.backward_autocast:
+                    state.backward_autocast[site] = dict(evidence, step=state.step)
+                monitor.check_loss(tensors, site)
+                outer = state.backward_callsite
+                state.backward_callsite = site
+                try:
+                    return real(tensors, *args, **kwargs)
+                finally:
+                    state.backward_callsite = outer
+
+            return backward
+
+        def wrap_grad(real):
+            @functools.wraps(real)
+            def grad(outputs, inputs, *args, **kwargs):
+                # create_graph=True is a gradient penalty: forward work, allowed under autocast.
+                create_graph = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
+                if state.paused or create_graph:
+                    return real(outputs, inputs, *args, **kwargs)
+                site = probes._callsite()
+                evidence = probes.autocast_evidence()
+                state.backward_calls[site][0 if evidence else 1] += 1
+                if evidence and site not in state.backward_autocast:
+                    state.backward_autocast[site] = dict(evidence, step=state.step, function="torch.autograd.grad")
+                outer = state.backward_callsite
+                state.backward_callsite = site
+                try:
+                    return real(outputs, inputs, *args, **kwargs)
+                finally:
+                    state.backward_callsite = outer
+
+            return grad
+
+        self._patch(torch.autograd, "backward", wrap_backward)
+        self._patch(torch.autograd, "grad", wrap_grad)
+
+    # -- optimizers ----------------------------------------------------------------------------
+    def _install_optimizer(self) -> None:
+        state, monitor, probes = self.state, self.monitor, self
+        optimizers = self._optimizers
+
+        def wrap_init(real):
+            @functools.wraps(real)
+            def __init__(self_, *args, **kwargs):
+                real(self_, *args, **kwargs)
+                optimizers.add(self_)
+
+            return __init__
+
+        self._patch(torch.optim.Optimizer, "__init__", wrap_init)
+
+        def pre_hook(optimizer, args, kwargs):
+            if state.paused:
+                return None
+            current = state.in_scaler_step
+            if current is not None and current.optimizer == id(optimizer):
+                current.applied = True
+                found_inf = getattr(optimizer, "found_inf", None)  # fused optimizers skip inside
+                if isinstance(found_inf, torch.Tensor):
+                    with state.pause():
+                        current.found_inf_slot = state.deferred.add(found_inf)
+                    current.applied = None
+            else:
+                site = probes._callsite(2)
+                evidence = probes.autocast_evidence()
+                state.step_calls[site][0 if evidence else 1] += 1
+                if evidence and site not in state.step_autocast:
+                    state.step_autocast[site] = dict(evidence, step=state.step, function="optimizer.step()")
+                state.direct_steps[site] += 1
+                monitor.check_gradients(optimizer, site, handled=False)
+            state.in_optimizer += 1
+            return None
+
+        def post_hook(optimizer, args, kwargs):
+            if state.paused:
+                return
+            state.in_optimizer = max(0, state.in_optimizer - 1)
+            current = state.in_scaler_step
+            if current is None or current.optimizer != id(optimizer):
+                record = ScalerStep(-1, id(optimizer), state.step, None, True)
+                state.last_step_of_optimizer[id(optimizer)] = record
+                state.step += 1
+
+        pre = register_optimizer_step_pre_hook(pre_hook)
+        post = register_optimizer_step_post_hook(post_hook)
+        self._undo.append(pre.remove)
+        self._undo.append(post.remove)
+
+    def owners_of(self, params: list) -> list:
+        ids = {id(p) for p in params}
+        return [
+            opt
+            for opt in list(self._optimizers)
+            if any(id(p) in ids for group in opt.param_groups for p in group["params"])
+        ]
+
+    # -- GradScaler ------------------------------------------------------------------------------
+    def scaler_info(self, scaler) -> ScalerInfo:
+        index = self.state.scaler_by_id.get(id(scaler))
+        if index is None or self.state.scalers[index].device is None:
+            index = self._register_scaler(scaler, None, None)
+        return self.state.scalers[index]
+
+    def _register_scaler(self, scaler, site, called_from) -> int:
+        state = self.state
+        info = ScalerInfo(
+            index=len(state.scalers),
+            callsite=site,
+            called_from=called_from,
+            enabled=bool(getattr(scaler, "_enabled", False)),
+            device=str(getattr(scaler, "_device", "cuda")),
+            init_scale=float(getattr(scaler, "_init_scale", 0.0) or 0.0),
+        )
+        state.scalers.append(info)
+        state.scaler_by_id[id(scaler)] = info.index
+        try:  # to read the scale at clip time; never keeps a scaler alive
+            self._scaler_objects[info.index] = weakref.ref(scaler)
+        except TypeError:
+            pass
+        return info.index
+
+    def _install_scaler(self) -> None:
+        state, monitor, probes = self.state, self.monitor, self
+        scaler_cls = torch.amp.grad_scaler.GradScaler
+
+        def wrap_init(real):
+            @functools.wraps(real)
+            def __init__(self_, *args, **kwargs):
+                # subclasses (torch.cuda.amp.GradScaler) call this through super(): count once
+                outer = getattr(self_, "_amplint_constructing", False)
+                if not outer:
+                    sites = probes.classifier.user_callsites(1, limit=2)
+                    self_._amplint_constructing = True
+                try:
+                    real(self_, *args, **kwargs)
+                finally:
+                    if not outer:
+                        del self_._amplint_constructing
+                if not outer:
+                    site = sites[0] if sites else None
+                    if site is not None:
+                        state.lines_seen.add(site)
+                    probes._register_scaler(self_, site, sites[1] if len(sites) > 1 else None)
+
+            return __init__
+
+        def wrap_scale(real):
+            @functools.wraps(real)
+            def scale(self_, outputs):
+                info = probes.scaler_info(self_)
+                if info.enabled:
+                    info.scaled = True
+                with state.pause():
+                    return real(self_, outputs)
+
+            return scale
+
+        def wrap_unscale(real):
+            @functools.wraps(real)
+            def unscale_(self_, optimizer):
+                info = probes.scaler_info(self_)
+                with state.pause():
+                    result = real(self_, optimizer)
+                info.unscaled.add(id(optimizer))
+                return result
+
+            return unscale_
+
+        def wrap_step(real):
+            @functools.wraps(real)
+            def step(self_, optimizer, *args, **kwargs):
+                if state.in_scaler_step is not None:  # a subclass calling super().step()
+                    return real(self_, optimizer, *args, **kwargs)
+                info = probes.scaler_info(self_)
+                site = probes._callsite()
+                evidence = probes.autocast_evidence()
+                state.step_calls[site][0 if evidence else 1] += 1
+                if evidence and site not in state.step_autocast:
+                    state.step_autocast[site] = dict(evidence, step=state.step, function="scaler.step()")
+                monitor.check_gradients(optimizer, site, handled=info.enabled and info.scaled)
+                record = ScalerStep(info.index, id(optimizer), state.step, site, applied=False)
+                state.in_scaler_step = record
+                try:
+                    result = real(self_, optimizer, *args, **kwargs)
+                finally:
+                    state.in_scaler_step = None
+                info.steps += 1
+                state.scaler_steps.append(record)
+                state.last_step_of_optimizer[id(optimizer)] = record
+                state.step += 1
+                return result
+
+            return step
+
+        def wrap_update(real):
+            @functools.wraps(real)
+            def update(self_, new_scale=None):
+                info = probes.scaler_info(self_)
+                with state.pause():
+                    result = real(self_, new_scale)
+                    if info.enabled and getattr(self_, "_scale", None) is not None:
+                        slot = state.deferred.add(self_._scale)
+                        state.updates.append(Update(info.index, state.step, slot))
+                info.updates += 1
+                info.scaled = False
+                info.unscaled.clear()
+                return result
+
+            return update
+
+        self._patch(scaler_cls, "__init__", wrap_init)
+        self._patch(scaler_cls, "scale", wrap_scale)
+        self._patch(scaler_cls, "unscale_", wrap_unscale)
+        self._patch(scaler_cls, "step", wrap_step)
+        self._patch(scaler_cls, "update", wrap_update)
+
+    def still_scaled(self, params: list | None) -> ScalerInfo | None:
+        """An enabled scaler whose scaled gradients (for these params' optimizers) are not unscaled."""
+        owners = self.owners_of(params) if params else []
+        for info in reversed(self.state.scalers):
+            if not (info.enabled and info.scaled):
+                continue
+            if owners:
+                if any(id(opt) not in info.unscaled for opt in owners):
+                    return info
+            elif not info.unscaled:
+                return info
+        return None
+
+    # -- clipping -------------------------------------------------------------------------------
+    def _install_clip(self) -> None:
+        state, probes = self.state, self
+
+        def wrap_clip(real, name):
+            @functools.wraps(real)
+            def clip(parameters, *args, **kwargs):
+                if state.paused:
+                    return real(parameters, *args, **kwargs)
+                params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+                site = probes._callsite()
+                info = probes.still_scaled(params)
+                scale_slot = None
+                if info is not None:
+                    ref = probes._scaler_objects.get(info.index)
+                    scaler = ref() if ref else None
+                    if scaler is not None and getattr(scaler, "_scale", None) is not None:
+                        with state.pause():
+                            scale_slot = state.deferred.add(scaler._scale)
+                result = real(params, *args, **kwargs)
+                norm_slot = None
+                if isinstance(result, torch.Tensor) and result.numel() == 1:
+                    with state.pause():
+                        norm_slot = state.deferred.add(result)
+                state.clips.append(
+                    ClipEvent(site, name, state.step, info is not None, info.index if info else None, scale_slot, norm_slot)
+                )
+                return result
+
+            return clip
+
+        names = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "_clip_grads_with_norm_")
+        wrapped: dict = {}
+        for name in names:
+            real = getattr(clip_grad_module, name, None)
+            if real is None:
+                continue
+            public = name.lstrip("_")
+            wrapped[real] = wrap_clip(real, public)
+            self._patch(clip_grad_module, name, lambda _r, w=wrapped[real]: w)
+        for name in ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_grads_with_norm_"):
+            current = getattr(torch.nn.utils, name, None)
+            if current in wrapped:
+                self._patch(torch.nn.utils, name, lambda _r, w=wrapped[current]: w)
+
+    # -- schedulers -----------------------------------------------------------------------------
+    def _install_schedulers(self) -> None:
+        state, probes = self.state, self
+        depth = [0]
+        initialised: weakref.WeakSet = weakref.WeakSet()  # not an attribute: it would land in state_dict()
+
+        def wrap_step(real):
+            @functools.wraps(real)
+            def step(self_, *args, **kwargs):
+                if depth[0] or state.paused:  # SequentialLR/ChainedScheduler step their children
+                    return real(self_, *args, **kwargs)
+                optimizer = getattr(self_, "optimizer", None)
+                if optimizer is not None and self_ in initialised:
+                    site = probes._callsite()
+                    last = state.last_step_of_optimizer.get(id(optimizer))
+                    state.scheduler_steps.append(SchedulerStep(site, id(optimizer), state.step, last))
+                depth[0] += 1
+                try:
+                    return real(self_, *args, **kwargs)
+                finally:
+                    depth[0] -= 1
+                    initialised.add(self_)  # LRScheduler.__init__ calls step() once
+
+            return step
+
+        classes = [
+            cls
+            for cls in vars(lr_scheduler_module).values()
+            if isinstance(cls, type) and "step" in cls.__dict__ and cls.__module__ == lr_scheduler_module.__name__
+        ]
+        for cls in classes:
+            self._patch(cls, "step", wrap_step)
+
+    # -- module conversions (AMP002) -------------------------------------------------------------
+    def _install_conversions(self) -> None:
+        state, probes = self.state, self
+        module_cls = torch.nn.Module
+
+        def remember(module, dtype):
+            if dtype not in _LOW_PRECISION:
+                return
+            site = probes._callsite(2)
+            state.conversions.append(Conversion(site, type(module).__name__, _dtype_name(dtype)))
+            state.conversion_by_module[id(module)] = len(state.conversions) - 1
+            probes._ensure_forward_pre_hook()
+
+        def wrap_half(real, dtype):
+            @functools.wraps(real)
+            def convert(self_, *args, **kwargs):
+                result = real(self_, *args, **kwargs)
+                if not state.paused:
+                    remember(self_, dtype)
+                return result
+
+            return convert
+
+        def wrap_to(real):
+            @functools.wraps(real)
+            def to(self_, *args, **kwargs):
+                result = real(self_, *args, **kwargs)
+                if not state.paused:
+                    try:
+                        dtype = torch._C._nn._parse_to(*args, **kwargs)[1]
+                    except (TypeError, RuntimeError):
+                        dtype = None
+                    remember(self_, dtype)
+                return result
+
+            return to
+
+        self._patch(module_cls, "half", lambda real: wrap_half(real, torch.float16))
+        self._patch(module_cls, "bfloat16", lambda real: wrap_half(real, torch.bfloat16))
+        self._patch(module_cls, "to", wrap_to)
+
+    def _ensure_forward_pre_hook(self) -> None:
+        if self._forward_pre_hook is not None:
+            return
+        state = self.state
+
+        def pre_hook(module, inputs):
+            index = state.conversion_by_module.get(id(module))
+            if index is None or state.paused or not state.mirror.active:
+                return None
+            record = state.conversions[index]
+            low = next((p.dtype for p in module.parameters() if p.dtype in _LOW_PRECISION), None)
+            if low is None:
+                return None
+            record.forwards_under_autocast += 1
+            if record.autocast is None:
+                record.autocast = state.mirror.active[-1]
+                record.param_dtype = _dtype_name(low)
+            return None
+
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
+        self._forward_pre_hook = handle
+        self._undo.append(handle.remove)
+
+    def install_module_nan_hook(self) -> None:
+        handle = torch.nn.modules.module.register_module_forward_hook(self.monitor.module_hook)
+        self._undo.append(handle.remove)
+
+    # -- warnings (AMP001) -----------------------------------------------------------------------
+    def _install_warnings(self) -> None:
+        state, classifier = self.state, self.classifier
+        real_warn = warnings.warn
+        amplint_prefix = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+        def warn(message, category=None, stacklevel=1, source=None, **kwargs):
+            # Skip our own wrapper frames so the warning points where it would without amplint.
+            try:
+                frame = sys._getframe(stacklevel)
+                while frame is not None and frame.f_code.co_filename.startswith(amplint_prefix):
+                    frame = frame.f_back
+                    stacklevel += 1
+            except ValueError:
+                frame = None
+            try:
+                text = str(message.args[0]) if isinstance(message, Warning) and message.args else str(message)
+                cat = type(message) if isinstance(message, Warning) else (category or UserWarning)
+                if frame is not None and state.paused == 0 and _AMP_WARNING.search(text):
+                    site = _first_user_frame(frame, classifier)
+                    if site is not None:
+                        key = (site, cat.__name__, text)
+                        record = state.warnings.get(key)
+                        if record is None:
+                            record = state.warnings[key] = WarningRecord(site, cat.__name__, text)
+                        record.count += 1
+            except Exception:  # noqa: BLE001 - recording must never change the script's behaviour
+                pass
+            return real_warn(message, category, stacklevel + 1, source, **kwargs)
+
+        warnings.warn = warn
+        self._undo.append(lambda: setattr(warnings, "warn", real_warn))
+
+
+def _first_user_frame(frame, classifier: CodeClassifier):
+    while frame is not None:
+        if not classifier.is_library_file(frame.f_code.co_filename):
+            return (frame.f_code.co_filename, frame.f_lineno)
+        frame = frame.f_back
+    return None
+
+
+def deprecated_api_of(message: str) -> str | None:
+    match = _DEPRECATED_API.search(message)
+    return match.group(1) if match else None

@@ -1,0 +1,225 @@
+"""Everything a traced run records, in plain Python structures keyed by callsite.
+
+Sizes depend on the code, not on the number of steps, except the per-step scaler timeline (one
+small tuple per `scaler.step`/`update`). Device values (scales, found_inf flags, norms) are kept on
+their device and read once after the run (`DeferredValues`): the default mode adds no device sync.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from amplint.trace.callsite import Callsite
+
+
+class DeferredValues:
+    """Scalars produced on a device, read after the run in one go.
+
+    CPU values are read at once (no sync to avoid). Others are copied into a preallocated buffer
+    on their device (an asynchronous copy), grown by doubling.
+    """
+
+    def __init__(self) -> None:
+        self._slots: list[Any] = []  # float | (device key, index)
+        self._buffers: dict[str, Any] = {}
+        self._used: dict[str, int] = {}
+
+    def add(self, value) -> int:
+        """Store a 0-d/1-element tensor (or a number); returns its slot."""
+        import torch
+
+        if not isinstance(value, torch.Tensor):
+            self._slots.append(None if value is None else float(value))
+        elif value.device.type in ("cpu", "meta") or value.is_meta:
+            self._slots.append(float(value.detach().reshape(()).float()) if not value.is_meta else None)
+        else:
+            key = str(value.device)
+            buffer = self._buffers.get(key)
+            used = self._used.get(key, 0)
+            if buffer is None or used == buffer.numel():
+                grown = torch.empty(max(64, 2 * used), dtype=torch.float64, device=value.device)
+                if buffer is not None:
+                    grown[:used].copy_(buffer)
+                self._buffers[key] = buffer = grown
+            buffer[used].copy_(value.detach().reshape(()), non_blocking=True)
+            self._used[key] = used + 1
+            self._slots.append((key, used))
+        return len(self._slots) - 1
+
+    def resolve(self) -> list[float | None]:
+        host = {key: buf[: self._used[key]].tolist() for key, buf in self._buffers.items()}
+        out: list[float | None] = []
+        for slot in self._slots:
+            out.append(host[slot[0]][slot[1]] if isinstance(slot, tuple) else slot)
+        return out
+
+
+@dataclass
+class ScalerInfo:
+    index: int
+    callsite: Callsite | None
+    called_from: Callsite | None
+    enabled: bool
+    device: str
+    init_scale: float
+    # our own state machine (feasibility §6), valid for disabled scalers too
+    scaled: bool = False
+    unscaled: set = field(default_factory=set)
+    steps: int = 0
+    updates: int = 0
+
+
+@dataclass
+class ScalerStep:
+    scaler: int
+    optimizer: int  # id()
+    step: int  # global step index at the attempt
+    callsite: Callsite | None
+    applied: bool | None  # None: decided by a deferred found_inf (fused optimizers)
+    found_inf_slot: int | None = None
+
+
+@dataclass
+class Update:
+    scaler: int
+    step: int
+    scale_slot: int
+
+
+@dataclass
+class ClipEvent:
+    callsite: Callsite | None
+    function: str
+    step: int
+    still_scaled: bool
+    scaler: int | None
+    scale_slot: int | None
+    norm_slot: int | None
+
+
+@dataclass
+class SchedulerStep:
+    callsite: Callsite | None
+    optimizer: int
+    step: int
+    after: ScalerStep | None  # the optimizer's last scaler step, if any
+
+
+@dataclass
+class Conversion:
+    callsite: Callsite | None
+    module: str  # class name
+    dtype: str
+    forwards_under_autocast: int = 0
+    autocast: tuple | None = None  # (device, dtype) at the first such forward
+    param_dtype: str | None = None
+
+
+@dataclass
+class WarningRecord:
+    callsite: Callsite
+    category: str
+    message: str
+    count: int = 0
+
+
+@dataclass
+class NonFinite:
+    op: str
+    callsite: Callsite | None
+    phase: str
+    step: int
+    dtype: str | None
+    inputs_finite: bool | None
+    check: str  # cheap | module | op
+    seq: int = 0  # order of detection (deferred flags resolve after the run)
+    handled_by_scaler: bool = False
+    node: str | None = None
+    detail: str | None = None
+
+
+class AutocastMirror(threading.local):
+    """The autocast state per thread, kept by our `torch.set_autocast_enabled/dtype` wrappers,
+    because `torch.is_autocast_enabled` lies inside `__torch_dispatch__` (feasibility §2)."""
+
+    def __init__(self) -> None:
+        self.enabled: dict[str, bool] = {}
+        self.dtypes: dict[str, Any] = {}
+        self.active: tuple = ()  # ((device, dtype), ...) of the enabled devices
+        self.entered: list[Callsite | None] = []  # callsites of open `with autocast` blocks
+
+
+class TraceState:
+    def __init__(self) -> None:
+        self.owner_pid = os.getpid()
+        self.paused = 0  # > 0 while our own tensor work runs, or in a forked child
+        self.mirror = AutocastMirror()
+        self.deferred = DeferredValues()
+        self.step = 0  # completed scaler.step()/optimizer.step() attempts
+        self.in_scaler_step: ScalerStep | None = None
+        self.in_optimizer = 0
+        self.backward_callsite: Callsite | None = None
+        self.backward_depth = 0
+
+        # ops: (op, in dtypes, out dtypes, autocast (device, dtype) | None, phase, callsite, node) -> count
+        self.ops: Counter = Counter()
+        self.op_templates: dict = {}  # (op, in dtypes) -> (func, args template, kwargs template)
+        self.op_devices: dict = {}  # op name -> device type seen
+
+        # backward / step calls: callsite -> [with autocast, without]
+        self.backward_calls: dict[Callsite | None, list[int]] = defaultdict(lambda: [0, 0])
+        self.backward_autocast: dict[Callsite | None, dict] = {}  # evidence of the first one
+        self.step_calls: dict[Callsite | None, list[int]] = defaultdict(lambda: [0, 0])
+        self.step_autocast: dict[Callsite | None, dict] = {}
+        self.autocast_entries: Counter = Counter()  # callsite of `with autocast` -> count
+
+        self.scalers: list[ScalerInfo] = []
+        self.scaler_by_id: dict[int, int] = {}
+        self.scaler_steps: list[ScalerStep] = []
+        self.updates: list[Update] = []
+        self.last_step_of_optimizer: dict[int, ScalerStep] = {}
+        self.direct_steps: Counter = Counter()  # optimizer.step() outside scaler.step, per callsite
+        self.scheduler_steps: list[SchedulerStep] = []
+        self.clips: list[ClipEvent] = []
+        self.watched_hits: dict[Callsite, list] = defaultdict(list)  # AMP005 lines without a clip call
+
+        self.conversions: list[Conversion] = []
+        self.conversion_by_module: dict[int, int] = {}
+
+        self.warnings: dict[tuple, WarningRecord] = {}
+        self.nonfinite_candidates: list[NonFinite] = []  # first unhandled + first handled
+        self.nonfinite_pending: list[tuple[int, NonFinite]] = []  # deferred flag slot, record
+        self.handled_overflows = 0
+        self.lines_seen: set[Callsite] = set()  # user lines that ran torch ops or probes
+        self.files_seen: set[str] = set()
+        self.notes: list[str] = []
+
+    @property
+    def active(self) -> bool:
+        return self.paused == 0
+
+    def pause(self) -> _Pause:
+        return _Pause(self)
+
+
+class _Pause:
+    """Our own tensor work (and torch's scaler internals): the recorder passes it through
+    unrecorded and unchecked. A counter, not `_DisableTorchDispatch`, so tensor subclasses
+    (DTensor, fake tensors) keep working underneath."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: TraceState):
+        self.state = state
+
+    def __enter__(self):
+        self.state.paused += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.state.paused -= 1
+        return False
