@@ -1,0 +1,142 @@
+"""The dispatch recorder (feasibility L2): sees every aten op after autocast's casts, in forward
+and backward, and counts (op, input dtypes, output dtypes, autocast, phase, user line, autograd
+node). The table's size depends on the code, not on the number of steps.
+
+Per op it costs a frame walk (cached per code object) and a dict update; view ops (`t`, `view`,
+`expand`...) and ops inside optimizer steps are passed through unrecorded: they cannot change a
+dtype and would only hide the interesting rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from amplint.trace.nonfinite import UNINITIALISED_OPS, NonFiniteMonitor
+from amplint.trace.state import TraceState
+
+_Tensor = torch.Tensor
+_graph_task_id = torch._C._current_graph_task_id
+_current_node = torch._C._current_autograd_node
+
+
+class OpInfo:
+    __slots__ = ("name", "skip", "mutated", "uninitialised")
+
+    def __init__(self, func):
+        schema = func._schema
+        self.name = f"{schema.name}" + (f".{schema.overload_name}" if schema.overload_name else "")
+        self.mutated = tuple(
+            i for i, arg in enumerate(schema.arguments) if arg.alias_info is not None and arg.alias_info.is_write
+        )
+        base = schema.name.split("::")[-1]
+        self.uninitialised = base in UNINITIALISED_OPS
+        # Views and aliasing ops keep their input's dtype: nothing to learn, and they are many.
+        self.skip = bool(func.is_view) or base in ("detach", "alias", "lift_fresh", "_local_scalar_dense")
+
+
+def _dtypes(values) -> tuple:
+    found = []
+    for value in values:
+        if isinstance(value, _Tensor):
+            found.append(value.dtype)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, _Tensor):
+                    found.append(item.dtype)
+    return tuple(found)
+
+
+def _first_device(values) -> str | None:
+    for value in values:
+        if isinstance(value, _Tensor):
+            return value.device.type
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, _Tensor):
+                    return item.device.type
+    return None
+
+
+class DispatchRecorder(TorchDispatchMode):
+    def __init__(self, state: TraceState, monitor: NonFiniteMonitor, *, record: bool, check_ops: bool, keep_templates: bool):
+        super().__init__()
+        self.state = state
+        self.monitor = monitor
+        self.record = record
+        self.check_ops = check_ops
+        self.keep_templates = keep_templates
+        self._infos: dict = {}
+        self._user_callsite = state.classifier.user_callsite
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        state = self.state
+        out = func(*args, **kwargs)
+        if state.paused:
+            return out
+        info = self._infos.get(func)
+        if info is None:
+            info = self._infos[func] = OpInfo(func)
+        if info.skip or info.uninitialised:
+            return out
+
+        in_backward = _graph_task_id() != -1
+        phase = "backward" if in_backward else ("optimizer" if state.in_optimizer else "forward")
+        site = self._user_callsite(1)
+        if site is None and in_backward:
+            site = state.backward_callsite  # backward on a device thread: no Python frames
+        node = None
+        if in_backward:
+            current = _current_node()
+            node = current.name() if current is not None else None
+
+        if self.record and phase != "optimizer":
+            active = state.mirror.active
+            autocast = None
+            if active:
+                device = _first_device(args)
+                for entry in active:
+                    if entry[0] == device:
+                        autocast = entry
+                        break
+            in_dtypes = _dtypes(args)
+            out_dtypes = _dtypes((out,)) if not isinstance(out, (list, tuple)) else _dtypes(out)
+            key = (info.name, in_dtypes, out_dtypes, autocast, phase, site, node)
+            ops = state.ops
+            ops[key] = ops.get(key, 0) + 1
+            if site is not None:
+                state.lines_seen.add(site)
+            if self.keep_templates:
+                template_key = (func, in_dtypes)
+                if template_key not in state.op_templates:
+                    state.op_templates[template_key] = _template(func, args, kwargs)
+
+        if self.check_ops and self.monitor.searching:
+            self.monitor.check_op(info, args, kwargs, out, site, phase, node)
+        return out
+
+
+def _template(func, args, kwargs):
+    """The op's arguments with tensors replaced by (shape, dtype, device, requires_grad), for
+    replaying it later in another dtype or on another device (kernels.py)."""
+
+    def strip(value):
+        if isinstance(value, _Tensor):
+            return TensorSpec(tuple(value.shape), value.dtype, value.device.type, value.layout)
+        if isinstance(value, (list, tuple)):
+            return type(value)(strip(v) for v in value)
+        return value
+
+    return func, strip(tuple(args)), {k: strip(v) for k, v in kwargs.items()}
+
+
+class TensorSpec:
+    __slots__ = ("shape", "dtype", "device", "layout")
+
+    def __init__(self, shape, dtype, device, layout):
+        self.shape, self.dtype, self.device, self.layout = shape, dtype, device, layout
+
+    def __repr__(self) -> str:
+        return f"TensorSpec({list(self.shape)}, {self.dtype}, {self.device})"

@@ -1,0 +1,130 @@
+"""Outputs: named leaves, the default decision and margin, comparison of one case, hashing."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import pytest
+import torch
+
+from amplint.compare import outputs as out
+from amplint.compare.criteria import parse_criteria
+from amplint.compare.errors import CompareError
+from amplint.compare.run import compare_outputs
+
+
+def test_leaves_name_every_numeric_leaf_of_nested_outputs():
+    Pair = collections.namedtuple("Pair", "mean var")
+    output = {"logits": torch.zeros(2), "aux": (torch.ones(1), Pair(torch.ones(1), 2.0)), "label": "cat", "mask": None}
+    assert [name for name, _ in out.leaves(output)] == ["logits", "aux.0", "aux.1.mean", "aux.1.var"]
+
+
+def test_a_lone_tensor_is_called_output():
+    assert [name for name, _ in out.leaves(torch.zeros(3))] == ["output"]
+
+
+def test_default_decision_is_argmax_of_the_last_dimension():
+    assert out.default_decide(torch.tensor([0.1, 0.7, 0.2])) == 1
+    assert out.default_decide(torch.tensor([[0.1, 0.7, 0.2]])) == 1  # a batch of one decides like a row
+    assert out.default_decide(torch.tensor([[0.1, 0.7], [0.9, 0.2]])) == [1, 0]
+
+
+def test_default_decision_breaks_ties_towards_the_lowest_index():
+    assert out.default_decide(torch.tensor([0.5, 1.0, 1.0, 1.0])) == 1
+    assert out.default_decide(torch.tensor([1.0, 1.0], dtype=torch.bfloat16)) == 0
+
+
+def test_default_decision_of_a_nan_row_is_none():
+    assert out.default_decide(torch.tensor([[float("nan"), 1.0], [0.0, 1.0]])) == [None, 1]
+
+
+def test_a_one_element_output_has_no_default_decision():
+    assert out.default_decide(torch.tensor([3.5])) is None
+    assert out.default_decide(torch.tensor(3.5)) is None
+    assert out.default_margin(torch.tensor([3.5])) is None
+
+
+def test_default_decision_uses_the_first_floating_leaf_of_a_nested_output():
+    output = {"ids": torch.tensor([4, 9]), "scores": torch.tensor([0.2, 0.3, 0.1]), "other": torch.tensor([9.0, 0.0])}
+    assert out.default_decide(output) == 1
+
+
+def test_margin_is_the_smallest_top_two_gap_over_rows():
+    scores = torch.tensor([[1.0, 1.0003, 0.0], [5.0, 1.0, 0.0]])
+    assert out.default_margin(scores) == pytest.approx(3e-4, rel=1e-3)
+
+
+def test_decisions_become_json_values():
+    assert out.jsonable(torch.tensor(2)) == 2
+    assert out.jsonable((torch.tensor([1, 2]), "reject")) == [[1, 2], "reject"]
+    assert out.jsonable(float("inf")) is None
+
+
+def test_weights_hash_changes_with_any_weight():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    before = out.weights_hash(model)
+    assert out.weights_hash(model) == before
+    with torch.no_grad():
+        model.weight[0, 0] += 1e-7
+    assert out.weights_hash(model) != before
+
+
+def test_inputs_hash_depends_on_ids_and_values():
+    cases = [("a", torch.ones(2)), ("b", {"x": torch.zeros(2)})]
+    assert out.inputs_hash(cases) == out.inputs_hash([("a", torch.ones(2)), ("b", {"x": torch.zeros(2)})])
+    assert out.inputs_hash(cases) != out.inputs_hash([("a", torch.ones(2)), ("c", {"x": torch.zeros(2)})])
+    assert out.inputs_hash(cases) != out.inputs_hash([("a", torch.ones(2)), ("b", {"x": torch.full((2,), 1e-9)})])
+
+
+def criteria(**values):
+    return parse_criteria(values)
+
+
+def test_tolerance_is_atol_plus_rtol_times_the_baseline():
+    base = torch.tensor([100.0, 1.0])
+    inside = compare_outputs(base, torch.tensor([100.5, 1.0]), criteria(atol=0.01, rtol=0.005))
+    outside = compare_outputs(base, torch.tensor([100.0, 1.02]), criteria(atol=0.01, rtol=0.005))
+    assert inside["within_tolerance"] and inside["max_abs_diff"] == pytest.approx(0.5)
+    assert not outside["within_tolerance"] and outside["max_abs_diff"] == pytest.approx(0.02, rel=1e-5)
+
+
+def test_the_largest_gap_is_located_with_both_values():
+    result = compare_outputs(torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0, 2.5]]), criteria())
+    assert result["worst"] == {"output": "output", "index": [0, 1], "baseline": 2.0, "trial": 2.5}
+
+
+def test_a_nan_or_inf_trial_is_non_finite_and_outside_any_tolerance():
+    for bad in (float("nan"), float("inf")):
+        result = compare_outputs(torch.tensor([1.0, 2.0]), torch.tensor([1.0, bad]), criteria(atol=1e9))
+        assert not result["finite"] and not result["within_tolerance"]
+        assert math.isinf(result["max_abs_diff"])
+        assert result["worst"]["index"] == [1] and result["worst"]["trial"] in ("nan", "inf")
+
+
+def test_every_floating_leaf_of_a_nested_output_is_compared():
+    base = {"scores": torch.tensor([1.0, 2.0]), "aux": (torch.tensor([10.0]),)}
+    trial = {"scores": torch.tensor([1.0, 2.0]), "aux": (torch.tensor([10.5]),)}
+    result = compare_outputs(base, trial, criteria(atol=0.1))
+    assert not result["within_tolerance"] and result["worst"]["output"] == "aux.0"
+
+
+def test_per_output_tolerance_applies_to_each_named_output():
+    base = {"scores": torch.tensor([1.0]), "box": torch.tensor([200.0])}
+    trial = {"scores": torch.tensor([1.001]), "box": torch.tensor([200.4])}
+    assert compare_outputs(base, trial, criteria(atol={"scores": 0.01, "box": 0.5}))["within_tolerance"]
+    assert not compare_outputs(base, trial, criteria(atol={"scores": 0.01, "*": 0.1}))["within_tolerance"]
+
+
+def test_per_output_tolerance_must_name_real_outputs_and_cover_all():
+    with pytest.raises(CompareError, match="names output 'boxes'"):
+        criteria(atol={"boxes": 0.1}).check_output_names(["box", "scores"])
+    with pytest.raises(CompareError, match="gives no tolerance for output 'scores'"):
+        criteria(atol={"box": 0.1}).check_output_names(["box", "scores"])
+
+
+def test_a_change_of_output_structure_or_shape_is_outside_tolerance():
+    assert not compare_outputs({"a": torch.ones(1)}, {"b": torch.ones(1)}, criteria())["within_tolerance"]
+    result = compare_outputs(torch.ones(2), torch.ones(3), criteria())
+    assert not result["within_tolerance"] and "shape" in result["note"]

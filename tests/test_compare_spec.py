@@ -1,0 +1,153 @@
+"""Spec loading: what a spec may define, and one clear error for everything it gets wrong."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from amplint.compare.criteria import DEFAULT_CRITERIA, parse_criteria
+from amplint.compare.errors import CompareError
+from amplint.compare.spec import load_spec, parse_device, parse_trials
+
+MINIMAL = """
+import torch
+def model():
+    return torch.nn.Linear(2, 2)
+def cases():
+    return [("a", torch.ones(2))]
+"""
+
+
+def write_spec(tmp_path, body: str, name: str = "spec.py") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def load_error(tmp_path, body: str) -> str:
+    with pytest.raises(CompareError) as caught:
+        load_spec(write_spec(tmp_path, body))
+    return str(caught.value)
+
+
+def test_minimal_spec_gets_the_contract_defaults(tmp_path):
+    spec = load_spec(write_spec(tmp_path, MINIMAL))
+    assert spec.criteria.to_json() == DEFAULT_CRITERIA
+    assert spec.trials == ("bfloat16", "float16")
+    assert spec.device == "cpu"
+    assert spec.decide is None and spec.quality is None and spec.margin is None
+
+
+def test_missing_model_is_an_error(tmp_path):
+    message = load_error(tmp_path, "import torch\ndef cases():\n    return []\n")
+    assert message == "the spec defines no `model`"
+
+
+def test_missing_cases_names_the_close_misspelling(tmp_path):
+    message = load_error(tmp_path, MINIMAL.replace("def cases", "def case"))
+    assert "defines no `cases`" in message and "`case`" in message
+
+
+def test_misspelt_uppercase_setting_is_not_silently_ignored(tmp_path):
+    message = load_error(tmp_path, MINIMAL + "TRIAL = ['float16']\n")
+    assert message == "the spec defines `TRIAL`; did you mean `TRIALS`?"
+
+
+def test_unrelated_uppercase_constants_are_allowed(tmp_path):
+    spec = load_spec(write_spec(tmp_path, MINIMAL + "THRESHOLD = 0.5\nLABELS = {}\n"))
+    assert spec.trials == ("bfloat16", "float16")
+
+
+@pytest.mark.parametrize(
+    "criteria, expected",
+    [
+        ({"atoll": 0.1}, "CRITERIA: unknown key 'atoll'; did you mean 'atol'?"),
+        ({"atol": "0.1"}, "CRITERIA['atol'] must be a number, got str '0.1'"),
+        ({"rtol": -1e-3}, "CRITERIA['rtol'] must be >= 0, got -0.001"),
+        ({"near_tie_margin": float("nan")}, "CRITERIA['near_tie_margin'] must be finite, got nan"),
+        ({"max_decision_changes": 1.5}, "CRITERIA['max_decision_changes'] must be a whole number, got float 1.5"),
+        ({"max_decision_changes": True}, "CRITERIA['max_decision_changes'] must be a whole number, got bool True"),
+        ({"max_decision_changes": -1}, "CRITERIA['max_decision_changes'] must be >= 0, got -1"),
+        ({"min_quality": "high"}, "CRITERIA['min_quality'] must be a number, got str 'high'"),
+        ({"atol": {}}, "CRITERIA['atol'] is an empty dict; give a number or one per output"),
+        ({"atol": {"logits": -2}}, "CRITERIA['atol']['logits'] must be >= 0, got -2"),
+    ],
+)
+def test_bad_criteria_are_rejected_with_the_offending_key(criteria, expected):
+    with pytest.raises(CompareError) as caught:
+        parse_criteria(criteria)
+    assert str(caught.value) == expected
+
+
+def test_criteria_must_be_a_dict(tmp_path):
+    assert load_error(tmp_path, MINIMAL + "CRITERIA = [0.1]\n") == "CRITERIA must be a dict, got list"
+
+
+def test_given_criteria_keep_their_values_and_the_rest_default():
+    criteria = parse_criteria({"atol": 0, "min_quality": 0.9})
+    assert criteria.to_json() == {**DEFAULT_CRITERIA, "atol": 0.0, "min_quality": 0.9}
+
+
+def test_min_quality_without_a_quality_function_is_an_error(tmp_path):
+    message = load_error(tmp_path, MINIMAL + "CRITERIA = {'min_quality': 0.9}\n")
+    assert "min_quality" in message and "quality(outputs, ids)" in message
+
+
+@pytest.mark.parametrize("dtype", ["float8", "float32", "int8"])
+def test_unknown_trial_dtype_is_an_error(dtype):
+    with pytest.raises(CompareError, match=f"TRIALS: unknown dtype '{dtype}'"):
+        parse_trials([dtype])
+
+
+def test_trial_dtypes_accept_torch_dtypes_and_short_names():
+    import torch
+
+    assert parse_trials([torch.float16, "bf16"]) == ("float16", "bfloat16")
+
+
+@pytest.mark.parametrize("trials, expected", [([], "TRIALS is empty"), (["fp16", "float16"], "TRIALS lists 'float16' twice"), ("float16", "TRIALS must be a list")])
+def test_bad_trial_lists_are_errors(trials, expected):
+    with pytest.raises(CompareError, match=expected):
+        parse_trials(trials)
+
+
+@pytest.mark.parametrize("device", ["gpu", "cpu:0", "cuda:x", 3])
+def test_bad_device_is_an_error(device):
+    with pytest.raises(CompareError, match="DEVICE must be"):
+        parse_device(device)
+
+
+def test_cuda_device_with_index_is_accepted():
+    assert parse_device("cuda:1") == "cuda:1"
+
+
+def test_command_line_overrides_trials_and_device(tmp_path):
+    spec = load_spec(write_spec(tmp_path, MINIMAL + "TRIALS = ['bfloat16']\n"), device="cuda", trials=("float16",))
+    assert spec.trials == ("float16",) and spec.device == "cuda" and spec.device_type == "cuda"
+
+
+def test_a_spec_that_raises_on_import_reports_its_line(tmp_path):
+    message = load_error(tmp_path, "import torch\n\nraise ValueError('no weights file')\n")
+    assert message == "line 3: ValueError: no weights file"
+
+
+def test_a_spec_with_a_syntax_error_reports_its_line(tmp_path):
+    assert load_error(tmp_path, "def model(:\n").startswith("line 1: SyntaxError")
+
+
+def test_decide_must_be_callable(tmp_path):
+    assert load_error(tmp_path, MINIMAL + "decide = 3\n") == "`decide` must be a function, got int"
+
+
+def test_missing_file_and_directory_are_errors(tmp_path):
+    with pytest.raises(CompareError, match="no such file"):
+        load_spec(str(tmp_path / "absent.py"))
+    with pytest.raises(CompareError, match="is a directory"):
+        load_spec(str(tmp_path))
+
+
+def test_a_spec_can_import_a_helper_beside_it(tmp_path):
+    (tmp_path / "helpers_for_spec.py").write_text("SIZE = 3\n")
+    spec = load_spec(write_spec(tmp_path, "from helpers_for_spec import SIZE\n" + MINIMAL))
+    assert spec.model().in_features == 2

@@ -1,0 +1,52 @@
+"""The byte prefilter is a sound over-approximation: it never hides a finding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from amplint.catalogue import catalogue, code_examples
+from amplint.static.api import lint_source
+from amplint.static.gate import GATES, possible_rules
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "static"
+ALL = frozenset(catalogue())
+
+
+def _flagged_fixtures() -> list[tuple[str, Path]]:
+    cases = []
+    for path in sorted(FIXTURES.glob("AMP00[1-9]/*.py")):
+        lines = path.with_suffix(".expected").read_text(encoding="utf-8").split()
+        for code in sorted(set(lines[0::2])):
+            if code != "AMP000":
+                cases.append((code, path))
+    return cases
+
+
+@pytest.mark.parametrize("code,path", _flagged_fixtures(), ids=lambda v: v if isinstance(v, str) else f"{v.parent.name}/{v.name}")
+def test_fixture_passes_gate(code: str, path: Path) -> None:
+    assert code in possible_rules(path.read_bytes(), ALL)
+
+
+@pytest.mark.parametrize(
+    "code,source",
+    [(r.code, s) for r in catalogue().values() if r.code in GATES for s in code_examples(r, "Example")],
+    ids=lambda v: v if str(v).startswith("AMP") else "",
+)
+def test_example_passes_gate(code: str, source: str) -> None:
+    assert code in possible_rules(source.encode(), ALL)
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("AMP00[1-9]/*.py")), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_gated_run_equals_full_run(path: Path) -> None:
+    """Running only the rules the gate lets through finds exactly what running all of them finds."""
+    source = path.read_bytes()
+    full = {(f.code, f.line) for f in lint_source(source, str(path))}
+    gated = {(f.code, f.line) for f in lint_source(source, str(path), possible_rules(source, ALL) | {"AMP000"})}
+    assert gated == full
+
+
+def test_plain_file_passes_no_gate() -> None:
+    source = b"import numpy as np\n\ndef mean(xs):\n    return np.mean(xs)\n"
+    assert possible_rules(source, ALL) & set(GATES) == frozenset()

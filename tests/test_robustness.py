@@ -1,0 +1,84 @@
+"""Hostile inputs through the real command line: findings or AMP000, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "static" / "AMP000"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "amplint", *args, "--format", "json", "--no-cache"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _expected(path: Path) -> set[tuple[str, int]]:
+    words = path.with_suffix(".expected").read_text(encoding="utf-8").split()
+    return {(code, int(line)) for code, line in zip(words[0::2], words[1::2])}
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p for p in FIXTURES.iterdir() if p.suffix != ".expected"), ids=lambda p: p.name
+)
+def test_bad_input_through_cli(path: Path) -> None:
+    result = _run(str(path))
+    assert "Traceback" not in result.stderr
+    expected = _expected(path)
+    assert result.returncode == (1 if expected else 0), result.stderr
+    findings = json.loads(result.stdout)
+    assert {(f["code"], f["line"]) for f in findings} == expected
+    for finding in findings:
+        assert finding["path"] == str(path)
+        if finding["code"] == "AMP000":
+            assert finding["name"] == "parse-error" and finding["message"]
+
+
+def test_deeply_nested_code(tmp_path: Path) -> None:
+    depth = 400
+    body = "".join("    " * i + f"if x{i}:\n" for i in range(depth)) + "    " * depth + "loss.backward()\n"
+    path = tmp_path / "nested.py"
+    path.write_text("import torch\nwith torch.autocast('cuda'):\n" + "".join("    " + l + "\n" for l in body.splitlines()))
+    result = _run(str(path))
+    assert "Traceback" not in result.stderr
+    assert result.returncode in (0, 1)
+    codes = {f["code"] for f in json.loads(result.stdout)}
+    assert codes <= {"AMP000", "AMP003"} and codes
+
+
+def test_deeply_nested_expression(tmp_path: Path) -> None:
+    path = tmp_path / "parens.py"
+    path.write_text("import torch\nx = " + "(" * 300 + "1" + ")" * 300 + "\n")
+    result = _run(str(path))
+    assert "Traceback" not in result.stderr
+    assert result.returncode in (0, 1)
+    json.loads(result.stdout)
+
+
+def test_missing_path_is_a_usage_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no_such_file.py"
+    result = _run(str(missing))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "no_such_file.py" in lines[0]
+
+
+def test_good_and_bad_files_together(tmp_path: Path) -> None:
+    """One unparsable file does not stop the others from being checked."""
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(:\n")
+    fine = tmp_path / "train.py"
+    fine.write_text("from torch.cuda.amp import GradScaler\n")
+    result = _run(str(broken), str(fine))
+    assert result.returncode == 1
+    found = {(Path(f["path"]).name, f["code"]) for f in json.loads(result.stdout)}
+    assert found == {("broken.py", "AMP000"), ("train.py", "AMP001")}
