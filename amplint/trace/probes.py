@@ -66,6 +66,23 @@ class Probes:
             self.state.lines_seen.add(site)
         return site
 
+    def watch_scaled_gradient_use(self, site) -> None:
+        """AMP005 on a line that reads or changes `.grad` (no clip call to wrap): when an op runs
+        there, record whether the gradients were still scaled (once per line and step)."""
+        state = self.state
+        hits = state.watched_hits[site]
+        if hits and hits[-1]["step"] == state.step:
+            return
+        info = self.still_scaled(None)
+        scale_slot = None
+        if info is not None:
+            ref = self._scaler_objects.get(info.index)
+            scaler = ref() if ref else None
+            if scaler is not None and getattr(scaler, "_scale", None) is not None:
+                with state.pause():
+                    scale_slot = state.deferred.add(scaler._scale)
+        hits.append({"step": state.step, "still_scaled": info is not None, "scale_slot": scale_slot})
+
     def install(self) -> None:
         self._install_autocast_mirror()
         self._install_backward()
@@ -240,6 +257,8 @@ class Probes:
                 if evidence and site not in state.step_autocast:
                     state.step_autocast[site] = dict(evidence, step=state.step, function="optimizer.step()")
                 state.direct_steps[site] += 1
+                if probes.still_scaled([p for g in optimizer.param_groups for p in g["params"]]) is not None:
+                    state.bypass_steps[site] += 1
                 monitor.check_gradients(optimizer, site, handled=False)
             state.in_optimizer += 1
             return None
@@ -404,10 +423,12 @@ class Probes:
     def _install_clip(self) -> None:
         state, probes = self.state, self
 
+        depth = [0]  # clip_grad_norm_ calls _clip_grads_with_norm_: count the outer call only
+
         def wrap_clip(real, name):
             @functools.wraps(real)
             def clip(parameters, *args, **kwargs):
-                if state.paused:
+                if state.paused or depth[0]:
                     return real(parameters, *args, **kwargs)
                 params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
                 site = probes._callsite()
@@ -419,7 +440,11 @@ class Probes:
                     if scaler is not None and getattr(scaler, "_scale", None) is not None:
                         with state.pause():
                             scale_slot = state.deferred.add(scaler._scale)
-                result = real(params, *args, **kwargs)
+                depth[0] += 1
+                try:
+                    result = real(params, *args, **kwargs)
+                finally:
+                    depth[0] -= 1
                 norm_slot = None
                 if isinstance(result, torch.Tensor) and result.numel() == 1:
                     with state.pause():

@@ -32,7 +32,11 @@ class OpInfo:
         base = schema.name.split("::")[-1]
         self.uninitialised = base in UNINITIALISED_OPS
         # Views and aliasing ops keep their input's dtype: nothing to learn, and they are many.
-        self.skip = bool(func.is_view) or base in ("detach", "alias", "lift_fresh", "_local_scalar_dense")
+        self.skip = (
+            bool(func.is_view)
+            or base in ("detach", "alias", "lift_fresh", "_local_scalar_dense")
+            or schema.name.startswith("profiler::")  # record_function markers around optimizer steps
+        )
 
 
 def _dtypes(values) -> tuple:
@@ -113,6 +117,13 @@ class DispatchRecorder(TorchDispatchMode):
                 if template_key not in state.op_templates:
                     state.op_templates[template_key] = _template(func, args, kwargs)
 
+        watch = state.watch
+        if watch and site in watch:
+            state.paused += 1
+            try:
+                watch[site](site)
+            finally:
+                state.paused -= 1
         if self.check_ops and self.monitor.searching:
             self.monitor.check_op(info, args, kwargs, out, site, phase, node)
         return out

@@ -156,6 +156,7 @@ class AutocastMirror(threading.local):
 class TraceState:
     def __init__(self) -> None:
         self.owner_pid = os.getpid()
+        self.classifier = None  # CodeClassifier, set by the session
         self.paused = 0  # > 0 while our own tensor work runs, or in a forked child
         self.mirror = AutocastMirror()
         self.deferred = DeferredValues()
@@ -183,9 +184,11 @@ class TraceState:
         self.updates: list[Update] = []
         self.last_step_of_optimizer: dict[int, ScalerStep] = {}
         self.direct_steps: Counter = Counter()  # optimizer.step() outside scaler.step, per callsite
+        self.bypass_steps: Counter = Counter()  # ... while an enabled scaler's scaled loss is in flight (AMP006)
         self.scheduler_steps: list[SchedulerStep] = []
         self.clips: list[ClipEvent] = []
         self.watched_hits: dict[Callsite, list] = defaultdict(list)  # AMP005 lines without a clip call
+        self.watch: dict = {}  # callsite -> callback, run by the recorder when an op runs there
 
         self.conversions: list[Conversion] = []
         self.conversion_by_module: dict[int, int] = {}

@@ -1,0 +1,386 @@
+"""Join the static findings with what the run saw, and turn runtime-only problems into findings.
+
+A static finding matches runtime events whose user callsite lies in the finding's file and line
+range. Status: `confirmed` when the problem happened there, `refuted` when the lines ran and it
+did not, `not-reached` when they never ran. Rules the tracer has no runtime check for are not
+given a status (they are listed under `unchecked_findings` in the report).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from amplint.trace.callsite import Callsite
+from amplint.trace.probes import deprecated_api_of
+from amplint.trace.state import TraceState
+
+CHECKED_CODES = ("AMP001", "AMP002", "AMP003", "AMP004", "AMP005", "AMP006", "AMP011")
+RUNTIME_NAMES = {
+    "AMP001": "deprecated-amp-api",
+    "AMP002": "half-with-autocast",
+    "AMP003": "backward-in-autocast",
+    "AMP004": "scaler-per-iteration",
+    "AMP005": "clip-without-unscale",
+    "AMP006": "optimizer-step-bypasses-scaler",
+    "AMP011": "scheduler-on-skipped-step",
+}
+_API_NAMES = ("autocast", "GradScaler", "custom_fwd", "custom_bwd")
+
+
+@dataclass
+class Facts:
+    """The run's records with device values resolved (see session.resolve_facts)."""
+
+    state: TraceState
+    values: list  # DeferredValues.resolve()
+    applied: dict = field(default_factory=dict)  # id(ScalerStep) -> bool
+    display: callable = str  # absolute filename -> report path
+
+    def where(self, site: Callsite | None) -> str | None:
+        return None if site is None else f"{self.display(site[0])}:{site[1]}"
+
+
+class _Site:
+    """A static finding's place: its file and line range."""
+
+    def __init__(self, filename: str, line: int, end_line: int):
+        self.filename = os.path.normcase(os.path.abspath(filename))
+        self.lines = range(line, max(line, end_line) + 1)
+
+    def matches(self, site: Callsite | None) -> bool:
+        return site is not None and site[1] in self.lines and os.path.normcase(os.path.abspath(site[0])) == self.filename
+
+
+def _sum_where(site: _Site, table: dict, index: int | None = None) -> int:
+    total = 0
+    for callsite, value in table.items():
+        if site.matches(callsite):
+            total += value[index] if index is not None else value
+    return total
+
+
+def _reached(site: _Site, facts: Facts) -> bool:
+    return any(site.matches(s) for s in facts.state.lines_seen)
+
+
+def _status(confirmed: int, reached: bool) -> str:
+    return "confirmed" if confirmed else ("refuted" if reached else "not-reached")
+
+
+# -- one function per rule: (static site or None) -> (count, reached, evidence) ---------------------
+def _amp003(site: _Site, facts: Facts):
+    state = facts.state
+    in_autocast = _sum_where(site, state.backward_calls, 0) + _sum_where(site, state.step_calls, 0)
+    total = in_autocast + _sum_where(site, state.backward_calls, 1) + _sum_where(site, state.step_calls, 1)
+    evidence: dict = {"calls": total, "calls_with_autocast": in_autocast}
+    first = next(
+        (ev for table in (state.backward_autocast, state.step_autocast) for s, ev in table.items() if site.matches(s)),
+        None,
+    )
+    if first:
+        evidence["autocast"] = {"device": first["device"], "dtype": first["dtype"]}
+        evidence["autocast_entered_at"] = facts.where(first.get("entered_at"))
+        evidence["first_step"] = first["step"]
+        if "function" in first:
+            evidence["call"] = first["function"]
+    return in_autocast, total > 0 or _reached(site, facts), evidence
+
+
+def _scalers_at(site: _Site, facts: Facts):
+    return [s for s in facts.state.scalers if site.matches(s.callsite)]
+
+
+def _scaler_evidence(scalers, facts: Facts) -> tuple[int, dict]:
+    steps = [s for s in facts.state.scaler_steps if s.scaler in {x.index for x in scalers}]
+    skipped = sum(1 for s in steps if facts.applied.get(id(s)) is False)
+    per_scaler = [s.steps for s in scalers]
+    per_iteration = len(scalers) >= 2 and max(per_scaler, default=0) <= 2
+    evidence = {
+        "constructions": len(scalers),
+        "max_steps_per_scaler": max(per_scaler, default=0),
+        "steps": len(steps),
+        "steps_skipped": skipped,
+        "enabled": any(s.enabled for s in scalers),
+        "init_scale": scalers[0].init_scale if scalers else None,
+    }
+    callers = {facts.where(s.called_from) for s in scalers if s.called_from}
+    if callers:
+        evidence["called_from"] = sorted(c for c in callers if c)
+    if per_iteration and skipped == len(steps) and steps:
+        evidence["note"] = "every step was skipped: each new scaler starts again at init_scale"
+    return (len(scalers) if per_iteration else 0), evidence
+
+
+def _amp004(site: _Site, facts: Facts):
+    scalers = _scalers_at(site, facts)
+    count, evidence = _scaler_evidence(scalers, facts)
+    return count, bool(scalers) or _reached(site, facts), evidence
+
+
+def _clip_evidence(clips, facts: Facts) -> dict:
+    scaled = [c for c in clips if c.still_scaled]
+    evidence: dict = {"clip_calls": len(clips), "on_scaled_gradients": len(scaled)}
+    if scaled:
+        first = scaled[0]
+        scale = facts.values[first.scale_slot] if first.scale_slot is not None else None
+        norm = facts.values[first.norm_slot] if first.norm_slot is not None else None
+        evidence.update({"function": first.function, "first_step": first.step, "scale": scale})
+        if norm is not None:
+            evidence["total_norm_seen"] = norm
+            if scale:
+                evidence["total_norm_unscaled"] = norm / scale
+    return evidence
+
+
+def _amp005(site: _Site, facts: Facts):
+    clips = [c for c in facts.state.clips if site.matches(c.callsite)]
+    evidence = _clip_evidence(clips, facts)
+    hits = [h for s, hs in facts.state.watched_hits.items() if site.matches(s) for h in hs]
+    if not clips and hits:  # a `.grad` read/write rather than a clip call
+        scaled = [h for h in hits if h["still_scaled"]]
+        evidence = {"executions": len(hits), "on_scaled_gradients": len(scaled)}
+        if scaled:
+            evidence.update({"first_step": scaled[0]["step"], "scale": _value(facts, scaled[0]["scale_slot"])})
+        return len(scaled), True, evidence
+    return evidence["on_scaled_gradients"], bool(clips) or _reached(site, facts), evidence
+
+
+def _value(facts: Facts, slot):
+    return None if slot is None else facts.values[slot]
+
+
+def _amp002(site: _Site, facts: Facts):
+    conversions = [c for c in facts.state.conversions if site.matches(c.callsite)]
+    forwards = sum(c.forwards_under_autocast for c in conversions)
+    evidence: dict = {"conversions": len(conversions), "forwards_under_autocast": forwards}
+    hit = next((c for c in conversions if c.forwards_under_autocast), None)
+    if hit:
+        evidence.update(
+            {
+                "module": hit.module,
+                "converted_to": hit.dtype,
+                "parameter_dtype": hit.param_dtype,
+                "autocast": {"device": hit.autocast[0], "dtype": hit.autocast[1]},
+            }
+        )
+    elif conversions:
+        evidence["module"] = conversions[0].module
+        evidence["converted_to"] = conversions[0].dtype
+    return forwards, bool(conversions) or _reached(site, facts), evidence
+
+
+def _warnings_for(facts: Facts, predicate):
+    return [w for w in facts.state.warnings.values() if deprecated_api_of(w.message) and predicate(w)]
+
+
+def _amp001(site: _Site, facts: Facts, source_line: str = ""):
+    here = _warnings_for(facts, lambda w: site.matches(w.callsite))
+    if not here and re.match(r"\s*(from|import)\s", source_line):
+        # An import is never warned about itself: it is confirmed by the uses it enables.
+        names = [n for n in _API_NAMES if re.search(rf"\b{n}\b", source_line)] or list(_API_NAMES)
+        here = _warnings_for(
+            facts,
+            lambda w: os.path.normcase(os.path.abspath(w.callsite[0])) == site.filename
+            and any(deprecated_api_of(w.message).endswith("." + n) for n in names),
+        )
+    count = sum(w.count for w in here)
+    evidence: dict = {"warnings": count}
+    if here:
+        evidence["api"] = sorted({deprecated_api_of(w.message) for w in here})
+        evidence["message"] = here[0].message
+        evidence["at"] = sorted({facts.where(w.callsite) for w in here})
+    return count, bool(here) or _reached(site, facts), evidence
+
+
+def _amp006(site: _Site, facts: Facts):
+    bypass = _sum_where(site, facts.state.bypass_steps)
+    return bypass, _sum_where(site, facts.state.direct_steps) > 0 or _reached(site, facts), {"steps_bypassing_scaler": bypass}
+
+
+def _scheduler_after_skip(steps, facts: Facts) -> list:
+    return [s for s in steps if s.after is not None and facts.applied.get(id(s.after)) is False]
+
+
+def _amp011(site: _Site, facts: Facts):
+    steps = [s for s in facts.state.scheduler_steps if site.matches(s.callsite)]
+    after_skip = _scheduler_after_skip(steps, facts)
+    evidence = {"scheduler_steps": len(steps), "right_after_skipped_step": len(after_skip)}
+    if after_skip:
+        evidence["first_step"] = after_skip[0].step
+    return len(after_skip), bool(steps) or _reached(site, facts), evidence
+
+
+_CHECKS = {
+    "AMP001": _amp001,
+    "AMP002": _amp002,
+    "AMP003": _amp003,
+    "AMP004": _amp004,
+    "AMP005": _amp005,
+    "AMP006": _amp006,
+    "AMP011": _amp011,
+}
+
+
+def _source_line(filename: str, line: int, cache: dict) -> str:
+    if filename not in cache:
+        try:
+            with open(filename, encoding="utf-8", errors="replace") as handle:
+                cache[filename] = handle.read().splitlines()
+        except OSError:
+            cache[filename] = []
+    lines = cache[filename]
+    return lines[line - 1] if 0 < line <= len(lines) else ""
+
+
+def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> tuple[list[dict], list[dict]]:
+    """(report findings, static findings the tracer cannot check)."""
+    results: list[dict] = []
+    unchecked: list[dict] = []
+    claimed: dict[str, list[_Site]] = defaultdict(list)
+    sources: dict = {}
+    for finding in static_findings:
+        filename = absolute_of.get(finding.path, finding.path)
+        site = _Site(filename, finding.line, finding.end_line or finding.line)
+        check = _CHECKS.get(finding.code)
+        if check is None:
+            unchecked.append({"code": finding.code, "path": finding.path, "line": finding.line, "message": finding.message})
+            continue
+        claimed[finding.code].append(site)
+        if finding.code == "AMP001":
+            count, reached, evidence = check(site, facts, _source_line(filename, finding.line, sources))
+        else:
+            count, reached, evidence = check(site, facts)
+        results.append(
+            {
+                "code": finding.code,
+                "name": finding.name,
+                "path": finding.path,
+                "line": finding.line,
+                "source": "static",
+                "status": _status(count, reached),
+                "count": count,
+                "evidence": evidence,
+                "message": finding.message,
+            }
+        )
+    results.extend(_runtime_findings(claimed, facts))
+    results.sort(key=lambda f: (f["path"], f["line"], f["code"]))
+    return results, unchecked
+
+
+def _claimed(claimed: dict, code: str, site: Callsite | None) -> bool:
+    return any(s.matches(site) for s in claimed.get(code, ()))
+
+
+def _runtime(code: str, site: Callsite, facts: Facts, count: int, evidence: dict, message: str) -> dict:
+    return {
+        "code": code,
+        "name": RUNTIME_NAMES[code],
+        "path": facts.display(site[0]),
+        "line": site[1],
+        "source": "runtime",
+        "status": "confirmed",
+        "count": count,
+        "evidence": evidence,
+        "message": message,
+    }
+
+
+def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
+    """Problems the run saw at lines no static finding points at."""
+    state = facts.state
+    found: list[dict] = []
+
+    # AMP003: backward/step with autocast enabled, e.g. a context opened in another module.
+    for table, events, what in (
+        (state.backward_calls, state.backward_autocast, "backward()"),
+        (state.step_calls, state.step_autocast, "an optimizer step"),
+    ):
+        for site, (with_autocast, _without) in table.items():
+            if not with_autocast or site is None or _claimed(claimed, "AMP003", site):
+                continue
+            ev = events.get(site, {})
+            evidence = {
+                "calls_with_autocast": with_autocast,
+                "autocast": {"device": ev.get("device"), "dtype": ev.get("dtype")},
+                "autocast_entered_at": facts.where(ev.get("entered_at")),
+                "first_step": ev.get("step"),
+            }
+            entered = evidence["autocast_entered_at"] or "an autocast region"
+            found.append(
+                _runtime("AMP003", site, facts, with_autocast, evidence, f"{what} ran inside autocast (entered at {entered})")
+            )
+
+    # AMP004: one construction line making a scaler per iteration (e.g. a helper called per batch).
+    by_line: dict = defaultdict(list)
+    for scaler in state.scalers:
+        if scaler.callsite is not None:
+            by_line[scaler.callsite].append(scaler)
+    for site, scalers in by_line.items():
+        if _claimed(claimed, "AMP004", site):
+            continue
+        count, evidence = _scaler_evidence(scalers, facts)
+        if count:
+            caller = evidence.get("called_from")
+            where = f", called from {', '.join(caller)}" if caller else ""
+            found.append(
+                _runtime("AMP004", site, facts, count, evidence, f"a new GradScaler was built {count} times here{where}; build it once per run")
+            )
+
+    # AMP005: clipping still-scaled gradients at an unflagged line.
+    clips_by_line: dict = defaultdict(list)
+    for clip in state.clips:
+        if clip.still_scaled and clip.callsite is not None:
+            clips_by_line[clip.callsite].append(clip)
+    for site, clips in clips_by_line.items():
+        if _claimed(claimed, "AMP005", site):
+            continue
+        evidence = _clip_evidence(clips, facts)
+        found.append(
+            _runtime("AMP005", site, facts, len(clips), evidence, "gradients were clipped while still multiplied by the GradScaler scale; call scaler.unscale_(optimizer) first")
+        )
+
+    # AMP002: a converted module ran forward under autocast with low-precision parameters.
+    for conversion in state.conversions:
+        if conversion.forwards_under_autocast and conversion.callsite and not _claimed(claimed, "AMP002", conversion.callsite):
+            evidence = {
+                "module": conversion.module,
+                "converted_to": conversion.dtype,
+                "parameter_dtype": conversion.param_dtype,
+                "autocast": {"device": conversion.autocast[0], "dtype": conversion.autocast[1]},
+                "forwards_under_autocast": conversion.forwards_under_autocast,
+            }
+            found.append(
+                _runtime("AMP002", conversion.callsite, facts, conversion.forwards_under_autocast, evidence, f"{conversion.module} was converted to {conversion.dtype} and then ran under autocast")
+            )
+
+    # AMP001: deprecation warnings attributed to unflagged user lines.
+    for warning in state.warnings.values():
+        api = deprecated_api_of(warning.message)
+        if api and not _claimed(claimed, "AMP001", warning.callsite):
+            found.append(
+                _runtime("AMP001", warning.callsite, facts, warning.count, {"api": [api], "message": warning.message, "warnings": warning.count}, f"{api} is deprecated")
+            )
+
+    # AMP006: optimizer.step() called directly while a scaled loss was in flight.
+    for site, count in state.bypass_steps.items():
+        if count and site is not None and not _claimed(claimed, "AMP006", site):
+            found.append(
+                _runtime("AMP006", site, facts, count, {"steps_bypassing_scaler": count}, "optimizer.step() ran on gradients still multiplied by the GradScaler scale; use scaler.step(optimizer)")
+            )
+
+    # AMP011: scheduler stepped right after a skipped optimizer step.
+    sched_by_line: dict = defaultdict(list)
+    for step in _scheduler_after_skip(state.scheduler_steps, facts):
+        if step.callsite is not None:
+            sched_by_line[step.callsite].append(step)
+    for site, steps in sched_by_line.items():
+        if not _claimed(claimed, "AMP011", site):
+            evidence = {"right_after_skipped_step": len(steps), "first_step": steps[0].step}
+            found.append(
+                _runtime("AMP011", site, facts, len(steps), evidence, "the LR scheduler advanced right after GradScaler skipped the optimizer step")
+            )
+    return found

@@ -1,0 +1,263 @@
+"""The trace report: DESIGN.md's fixed JSON contract (extended, never broken), per-rank files under
+torchrun, and the merged summary of all ranks.
+
+Extensions beyond the contract (consumers may ignore them): `name`/`summary` on findings,
+`node`/`policy` on ops, `policy_departures`, `scaler.timeline/enabled/notes/optimizer_steps`,
+`nonfinite.check/handled_by_scaler/node/detail/hint`, `kernels[].status/signatures`,
+`simulation`, `unchecked_findings`, `notes`, `rank`, `ranks`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections import defaultdict
+
+from amplint.trace import policy
+
+
+def _dtype(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def op_rows(state, display) -> list[dict]:
+    rows = []
+    for (op, in_dtypes, out_dtypes, autocast, phase, site, node), count in state.ops.items():
+        name = op[: -len(".default")] if op.endswith(".default") else op
+        inputs = [_dtype(d) for d in in_dtypes]
+        outputs = [_dtype(d) for d in out_dtypes]
+        autocast_json = None if autocast is None else {"device": autocast[0], "dtype": autocast[1]}
+        row = {
+            "op": name,
+            "path": display(site[0]) if site else "<unknown>",
+            "line": site[1] if site else 0,
+            "count": count,
+            "autocast": autocast_json,
+            "input_dtypes": inputs,
+            "output_dtypes": outputs,
+            "phase": phase,
+        }
+        if node:
+            row["node"] = node
+        verdict = policy.check(name, autocast_json, inputs, outputs) if phase == "forward" else None
+        if verdict:
+            row["policy"] = verdict
+        rows.append(row)
+    rows.sort(key=lambda r: (r["path"], r["line"], r["phase"] != "forward", r["op"], -r["count"]))
+    return rows
+
+
+def policy_departures(rows: list[dict]) -> list[dict]:
+    found = []
+    for row in rows:
+        verdict = row.get("policy")
+        if verdict and not verdict["matches"]:
+            found.append(
+                {
+                    "op": row["op"],
+                    "path": row["path"],
+                    "line": row["line"],
+                    "device": verdict["device"],
+                    "autocast_dtype": row["autocast"]["dtype"],
+                    "category": verdict["category"],
+                    "expected": verdict["expected"],
+                    "observed": [d for d in row["output_dtypes"]],
+                    "input_dtypes": row["input_dtypes"],
+                    "count": row["count"],
+                }
+            )
+    return found
+
+
+def scaler_section(state, facts, display) -> dict:
+    values = facts.values
+    constructions: dict = defaultdict(lambda: {"count": 0, "enabled": False})
+    for scaler in state.scalers:
+        key = (display(scaler.callsite[0]), scaler.callsite[1]) if scaler.callsite else ("<unknown>", 0)
+        entry = constructions[key]
+        entry["count"] += 1
+        entry["enabled"] = entry["enabled"] or scaler.enabled
+        entry.setdefault("device", scaler.device)
+        entry.setdefault("init_scale", scaler.init_scale)
+    steps = state.scaler_steps
+    applied = sum(1 for s in steps if facts.applied.get(id(s)) is True)
+    skipped = sum(1 for s in steps if facts.applied.get(id(s)) is False)
+    scale_history = [values[u.scale_slot] for u in state.updates]
+    after_skip = [s for s in state.scheduler_steps if s.after is not None and facts.applied.get(id(s.after)) is False]
+
+    # One timeline entry per scaler.step, with the scale after the update that followed it.
+    updates_by_step = {u.step: values[u.scale_slot] for u in state.updates}
+    timeline = [
+        {
+            "step": s.step,
+            "applied": facts.applied.get(id(s)),
+            "scale": updates_by_step.get(s.step + 1),
+        }
+        for s in steps
+    ]
+    notes = []
+    disabled = [s for s in state.scalers if not s.enabled]
+    if disabled and steps:
+        notes.append(
+            f"{len(disabled)} GradScaler(s) were disabled (device {disabled[0].device!r} unavailable?): "
+            "scale() and step() did nothing, gradients were never scaled"
+        )
+    return {
+        "constructions": [
+            {"path": path, "line": line, **entry} for (path, line), entry in sorted(constructions.items())
+        ],
+        "steps_attempted": len(steps),
+        "steps_applied": applied,
+        "steps_skipped": skipped,
+        "scale_history": scale_history,
+        "scheduler_steps_after_skip": len(after_skip),
+        "scheduler_steps": len(state.scheduler_steps),
+        "optimizer_steps_without_scaler": sum(state.direct_steps.values()),
+        "enabled": any(s.enabled for s in state.scalers),
+        "timeline": timeline,
+        "notes": notes,
+    }
+
+
+def nonfinite_section(item, display, state) -> dict | None:
+    if item is None:
+        return None
+    out = {
+        "op": item.op,
+        "path": display(item.callsite[0]) if item.callsite else "<unknown>",
+        "line": item.callsite[1] if item.callsite else 0,
+        "phase": item.phase,
+        "step": item.step,
+        "dtype": item.dtype,
+        "inputs_finite": item.inputs_finite,
+        "check": item.check,
+        "handled_by_scaler": item.handled_by_scaler,
+        "handled_overflows": state.handled_overflows,
+    }
+    if item.node:
+        out["node"] = item.node
+    if item.detail:
+        out["detail"] = item.detail
+    if item.check == "cheap":
+        out["hint"] = f"rerun with `--nan op --nan-from-step {item.step}` to find the op and line that produced it"
+    return out
+
+
+def environment(device: str) -> dict:
+    import torch
+
+    backend = "cpu"
+    gpu = None
+    if device == "cuda":
+        backend = "rocm" if getattr(torch.version, "hip", None) else "cuda"
+        try:
+            gpu = torch.cuda.get_device_name()
+        except Exception:  # noqa: BLE001 - informative only
+            gpu = None
+    return {
+        "torch": torch.__version__.split("+")[0],
+        "torch_build": torch.__version__,
+        "python": platform.python_version(),
+        "device": device,
+        "backend": backend,
+        "gpu": gpu,
+    }
+
+
+# -- files -----------------------------------------------------------------------------------------
+def rank_info() -> tuple[int | None, int]:
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ["RANK"]) if "RANK" in os.environ else None
+    except ValueError:
+        return None, 1
+    return (rank if world > 1 else None), world
+
+
+def rank_path(path: str, rank: int) -> str:
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.rank{rank}{ext or '.json'}"
+
+
+def write_json(report: dict, path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(report, handle, indent=1, default=str)
+        handle.write("\n")
+    os.replace(tmp, path)  # readers (other ranks merging) never see half a file
+
+
+def wait_for_ranks(path: str, world: int, timeout_s: float = 60.0) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    found: dict[int, dict] = {}
+    while True:
+        for rank in range(world):
+            if rank in found:
+                continue
+            candidate = rank_path(path, rank)
+            if os.path.exists(candidate):
+                try:
+                    with open(candidate, encoding="utf-8") as handle:
+                        found[rank] = json.load(handle)
+                except (OSError, ValueError):
+                    pass
+        if len(found) == world or time.monotonic() > deadline:
+            return [found[r] for r in sorted(found)]
+        time.sleep(0.2)
+
+
+def merge_reports(reports: list[dict], world: int) -> dict:
+    """One report for all ranks: findings and ops summed per (code|op, place), scaler counts
+    summed, the earliest non-finite op (by step, then rank); each rank's file stays the detail."""
+    base = json.loads(json.dumps(reports[0]))
+    findings: dict = {}
+    for report in reports:
+        for f in report["findings"]:
+            key = (f["code"], f["path"], f["line"], f["source"])
+            if key not in findings:
+                findings[key] = json.loads(json.dumps(f))
+                findings[key]["ranks"] = []
+            merged = findings[key]
+            merged["count"] = max(merged["count"], f["count"]) if key in findings else f["count"]
+            order = {"confirmed": 2, "refuted": 1, "not-reached": 0}
+            if order[f["status"]] > order[merged["status"]]:
+                merged["status"], merged["evidence"] = f["status"], f["evidence"]
+            merged["ranks"].append(report.get("rank"))
+    ops: dict = {}
+    for report in reports:
+        for op in report["ops"]:
+            key = json.dumps({k: v for k, v in op.items() if k != "count"}, sort_keys=True)
+            if key in ops:
+                ops[key]["count"] += op["count"]
+            else:
+                ops[key] = dict(op)
+    scaler = base["scaler"]
+    for field in ("steps_attempted", "steps_applied", "steps_skipped", "scheduler_steps_after_skip"):
+        scaler[field] = sum(r["scaler"][field] for r in reports)
+    nonfinite = [dict(r["nonfinite"], rank=r.get("rank")) for r in reports if r.get("nonfinite")]
+    nonfinite.sort(key=lambda n: (n["handled_by_scaler"] if "handled_by_scaler" in n else False, n["step"], n["rank"] or 0))
+    kernels: dict = {}
+    for report in reports:
+        for k in report["kernels"]:
+            kernels.setdefault((k["op"], k["dtype"], k["device"]), k)
+    base.update(
+        {
+            "findings": sorted(findings.values(), key=lambda f: (f["path"], f["line"], f["code"])),
+            "ops": sorted(ops.values(), key=lambda r: (r["path"], r["line"], r["op"])),
+            "scaler": scaler,
+            "nonfinite": nonfinite[0] if nonfinite else None,
+            "kernels": list(kernels.values()),
+            "rank": None,
+            "ranks": {
+                "world_size": world,
+                "reports": len(reports),
+                "missing": sorted(set(range(world)) - {r.get("rank") for r in reports}),
+                "exit": {str(r.get("rank")): r["exit"] for r in reports},
+                "scale_history": {str(r.get("rank")): r["scaler"]["scale_history"] for r in reports},
+            },
+        }
+    )
+    return base

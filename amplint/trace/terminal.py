@@ -1,0 +1,232 @@
+"""The terminal summary (rich, on stderr so the script's stdout stays the script's)."""
+
+from __future__ import annotations
+
+import linecache
+import os
+from collections import defaultdict
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+STATUS_STYLE = {"confirmed": "bold red", "refuted": "green", "not-reached": "yellow"}
+MAX_OP_LINES = 30
+_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int64": "i64", "int32": "i32", "bool": "bool"}
+
+
+def _short(dtypes: list[str]) -> str:
+    return ",".join(_SHORT.get(d, d) for d in dtypes) or "-"
+
+
+def _evidence_text(finding: dict) -> str:
+    ev = finding.get("evidence") or {}
+    code = finding["code"]
+    if finding["status"] == "not-reached":
+        return "the line never ran"
+    if code == "AMP003":
+        if finding["count"]:
+            ac = ev.get("autocast") or {}
+            where = f", autocast entered at {ev['autocast_entered_at']}" if ev.get("autocast_entered_at") else ""
+            return f"{finding['count']} call(s) with autocast({ac.get('device')}, {ac.get('dtype')}) on{where}"
+        return f"{ev.get('calls', 0)} call(s), autocast off each time"
+    if code == "AMP004":
+        return (
+            f"{ev.get('constructions', 0)} scaler(s) built here, at most {ev.get('max_steps_per_scaler', 0)} step(s) each, "
+            f"{ev.get('steps_skipped', 0)}/{ev.get('steps', 0)} steps skipped"
+        )
+    if code == "AMP005":
+        if finding["count"]:
+            scale = ev.get("scale")
+            extra = f" (scale {scale:g})" if isinstance(scale, (int, float)) else ""
+            if "total_norm_unscaled" in ev:
+                extra += f"; norm {ev['total_norm_seen']:.4g} seen, {ev['total_norm_unscaled']:.4g} unscaled"
+            return f"{finding['count']} clip(s) on still-scaled gradients{extra}"
+        return "gradients were unscaled (or no enabled scaler) when clipped"
+    if code == "AMP002":
+        if finding["count"]:
+            ac = ev.get("autocast") or {}
+            return (
+                f"{ev.get('module')} with {ev.get('parameter_dtype')} parameters ran forward {finding['count']}x "
+                f"under autocast({ac.get('device')}, {ac.get('dtype')})"
+            )
+        return "converted module never ran forward under autocast"
+    if code == "AMP001":
+        if finding["count"]:
+            return f"{finding['count']} deprecation warning(s): {', '.join(ev.get('api', []))}"
+        return "no deprecation warning raised here"
+    if code == "AMP006":
+        return f"{finding['count']} optimizer step(s) on scaled gradients"
+    if code == "AMP011":
+        return f"{finding['count']} scheduler step(s) right after a skipped step"
+    return ""
+
+
+def _findings_table(report: dict) -> Table:
+    table = Table(title="Findings", title_justify="left", expand=False)
+    for column in ("code", "status", "count", "where", "source", "evidence"):
+        table.add_column(column, overflow="fold")
+    for f in report["findings"]:
+        table.add_row(
+            f["code"],
+            Text(f["status"], style=STATUS_STYLE.get(f["status"], "")),
+            str(f["count"]),
+            f"{f['path']}:{f['line']}",
+            f["source"],
+            _evidence_text(f),
+        )
+    return table
+
+
+def _ops_table(report: dict, cwd: str) -> Table | None:
+    rows = report["ops"]
+    if not rows:
+        return None
+    by_line: dict = defaultdict(list)
+    for row in rows:
+        by_line[(row["path"], row["line"])].append(row)
+    table = Table(title="Op dtypes by source line (after autocast's casts)", title_justify="left")
+    table.add_column("op", overflow="ellipsis", no_wrap=True, max_width=32)
+    table.add_column("phase", no_wrap=True, min_width=3)
+    table.add_column("autocast", no_wrap=True, min_width=8)
+    table.add_column("in -> out", overflow="fold", min_width=14)
+    table.add_column("count", no_wrap=True, justify="right")
+    table.add_column("policy", overflow="fold")
+    shown = 0
+    for (path, line), group in by_line.items():
+        if shown >= MAX_OP_LINES:
+            break
+        shown += 1
+        absolute = path if os.path.isabs(path) else os.path.join(cwd, path)
+        source = linecache.getline(absolute, line).strip()
+        table.add_section()
+        header = Text(f"{path}:{line}  ", style="bold")
+        header.append(source[:60], style="dim")
+        table.add_row(header, "", "", "", "", "")
+        for row in group[:8]:
+            ac = row["autocast"]
+            verdict = row.get("policy")
+            mark = ""
+            if verdict:
+                mark = Text("ok", style="green") if verdict["matches"] else Text(f"expected {verdict['expected']}", style="bold red")
+            name = row["op"].replace("aten::", "")
+            if row.get("node"):
+                name += f" ({row['node']})"
+            table.add_row(
+                "  " + name,
+                {"forward": "fwd", "backward": "bwd"}.get(row["phase"], row["phase"]),
+                f"{ac['device']}/{_SHORT.get(ac['dtype'], ac['dtype'])}" if ac else "-",
+                f"{_short(row['input_dtypes'])} -> {_short(row['output_dtypes'])}",
+                str(row["count"]),
+                mark,
+            )
+        if len(group) > 8:
+            table.add_row(Text(f"  ... {len(group) - 8} more op(s) on this line in the JSON", style="dim"), "", "", "", "", "")
+    if len(by_line) > MAX_OP_LINES:
+        table.caption = f"{len(by_line) - MAX_OP_LINES} more source lines in the JSON report"
+    return table
+
+
+def _scale_runs(history: list) -> str:
+    """65536.0 x3, 32768.0 x1, ... (the scale after each update, run-length encoded)."""
+    runs: list[list] = []
+    for value in history:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    text = ", ".join(f"{v:g}" + (f" x{n}" if n > 1 else "") for v, n in runs[:12])
+    return text + (", ..." if len(runs) > 12 else "")
+
+
+def print_summary(report: dict, cwd: str, console: Console | None = None) -> None:
+    console = console or Console(stderr=True, highlight=False)
+    env = report["environment"]
+    exit_ = report["exit"]
+    console.rule(f"amplint trace: {report['script']}")
+    status = f"exit {exit_['code']} ({exit_['status']})" + (f": {exit_['exception']}" if exit_.get("exception") else "")
+    console.print(f"{status}; torch {env['torch']} on {env['device']} ({env['backend']})")
+    for note in report.get("notes", []):
+        console.print(Text(f"note: {note}", style="yellow"))
+
+    if report["findings"]:
+        console.print(_findings_table(report))
+    else:
+        console.print("Findings: none")
+    if report.get("unchecked_findings"):
+        console.print(Text(f"{len(report['unchecked_findings'])} static finding(s) of rules without a runtime check are not verified.", style="dim"))
+
+    ops = _ops_table(report, cwd)
+    if ops is not None:
+        label = report.get("autocast_policy_label")
+        if label:
+            console.print(Text(label, style="cyan"))
+        console.print(ops)
+    for dep in report.get("policy_departures", [])[:10]:
+        console.print(
+            Text(
+                f"policy: {dep['op']} at {dep['path']}:{dep['line']} gave {','.join(dep['observed'])} under "
+                f"{dep['device']} autocast({dep['autocast_dtype']}); the documented {dep['device']} policy says {dep['expected']} ({dep['category']})",
+                style="magenta",
+            )
+        )
+
+    scaler = report["scaler"]
+    if scaler["constructions"] or scaler["steps_attempted"]:
+        console.rule("GradScaler", align="left", style="dim")
+        places = ", ".join(f"{c['path']}:{c['line']} x{c['count']}" + ("" if c.get("enabled") else " (disabled)") for c in scaler["constructions"])
+        console.print(f"built at: {places or '-'}")
+        console.print(
+            f"steps: {scaler['steps_attempted']} attempted, {scaler['steps_applied']} applied, "
+            f"[bold]{scaler['steps_skipped']} skipped[/bold]; scheduler steps right after a skip: {scaler['scheduler_steps_after_skip']}"
+        )
+        if scaler["scale_history"]:
+            console.print(f"scale after each update: {_scale_runs(scaler['scale_history'])}")
+        skipped = [t["step"] for t in scaler.get("timeline", []) if t["applied"] is False]
+        if skipped:
+            shown = ", ".join(map(str, skipped[:20])) + (" ..." if len(skipped) > 20 else "")
+            console.print(f"skipped at steps: {shown}")
+        for note in scaler.get("notes", []):
+            console.print(Text(f"note: {note}", style="yellow"))
+
+    nf = report["nonfinite"]
+    console.rule("Non-finite values", align="left", style="dim")
+    if nf is None:
+        console.print("none seen" + (" (checks off)" if report.get("nan_mode") == "off" else f" (--nan {report.get('nan_mode')})"))
+    else:
+        handled = " - handled by GradScaler (step skipped)" if nf.get("handled_by_scaler") else ""
+        node = f" [{nf['node']}]" if nf.get("node") else ""
+        console.print(
+            Text(
+                f"first: {nf['op']}{node} at {nf['path']}:{nf['line']}, {nf['phase']}, step {nf['step']}, {nf['dtype']}"
+                + (", inputs finite" if nf.get("inputs_finite") else "")
+                + handled,
+                style="bold red" if not nf.get("handled_by_scaler") else "yellow",
+            )
+        )
+        if nf.get("hint"):
+            console.print(Text(nf["hint"], style="dim"))
+
+    kernels = report.get("kernels") or []
+    if kernels:
+        console.rule("Kernel probe", align="left", style="dim")
+        missing = [k for k in kernels if k.get("available") is False]
+        unverified = [k for k in kernels if k.get("available") is None]
+        ok = [k for k in kernels if k.get("available") is True]
+        console.print(f"{len(ok)} available, {len(missing)} missing, {len(unverified)} unverified")
+        for k in missing[:20]:
+            console.print(Text(f"missing: {k['op']} {k['dtype']} on {k['device']}: {k['error']}", style="red"))
+        if unverified:
+            reason = unverified[0].get("error") or "target device absent"
+            console.print(Text(f"unverified on {unverified[0]['device']}: {reason}", style="yellow"))
+    sim = report.get("simulation")
+    if sim:
+        console.rule(f"Simulated {sim['device']} autocast (fake tensors)", align="left", style="dim")
+        console.print(f"{len(sim['ops'])} op signature(s) simulated, {len(sim['not_simulated'])} not simulated")
+        for diff in sim.get("differences", [])[:15]:
+            console.print(
+                f"{diff['path']}:{diff['line']} {diff['op']}: {diff['run_device']} ran {','.join(diff['run_output_dtypes'])}, "
+                f"{sim['device']} would give {','.join(diff['simulated_output_dtypes'])}"
+            )
+        for miss in sim["not_simulated"][:10]:
+            console.print(Text(f"not simulated: {miss['op']} at {miss['path']}:{miss['line']}: {miss['error']}", style="yellow"))
