@@ -11,7 +11,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from amplint.catalogue import rule_info
 from amplint.model import Edit, Finding, Fix
 from amplint.static.source import SourceError, decode_source, parse_error_finding
-from amplint.static.checks import Hit, all_checks
+from amplint.static.checks import Hit, Insertion, all_checks
 from amplint.static.semantics import AmpFacts
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+\d+(?:[\s,]+[A-Za-z]+\d+)*))?", re.IGNORECASE)
@@ -27,24 +27,32 @@ def parse(text: str) -> cst.Module:
         raise SourceError("cannot parse: the file nests too deeply") from None
 
 
-def analyse_source(source: bytes | str, path: str, select: Iterable[str] | None = None) -> list[Finding]:
+def analyse_source(
+    source: bytes | str, path: str, select: Iterable[str] | None = None, min_torch: tuple[int, ...] | None = None
+) -> list[Finding]:
     try:
         text, _encoding = decode_source(source)
         module = parse(text)
     except SourceError as error:
         wanted = None if select is None else set(select)
         return [] if wanted is not None and "AMP000" not in wanted else [parse_error_finding(path, error)]
-    return analyse_module(module, text, path, select)
+    return analyse_module(module, text, path, select, min_torch)
 
 
-def analyse_module(module: cst.Module, text: str, path: str, select: Iterable[str] | None = None) -> list[Finding]:
+def analyse_module(
+    module: cst.Module,
+    text: str,
+    path: str,
+    select: Iterable[str] | None = None,
+    min_torch: tuple[int, ...] | None = None,
+) -> list[Finding]:
     if _FILE_NOQA.search(text):
         return []
     checks = all_checks()
     codes = [code for code in checks if select is None or code in set(select)]
     if not codes:
         return []
-    facts = AmpFacts(module)
+    facts = AmpFacts(module, min_torch)
     hits: list[tuple[str, Hit]] = []
     seen: set[tuple[str, int]] = set()
     for code in codes:
@@ -58,30 +66,33 @@ def analyse_module(module: cst.Module, text: str, path: str, select: Iterable[st
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     suppressions = _noqa_by_line(text)
     findings = []
+    lines = text.splitlines()
     for code, hit in hits:
-        finding = _finding(code, hit, path, positions)
+        finding = _finding(code, hit, path, positions, lines)
         if not _suppressed(finding, suppressions):
             findings.append(finding)
     return sorted(findings, key=Finding.sort_key)
 
 
-def _finding(code: str, hit: Hit, path: str, positions) -> Finding:
+def _edit(replacement, positions, lines: list[str]) -> Edit:
+    where = positions[replacement.node]
+    if isinstance(replacement, Insertion):
+        line_text = lines[where.start.line - 1] if where.start.line <= len(lines) else ""
+        indent = line_text[: len(line_text) - len(line_text.lstrip(" \t"))]
+        if replacement.before:
+            return Edit(where.start.line, len(indent) + 1, where.start.line, len(indent) + 1, f"{replacement.text}\n{indent}")
+        return Edit(where.end.line, where.end.column + 1, where.end.line, where.end.column + 1, f"\n{indent}{replacement.text}")
+    return Edit(where.start.line, where.start.column + 1, where.end.line, where.end.column + 1, replacement.content)
+
+
+def _finding(code: str, hit: Hit, path: str, positions, lines: list[str]) -> Finding:
     info = rule_info(code)
     where = positions[hit.node]
     statement_line = positions[hit.statement].start.line if hit.statement in positions else where.start.line
     message = hit.message.format(*(positions[n].start.line for n in hit.related)) if hit.related else hit.message
     fix = None
     if hit.fix is not None:
-        edits = tuple(
-            Edit(
-                positions[r.node].start.line,
-                positions[r.node].start.column + 1,
-                positions[r.node].end.line,
-                positions[r.node].end.column + 1,
-                r.content,
-            )
-            for r in hit.fix.replacements
-        )
+        edits = tuple(_edit(r, positions, lines) for r in hit.fix.replacements)
         fix = Fix(hit.fix.applicability, edits)
     return Finding(
         code,

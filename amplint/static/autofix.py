@@ -1,21 +1,309 @@
-"""Fix builders for the rules that have one (AMP001, AMP005); each returns a FixPlan or None."""
+"""Fix builders for AMP001 (deprecated API) and AMP005 (missing `unscale_`).
+
+Each builder returns a `FixPlan` or None. A plan must be correct on its own, whatever other
+fixes apply in the same round: rewriting `from torch.cuda.amp import autocast` therefore carries
+the rewrite of every use of that name, because `autocast("cuda")` under the old import would
+pass "cuda" as `enabled` (research/amp-rules.md §0.2).
+"""
 
 from __future__ import annotations
 
-from amplint.static.checks import FixPlan
+import libcst as cst
+
+from amplint.model import Applicability
+from amplint.static import names
+from amplint.static.checks import FixPlan, Insertion, Replacement
+from amplint.static.semantics import AmpFacts, CallSite, ImportRef, Reference, Scope, dotted_name, has_star_args
+
+# The first torch release that has each replacement (research/amp-rules.md §1).
+_REPLACEMENT_SINCE = {"autocast": (1, 10), "GradScaler": (2, 3), "custom_fwd": (2, 4), "custom_bwd": (2, 4)}
+_STATE_SINCE = (2, 4)
+_NO_SPACE = cst.SimpleWhitespace("")
+_ONE_SPACE = cst.SimpleWhitespace(" ")
 
 
-def deprecated_import(ref, facts) -> FixPlan | None:
+def _supported(kind: str, facts: AmpFacts) -> bool:
+    return facts.min_torch is None or facts.min_torch >= _REPLACEMENT_SINCE[kind]
+
+
+def _string(value: str) -> cst.SimpleString:
+    return cst.SimpleString(f'"{value}"')
+
+
+def _keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
+    return cst.Arg(value, keyword=cst.Name(name), equal=cst.AssignEqual(_NO_SPACE, _NO_SPACE))
+
+
+def _with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
+    """Every argument but the last needs a comma; keep the commas (and comments) already there."""
+    fixed = []
+    for index, arg in enumerate(args):
+        last = index == len(args) - 1
+        if not last and isinstance(arg.comma, cst.MaybeSentinel):
+            arg = arg.with_changes(comma=cst.Comma(whitespace_after=_ONE_SPACE))
+        fixed.append(arg)
+    return fixed
+
+
+def migrated_arguments(call: cst.Call, kind: str, device: str) -> list[cst.Arg] | None:
+    """The argument list of the torch.amp call that replaces a deprecated one, or None if unsafe."""
+    if has_star_args(call):
+        return None  # positions behind *args / **kwargs are unknown
+    args = list(call.args)
+    if kind == "autocast":
+        positional_names = names.AUTOCAST_POSITIONAL["deprecated"]
+        converted = []
+        position = 0
+        for arg in args:
+            if arg.keyword is None:
+                if position >= len(positional_names):
+                    return None
+                arg = arg.with_changes(keyword=cst.Name(positional_names[position]), equal=cst.AssignEqual(_NO_SPACE, _NO_SPACE))
+                position += 1
+            converted.append(arg)
+        return _with_commas([cst.Arg(_string(device)), *converted])
+    if kind == "GradScaler":
+        if any(a.keyword is not None and a.keyword.value == "device" for a in args):
+            return None
+        return _with_commas([cst.Arg(_string(device)), *args])
+    # custom_fwd / custom_bwd: device_type is keyword-only and required.
+    if any(a.keyword is not None and a.keyword.value == "device_type" for a in args):
+        return None
+    return _with_commas([*args, _keyword("device_type", _string(device))])
+
+
+def _torch_head(scope: Scope) -> str | None:
+    """A name bound to the torch module in this scope (`torch`, or `t` after `import torch as t`)."""
+    if scope.resolve_head("torch") == "torch":
+        return "torch"
+    current: Scope | None = scope
+    while current is not None:
+        for alias, target in current.imports.items():
+            if target == "torch":
+                return alias
+        current = current.parent
     return None
 
 
-def deprecated_call(call, facts) -> FixPlan | None:
+def _rooted_at_torch(expr: cst.BaseExpression, scope: Scope) -> str | None:
+    """For `torch.cuda.amp.X` spelled through the torch module itself, the torch alias used."""
+    dotted = dotted_name(expr)
+    if dotted is None or "." not in dotted:
+        return None
+    head = dotted.split(".")[0]
+    return head if scope.resolve_head(head) == "torch" else None
+
+
+def _new_callee(head: str, kind: str, facts: AmpFacts) -> str:
+    if kind == "autocast" and facts.min_torch is not None and facts.min_torch < (2, 1):
+        return f"{head}.autocast"  # the spelling that works furthest back
+    return f"{head}.amp.{kind}"
+
+
+def deprecated_call(call: CallSite, facts: AmpFacts) -> FixPlan | None:
+    """`torch.cuda.amp.autocast(True)` -> `torch.amp.autocast("cuda", enabled=True)`."""
+    qualname = call.qualname
+    if qualname in names.DEPRECATED_AUTOCAST_STATE:
+        return _state_function_fix(call, facts)
+    head = _rooted_at_torch(call.node.func, call.scope)
+    if head is None:
+        return _alias_fix(call.node.func, call.scope, facts)
+    device, kind = names.DEPRECATED_AMP[qualname]
+    if not _supported(kind, facts):
+        return None
+    args = migrated_arguments(call.node, kind, device)
+    if args is None:
+        return None
+    new = call.node.with_changes(func=cst.parse_expression(_new_callee(head, kind, facts)), args=args)
+    return FixPlan(Applicability.SAFE, (Replacement(call.node, facts.module.code_for_node(new)),))
+
+
+def _state_function_fix(call: CallSite, facts: AmpFacts) -> FixPlan | None:
+    """`torch.get_autocast_gpu_dtype()` -> `torch.get_autocast_dtype("cuda")` (torch 2.4)."""
+    head = _rooted_at_torch(call.node.func, call.scope)
+    if head is None or has_star_args(call.node) or (facts.min_torch is not None and facts.min_torch < _STATE_SINCE):
+        return None
+    old = call.qualname.rsplit(".", 1)[-1]
+    device = "cuda" if "_gpu_" in old else "cpu"
+    new_name = old.replace("_gpu", "").replace("_cpu", "")
+    args = _with_commas([cst.Arg(_string(device)), *call.node.args])
+    new = call.node.with_changes(func=cst.parse_expression(f"{head}.{new_name}"), args=args)
+    return FixPlan(Applicability.SAFE, (Replacement(call.node, facts.module.code_for_node(new)),))
+
+
+def deprecated_reference(ref: Reference, qualname: str, facts: AmpFacts) -> FixPlan | None:
+    """A bare `@torch.cuda.amp.custom_fwd` decorator -> `@torch.amp.custom_fwd(device_type="cuda")`."""
+    if qualname not in names.DEPRECATED_AMP:
+        return None
+    head = _rooted_at_torch(ref.node, ref.where.scope)
+    if head is None:
+        return _alias_fix(ref.node, ref.where.scope, facts)
+    device, kind = names.DEPRECATED_AMP[qualname]
+    if kind not in ("custom_fwd", "custom_bwd") or not _supported(kind, facts):
+        return None  # a class used as a value (isinstance, a base class) has no safe rewrite
+    if not _is_bare_decorator(ref.node, facts):
+        return None
+    return FixPlan(
+        Applicability.SAFE, (Replacement(ref.node, f'{head}.amp.{kind}(device_type="{device}")'),)
+    )
+
+
+def _is_bare_decorator(node: cst.CSTNode, facts: AmpFacts) -> bool:
+    return any(d.decorator is node for f in facts.functions for d in f.decorators)
+
+
+def deprecated_import(ref: ImportRef, facts: AmpFacts) -> FixPlan | None:
+    """`from torch.cuda.amp import autocast` -> `from torch.amp import autocast`, with every use."""
+    statement = ref.statement
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return None
+    node = next((s for s in statement.body if isinstance(s, cst.ImportFrom)), None)
+    if node is None:
+        return None
+    return _from_import_fix(node, facts)
+
+
+def _alias_fix(expr: cst.BaseExpression, scope: Scope, facts: AmpFacts) -> FixPlan | None:
+    """Uses through `from torch.cuda.amp import X` or `from torch.cuda import amp`: fix the import."""
+    head = (dotted_name(expr) or "").split(".")[0]
+    for ref in facts.imports:
+        statement = ref.statement
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.ImportFrom) and any(_bound_name(a) == head for a in _aliases(small)):
+                if scope.resolve_head(head) == ref.qualname or scope.resolve_head(head) is not None:
+                    return _from_import_fix(small, facts)
     return None
 
 
-def deprecated_reference(ref, qualname, facts) -> FixPlan | None:
-    return None
+def _aliases(node: cst.ImportFrom) -> list[cst.ImportAlias]:
+    return [] if isinstance(node.names, cst.ImportStar) else list(node.names)
 
 
-def unscale_before(event, scaler, owner, events, facts) -> FixPlan | None:
-    return None
+def _bound_name(alias: cst.ImportAlias) -> str | None:
+    return dotted_name(alias.asname.name) if alias.asname is not None else dotted_name(alias.name)
+
+
+def _from_import_fix(node: cst.ImportFrom, facts: AmpFacts) -> FixPlan | None:
+    module = dotted_name(node.module)
+    if node.relative or module is None:
+        return None
+    device = {"torch.cuda.amp": "cuda", "torch.cpu.amp": "cpu", "torch.cuda": "cuda", "torch.cpu": "cpu"}.get(module)
+    if device is None:
+        return None
+    replacements: list[Replacement] = []
+    for alias in _aliases(node):
+        name = dotted_name(alias.name)
+        bound = _bound_name(alias)
+        if module in ("torch.cuda", "torch.cpu"):
+            if name != "amp":
+                return None  # `from torch.cuda import amp, Stream`: leave mixed imports alone
+            uses = _module_alias_uses(bound, facts)
+        else:
+            kind = names.DEPRECATED_AMP.get(f"{module}.{name}", (None, None))[1]
+            if kind is None:
+                return None
+            uses = _name_uses(bound, kind, facts)
+        if uses is None:
+            return None
+        replacements.extend(uses)
+    if not all(_supported(kind, facts) for kind in _kinds_in(node, module)):
+        return None
+    new_module = "torch" if module in ("torch.cuda", "torch.cpu") else "torch.amp"
+    replacements.append(Replacement(node.module, new_module))
+    return FixPlan(Applicability.SAFE, tuple(replacements))
+
+
+def _kinds_in(node: cst.ImportFrom, module: str) -> set[str]:
+    if module in ("torch.cuda", "torch.cpu"):
+        return {"autocast", "GradScaler"}  # the conservative bound: any use may be either
+    return {names.DEPRECATED_AMP[f"{module}.{dotted_name(a.name)}"][1] for a in _aliases(node)}
+
+
+def _name_uses(bound: str | None, kind: str, facts: AmpFacts) -> list[Replacement] | None:
+    """Rewrites for every use of a name imported from the deprecated module, or None if one can't be."""
+    replacements = []
+    for call in facts.calls:
+        if call.callee == bound and call.method is None and call.scope.resolve_head(bound) is not None:
+            replacement = _use_call(call, kind, facts)
+            if replacement is None:
+                return None
+            replacements.append(replacement)
+    for ref in facts.references:
+        if ref.dotted == bound and ref.where.scope.resolve_head(bound) is not None:
+            if kind in ("custom_fwd", "custom_bwd") and _is_bare_decorator(ref.node, facts):
+                device = names.DEPRECATED_AMP[ref.where.scope.resolve(bound)][0]
+                replacements.append(Replacement(ref.node, f'{bound}(device_type="{device}")'))
+            else:
+                return None  # used as a value: isinstance, a base class, stored in a variable
+    return replacements
+
+
+def _module_alias_uses(bound: str | None, facts: AmpFacts) -> list[Replacement] | None:
+    """Rewrites for every `amp.X(...)` after `from torch.cuda import amp`."""
+    replacements = []
+    for call in facts.calls:
+        if call.receiver_key == bound and call.scope.resolve_head(bound) is not None:
+            kind = names.DEPRECATED_AMP.get(call.qualname or "", (None, None))[1]
+            if kind is None:
+                return None
+            replacement = _use_call(call, kind, facts)
+            if replacement is None:
+                return None
+            replacements.append(replacement)
+    for ref in facts.references:
+        if ref.dotted.split(".")[0] == bound and ref.where.scope.resolve_head(bound) is not None:
+            qualname = ref.where.scope.resolve(ref.dotted)
+            kind = names.DEPRECATED_AMP.get(qualname or "", (None, None))[1]
+            if kind in ("custom_fwd", "custom_bwd") and _is_bare_decorator(ref.node, facts):
+                device = names.DEPRECATED_AMP[qualname][0]
+                replacements.append(Replacement(ref.node, f'{ref.dotted}(device_type="{device}")'))
+            else:
+                return None
+    return replacements
+
+
+def _use_call(call: CallSite, kind: str, facts: AmpFacts) -> Replacement | None:
+    device = names.DEPRECATED_AMP.get(call.qualname or "", ("cuda", kind))[0]
+    args = migrated_arguments(call.node, kind, device)
+    if args is None:
+        return None
+    return Replacement(call.node, facts.module.code_for_node(call.node.with_changes(args=args)))
+
+
+def unscale_before(event, scaler: str | None, owner: str | None, events, facts: AmpFacts) -> FixPlan | None:
+    """Insert `scaler.unscale_(optimizer)` before a clip that sits in the same block as the step.
+
+    Safe only there: under gradient accumulation the clip and the step are guarded together, and
+    an `unscale_` anywhere else could run twice before one update (a RuntimeError).
+    """
+    if event.kind != "clip" or scaler is None or owner is None:
+        return None
+    statement = event.where.statement
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    step = next((e for e in events if e.kind == "step" and e.optimizer == owner and e.where.order > event.where.order), None)
+    if step is None or _block_of(statement, facts) is not _block_of(step.where.statement, facts):
+        return None
+    if any(e.kind == "unscale" for e in events):
+        return None  # an unscale_ elsewhere in this step: inserting another could double it
+    return FixPlan(Applicability.SAFE, (Insertion(statement, f"{scaler}.unscale_({owner})"),))
+
+
+class _BlockFinder(cst.CSTVisitor):
+    def __init__(self, target: cst.CSTNode) -> None:
+        self.target, self.block = target, None
+
+    def _look(self, node) -> None:
+        if any(child is self.target for child in node.body):
+            self.block = node
+
+    visit_Module = visit_IndentedBlock = _look
+
+
+def _block_of(statement: cst.CSTNode, facts: AmpFacts) -> cst.CSTNode | None:
+    """The block whose statement list holds `statement` (None if not found)."""
+    finder = _BlockFinder(statement)
+    facts.module.visit(finder)
+    return finder.block

@@ -68,7 +68,7 @@ def _check_stdin(settings, o, output_format: str) -> int:
     if o["fix"] or o["diff"]:
         from amplint.static.fixes import fix_source
 
-        fixed = fix_source(source, display, settings.enabled_codes(_codes()), o["unsafe_fixes"])
+        fixed = fix_source(source, display, settings.enabled_codes(_codes()), o["unsafe_fixes"], settings.min_torch)
         if o["diff"]:
             sys.stdout.write(_unified_diff(display, source, fixed.source))
         else:
@@ -105,7 +105,7 @@ def _fix_files(result: RunResult, settings, o) -> list[Finding]:
             continue
         path = result.sources[display].path
         original = path.read_bytes()
-        fixed = fix_source(original, display, codes, unsafe)
+        fixed = fix_source(original, display, codes, unsafe, settings.min_torch)
         kept = {(f.code, f.line, f.column) for f in fixed.remaining}
         if fixed.applied and fixed.source != original:
             if o["diff"]:

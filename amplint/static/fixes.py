@@ -51,16 +51,16 @@ def _wanted(finding: Finding, unsafe: bool) -> bool:
     return finding.fix is not None and (unsafe or finding.fix.applicability is Applicability.SAFE)
 
 
-def fix_source(source: bytes, path: str, select, unsafe: bool) -> FixResult:
+def fix_source(source: bytes, path: str, select, unsafe: bool, min_torch: tuple[int, ...] | None = None) -> FixResult:
     from amplint.static.analyse import analyse_source, parse
     from amplint.static.source import SourceError, decode_source
 
     try:
         text, encoding = decode_source(source)
     except SourceError:
-        return FixResult(source, 0, analyse_source(source, path, select))
+        return FixResult(source, 0, analyse_source(source, path, select, min_torch))
     applied = 0
-    findings = analyse_source(text, path, select)
+    findings = analyse_source(text, path, select, min_torch)
     for _ in range(_MAX_ROUNDS):
         chosen: list[Finding] = []
         taken: list[tuple[tuple[int, int], tuple[int, int]]] = []
@@ -81,7 +81,7 @@ def fix_source(source: bytes, path: str, select, unsafe: bool) -> FixResult:
             break  # never write a file that no longer parses
         text = candidate
         applied += len(chosen)
-        findings = analyse_source(text, path, select)
+        findings = analyse_source(text, path, select, min_torch)
     if applied == 0:
         return FixResult(source, 0, findings)
     return FixResult(text.encode(encoding), applied, findings)

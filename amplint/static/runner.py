@@ -35,6 +35,7 @@ class _Job:
     display: str
     source: bytes
     codes: frozenset[str]
+    min_torch: tuple[int, ...] | None = None
 
 
 def all_codes() -> list[str]:
@@ -101,7 +102,7 @@ def check_paths(
             continue
         codes = possible_rules(data, enabled)
         if codes:
-            pending.append((_Job(source_file.display, data, codes | (enabled & {"AMP000"})), key, stat, digest))
+            pending.append((_Job(source_file.display, data, codes | (enabled & {"AMP000"}), settings.min_torch), key, stat, digest))
             continue
         found = _syntax_only(data, source_file.display) if explicit and "AMP000" in enabled else []
         if cache:
@@ -120,7 +121,7 @@ def check_paths(
 def check_stdin(source: bytes, display: str, settings: Settings) -> RunResult:
     enabled = settings.enabled_codes(all_codes())
     codes = possible_rules(source, enabled)
-    found = _analyse(_Job(display, source, codes | (enabled & {"AMP000"}))) if codes else _syntax_only(source, display) if "AMP000" in enabled else []
+    found = _analyse(_Job(display, source, codes | (enabled & {"AMP000"}), settings.min_torch)) if codes else _syntax_only(source, display) if "AMP000" in enabled else []
     return RunResult(findings=_apply_per_file_ignores(found, settings), files_checked=1)
 
 
@@ -131,7 +132,7 @@ def _with_path(cached: list[dict], display: str) -> list[Finding]:
 def _analyse(job: _Job) -> list[Finding]:
     from amplint.static.analyse import analyse_source
 
-    return analyse_source(job.source, job.display, job.codes)
+    return analyse_source(job.source, job.display, job.codes, job.min_torch)
 
 
 def _analyse_all(jobs_to_run: list[_Job], workers: int | None) -> list[list[Finding]]:

@@ -482,8 +482,9 @@ _STEP_FUNCTION = re.compile(r"train(ing)?_?(step|one_epoch|epoch|batch|iter(atio
 class AmpFacts:
     """Everything one walk recorded about a module, with the shared queries over it."""
 
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self, module: cst.Module, min_torch: tuple[int, ...] | None = None) -> None:
         self.module = module
+        self.min_torch = min_torch  # the oldest torch the code must keep running on (fixes honour it)
         self.module_scope = Scope("module", "<module>", module, None)
         self.scopes: list[Scope] = [self.module_scope]
         self.functions: list[Scope] = []

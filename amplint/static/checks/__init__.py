@@ -23,9 +23,18 @@ class Replacement:
 
 
 @dataclass(frozen=True)
+class Insertion:
+    """Insert a statement on its own line before (or after) the statement `node`, same indentation."""
+
+    node: cst.CSTNode
+    text: str
+    before: bool = True
+
+
+@dataclass(frozen=True)
 class FixPlan:
     applicability: Applicability
-    replacements: tuple[Replacement, ...]
+    replacements: tuple[Replacement | Insertion, ...]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,114 @@
+"""`--fix` for AMP001 and AMP005: exact output, idempotence, no-fix cases, min-torch, encodings."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import libcst
+import pytest
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "fix"
+CASES = sorted(p.name.removesuffix(".fixed.py") for p in FIXTURES.glob("*.fixed.py"))
+
+
+def amplint(*args: str, cwd: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "amplint", *args], cwd=cwd, input=stdin, capture_output=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fix_rewrites_file_exactly_as_expected(case: str, tmp_path: Path) -> None:
+    target = tmp_path / f"{case}.py"
+    shutil.copy(FIXTURES / f"{case}.py", target)
+    amplint("--fix", "--no-cache", target.name, cwd=tmp_path)
+    assert target.read_text() == (FIXTURES / f"{case}.fixed.py").read_text()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_second_fix_changes_nothing(case: str, tmp_path: Path) -> None:
+    target = tmp_path / f"{case}.py"
+    shutil.copy(FIXTURES / f"{case}.fixed.py", target)
+    before = target.read_bytes()
+    amplint("--fix", "--no-cache", target.name, cwd=tmp_path)
+    assert target.read_bytes() == before
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fixed_output_parses_and_has_no_fixable_findings(case: str, tmp_path: Path) -> None:
+    target = tmp_path / f"{case}.py"
+    shutil.copy(FIXTURES / f"{case}.py", target)
+    amplint("--fix", "--no-cache", target.name, cwd=tmp_path)
+    libcst.parse_module(target.read_text())
+    report = amplint("--format", "json", "--no-cache", target.name, cwd=tmp_path)
+    assert '"fix": {' not in report.stdout.decode()
+
+
+def test_unfixable_cases_are_reported_and_left_byte_identical(tmp_path: Path) -> None:
+    target = tmp_path / "no_fix_cases.py"
+    shutil.copy(FIXTURES / "no_fix_cases.py", target)
+    result = amplint("--fix", "--no-cache", "--format", "concise", target.name, cwd=tmp_path)
+    assert target.read_bytes() == (FIXTURES / "no_fix_cases.py").read_bytes()
+    assert result.returncode == 1
+    codes = [line.split()[1] for line in result.stdout.decode().splitlines() if line.startswith("no_fix_cases.py")]
+    assert codes == ["AMP001", "AMP001", "AMP001", "AMP005"]
+
+
+def test_diff_prints_the_change_and_writes_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "rooted_calls.py"
+    shutil.copy(FIXTURES / "rooted_calls.py", target)
+    result = amplint("--diff", "--no-cache", target.name, cwd=tmp_path)
+    assert target.read_bytes() == (FIXTURES / "rooted_calls.py").read_bytes()
+    assert '+scaler = T.amp.GradScaler("cuda", 2.0**10, growth_interval=100)' in result.stdout.decode()
+
+
+def test_min_torch_withholds_replacements_that_do_not_exist_yet(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text('[tool.amplint]\nmin-torch = "2.2"\n')
+    target = tmp_path / "rooted_calls.py"
+    shutil.copy(FIXTURES / "rooted_calls.py", target)
+    amplint("--fix", "--no-cache", target.name, cwd=tmp_path)
+    fixed = target.read_text()
+    assert "T.cuda.amp.GradScaler(2.0**10" in fixed  # torch.amp.GradScaler needs 2.3
+    assert 'T.amp.autocast("cpu", dtype=T.bfloat16)' in fixed  # autocast's replacement is old enough
+    assert "T.get_autocast_cpu_dtype()" in fixed  # get_autocast_dtype needs 2.4
+
+
+def test_fix_keeps_bom_crlf_and_latin1_bytes_outside_the_edit(tmp_path: Path) -> None:
+    bom_crlf = b"\xef\xbb\xbfimport torch\r\n# caf\xc3\xa9\r\nwith torch.cuda.amp.autocast():\r\n    pass\r\n"
+    latin1 = b"# -*- coding: latin-1 -*-\nimport torch\n# caf\xe9\nctx = torch.cpu.amp.autocast(True)\n"
+    (tmp_path / "bom.py").write_bytes(bom_crlf)
+    (tmp_path / "latin.py").write_bytes(latin1)
+    amplint("--fix", "--no-cache", "bom.py", "latin.py", cwd=tmp_path)
+    assert (tmp_path / "bom.py").read_bytes() == bom_crlf.replace(
+        b"torch.cuda.amp.autocast()", b'torch.amp.autocast("cuda")'
+    )
+    assert (tmp_path / "latin.py").read_bytes() == latin1.replace(
+        b"torch.cpu.amp.autocast(True)", b'torch.amp.autocast("cpu", enabled=True)'
+    )
+
+
+def test_fix_keeps_file_permissions(tmp_path: Path) -> None:
+    target = tmp_path / "script.py"
+    target.write_text("import torch\nwith torch.cuda.amp.autocast():\n    pass\n")
+    target.chmod(0o754)
+    amplint("--fix", "--no-cache", target.name, cwd=tmp_path)
+    assert target.stat().st_mode & 0o777 == 0o754
+
+
+def test_fixed_cpu_autocast_still_runs_in_the_same_dtype(tmp_path: Path) -> None:
+    """The positional-argument trap: the fixed call must keep `enabled` and `dtype` where they were."""
+    pytest.importorskip("torch")
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import torch\n"
+        "with torch.cpu.amp.autocast(True, torch.bfloat16):\n"
+        "    inside = (torch.is_autocast_enabled('cpu'), torch.get_autocast_dtype('cpu'))\n"
+        "print(inside == (True, torch.bfloat16))\n"
+    )
+    amplint("--fix", "--no-cache", script.name, cwd=tmp_path)
+    assert "torch.amp.autocast" in script.read_text()
+    run = subprocess.run([sys.executable, "-W", "error::FutureWarning", str(script)], capture_output=True, timeout=120)
+    assert run.stdout.decode().strip() == "True", run.stderr.decode()
