@@ -462,7 +462,7 @@ def environment(device: torch.device) -> dict:
     if device.type == "cuda":
         gpu = torch.cuda.get_device_name(device)
         backend = "rocm" if getattr(torch.version, "hip", None) else "cuda"
-    return {"torch": torch.__version__, "python": platform.python_version(), "backend": backend, "gpu": gpu}
+    return {"torch": str(torch.__version__), "python": platform.python_version(), "backend": backend, "gpu": gpu}
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -28,7 +28,7 @@ def save_baseline(path: str, prepared: Prepared, baseline: Baseline) -> None:
         "version": VERSION,
         "spec": os.path.basename(prepared.spec.path),
         "device": prepared.spec.device,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # TorchVersion would not load with weights_only
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "weights_sha256": prepared.weights_sha256,
         "inputs_sha256": prepared.inputs_sha256,

@@ -1,0 +1,220 @@
+"""`amplint compare` end to end: the real CLI, its exit codes, stderr, the JSON contract and the text."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from amplint.cli import main
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures" / "compare"
+
+# A spec written for these tests only: one near tie, one float16 overflow, one visible difference.
+ACCEPTANCE_SPEC = """
+import torch
+CRITERIA = {"atol": 0.01, "rtol": 0.01, "max_decision_changes": 0, "near_tie_margin": 1e-3}
+TRIALS = ["bfloat16", "float16"]
+DEVICE = "cpu"
+def model():
+    scores = torch.nn.Linear(3, 3)
+    with torch.no_grad():
+        scores.weight.copy_(torch.eye(3))
+        scores.bias.zero_()
+    return scores
+def cases():
+    yield "ordinary", torch.tensor([0.5, 2.0, 0.25])
+    yield "near-tie", torch.tensor([1.0, 1.0003, 0.0])      # both formats round 1.0003 to 1.0
+    yield "overflow", torch.tensor([70000.0, 1.0, 2.0])     # > 65504: inf in float16, 70144 in bfloat16
+    yield "visible", torch.tensor([300.7, 10.0, 0.0])       # 300 in bfloat16: visible, far from any tie
+"""
+
+
+def amplint(*args: str, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "amplint", "compare", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
+
+
+def write(tmp_path: pathlib.Path, body: str, name: str = "spec.py") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def assert_one_error_line(result, expected_start: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(expected_start), lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def by_id(trial: dict, key: str, value=True) -> list[str]:
+    return [case["id"] for case in trial["cases"] if case[key] == value]
+
+
+@pytest.fixture(scope="module")
+def acceptance(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("acceptance")
+    spec = write(folder, ACCEPTANCE_SPEC)
+    result = amplint(spec, "--json", str(folder / "report.json"), "--warmup", "0", "--repeats", "1")
+    return result, json.loads((folder / "report.json").read_text())
+
+
+def test_acceptance_names_every_changed_nonfinite_and_out_of_tolerance_case(acceptance):
+    _, report = acceptance
+    bf16, fp16 = report["trials"]
+    assert (bf16["dtype"], fp16["dtype"]) == ("bfloat16", "float16")
+    assert by_id(bf16, "decision_changed") == ["near-tie"]
+    # inf * 0 inside the float16 matmul makes every score NaN: no decision is left, so it changed too.
+    assert by_id(fp16, "decision_changed") == ["near-tie", "overflow"]
+    assert next(case for case in fp16["cases"] if case["id"] == "overflow")["decision"] is None
+    assert by_id(bf16, "finite", False) == [] and by_id(fp16, "finite", False) == ["overflow"]
+    assert by_id(bf16, "within_tolerance", False) == [] and by_id(fp16, "within_tolerance", False) == ["overflow"]
+    assert by_id(bf16, "near_tie") == ["near-tie"]
+    visible = next(case for case in bf16["cases"] if case["id"] == "visible")
+    assert visible["max_abs_diff"] == pytest.approx(0.7, abs=1e-3) and not visible["decision_changed"]
+
+
+def test_acceptance_fails_the_trials_that_must_fail_and_times_neither(acceptance):
+    result, report = acceptance
+    bf16, fp16 = report["trials"]
+    assert result.returncode == 1, result.stderr
+    assert bf16["failed_criteria"] == ["decision_changes"]
+    assert fp16["failed_criteria"] == ["nonfinite_cases", "out_of_tolerance_cases", "decision_changes"]
+    assert not bf16["passed"] and not fp16["passed"]
+    assert all(t["timing"] is None and t["memory"] is None for t in report["trials"])
+    assert "Gains" not in result.stdout and result.stderr == ""
+
+
+def test_the_text_report_lists_problem_cases_first_with_their_effect(acceptance):
+    result, _ = acceptance
+    out = result.stdout
+    assert "criterion" in out and "reference (float32)" in out and "AMP trial (float16)" in out and "decision" in out
+    fp16_section = out[out.index("\nfloat16 autocast trial"):]
+    case_lines = [line for line in fp16_section.splitlines() if line.split("│")[0].strip() in ("near-tie", "overflow", "visible", "ordinary")]
+    assert [line.split("│")[0].strip() for line in case_lines] == ["near-tie", "overflow"]
+    assert "CHANGED" in case_lines[0] and "near tie" in case_lines[0]
+    assert "NO" in case_lines[1] and "OUTSIDE" in case_lines[1] and "CHANGED" in case_lines[1]
+    assert "2 other case(s)" in fp16_section
+
+
+def test_criteria_are_printed_before_any_trial_runs(acceptance):
+    result, report = acceptance
+    lines = result.stdout.splitlines()
+    criteria_line = next(i for i, line in enumerate(lines) if line.startswith("Criteria fixed before any trial"))
+    first_trial = next(i for i, line in enumerate(lines) if line.startswith("Trial "))
+    assert criteria_line < first_trial
+    assert "atol=0.01, rtol=0.01" in lines[criteria_line]
+    assert report["criteria"] == {
+        "atol": 0.01, "rtol": 0.01, "max_decision_changes": 0, "near_tie_margin": 0.001,
+        "min_quality": None, "max_out_of_tolerance_cases": 0,
+    }
+
+
+def test_json_report_follows_the_contract(acceptance):
+    _, report = acceptance
+    assert {"spec", "device", "criteria", "baseline", "trials"} <= set(report)
+    assert report["device"] == "cpu" and report["spec"].endswith("spec.py")
+    assert {"dtype", "finite", "quality", "cases"} <= set(report["baseline"])
+    assert set(report["baseline"]["cases"][0]) == {"id", "finite", "decision", "margin"}
+    for trial in report["trials"]:
+        assert {"dtype", "passed", "failed_criteria", "decision_changes", "nonfinite_cases",
+                "out_of_tolerance_cases", "quality", "cases", "timing", "memory"} <= set(trial)
+        for case in trial["cases"]:
+            assert {"id", "finite", "max_abs_diff", "within_tolerance", "decision", "decision_changed", "near_tie"} <= set(case)
+
+
+def test_a_passing_spec_exits_0_with_timing_and_memory(tmp_path):
+    result = amplint(str(FIXTURES / "visible_difference.py"), "--json", str(tmp_path / "r.json"), "--warmup", "1", "--repeats", "3")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    for trial in report["trials"]:
+        assert trial["passed"] and trial["timing"]["baseline_ms"] > 0 and trial["timing"]["trial_ms"] > 0
+        assert trial["memory"]["baseline_bytes"] > 0 and trial["memory"]["trial_bytes"] > 0
+    assert "All 2 trial(s) passed" in result.stdout and result.stderr == ""
+
+
+def test_a_bad_spec_is_one_line_on_stderr_and_exit_2(tmp_path):
+    spec = write(tmp_path, "import torch\nCRITERIA = {'atol': -0.1}\ndef model():\n    return torch.nn.Identity()\ndef cases():\n    return []\n")
+    result = amplint(spec, "--json", str(tmp_path / "r.json"))
+    assert_one_error_line(result, f"amplint compare: error: {spec}: CRITERIA['atol'] must be >= 0, got -0.1")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_spec_that_raises_is_reported_with_its_line_not_a_traceback(tmp_path):
+    spec = write(tmp_path, "import torch\n\ndef model():\n    return torch.load('missing-weights.pt')\n\ndef cases():\n    return [('a', torch.ones(1))]\n")
+    result = amplint(spec)
+    assert_one_error_line(result, f"amplint compare: error: {spec}: model(), line 4: FileNotFoundError:")
+
+
+def test_a_non_finite_baseline_exits_2_and_still_writes_the_baseline_report(tmp_path):
+    spec = write(tmp_path, """
+        import torch
+        def model():
+            return torch.nn.Linear(2, 2)
+        def cases():
+            return [("fine", torch.ones(2)), ("nan-input", torch.tensor([float("nan"), 0.0]))]
+    """)
+    result = amplint(spec, "--json", str(tmp_path / "r.json"))
+    assert_one_error_line(result, f"amplint compare: error: {spec}: the FP32 baseline is not finite on 1 case(s) ('nan-input')")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["baseline"]["finite"] is False and report["trials"] == []
+    assert "Criteria fixed before any trial" in result.stdout
+
+
+def test_save_baseline_then_compare_against_it(tmp_path):
+    spec = write(tmp_path, (FIXTURES / "overflow_fp16.py").read_text())
+    saved = amplint(spec, "--save-baseline", str(tmp_path / "base.pt"), "--no-gains", "--trials", "bfloat16")
+    assert saved.returncode == 0, saved.stderr
+    later = amplint(spec, "--baseline", str(tmp_path / "base.pt"), "--no-gains", "--json", str(tmp_path / "r.json"))
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert later.returncode == 1  # float16 still overflows against the stored reference
+    assert report["baseline"]["source"] == str(tmp_path / "base.pt")
+    assert by_id(report["trials"][1], "finite", False) == ["loud-0", "loud-1"]
+
+
+def test_a_stored_baseline_for_other_weights_is_refused(tmp_path):
+    spec = write(tmp_path, (FIXTURES / "overflow_fp16.py").read_text())
+    runner = CliRunner()
+    saved = runner.invoke(main, ["compare", spec, "--save-baseline", str(tmp_path / "base.pt"), "--no-gains", "--trials", "bfloat16"])
+    assert saved.exit_code == 0, saved.output
+    changed = write(tmp_path, (FIXTURES / "overflow_fp16.py").read_text().replace("manual_seed(7)", "manual_seed(8)"), "changed.py")
+    result = runner.invoke(main, ["compare", changed, "--baseline", str(tmp_path / "base.pt")])
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith(f"amplint compare: error: {changed}: baseline file")
+    assert "saved for other model weights" in result.stderr
+
+
+def test_json_to_stdout_holds_only_the_json(tmp_path):
+    result = CliRunner().invoke(main, ["compare", str(FIXTURES / "regressor_extremes.py"), "--json", "-", "--no-gains"])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert [t["passed"] for t in report["trials"]] == [False, True]
+
+
+def test_usage_errors_are_one_line_and_exit_2():
+    result = CliRunner().invoke(main, ["compare", "spec.py", "--repeats", "0"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("amplint compare: error: Invalid value for '--repeats'")
+
+
+def test_unknown_trial_on_the_command_line_is_a_spec_error():
+    result = CliRunner().invoke(main, ["compare", str(FIXTURES / "visible_difference.py"), "--trials", "float8"])
+    assert result.exit_code == 2
+    assert "TRIALS: unknown dtype 'float8'" in result.stderr
+
+
+def test_all_cases_lists_unremarkable_cases_too():
+    runner = CliRunner()
+    args = ["compare", str(FIXTURES / "classifier_near_tie.py"), "--no-gains", "--trials", "float16"]
+    assert "clear-0" not in runner.invoke(main, args).stdout
+    assert "clear-0" in runner.invoke(main, [*args, "--all-cases"]).stdout
