@@ -218,3 +218,20 @@ def test_all_cases_lists_unremarkable_cases_too():
     args = ["compare", str(FIXTURES / "classifier_near_tie.py"), "--no-gains", "--trials", "float16"]
     assert "clear-0" not in runner.invoke(main, args).stdout
     assert "clear-0" in runner.invoke(main, [*args, "--all-cases"]).stdout
+
+
+def test_threads_option_sets_and_records_the_cpu_thread_count(tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        result = CliRunner().invoke(
+            main,
+            ["compare", str(FIXTURES / "visible_difference.py"), "--threads", "1", "--trials", "float16",
+             "--warmup", "0", "--repeats", "1", "--json", str(tmp_path / "r.json")],
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["trials"][0]["timing"]["cpu_threads"] == 1
+    assert "1 CPU thread)" in result.stdout

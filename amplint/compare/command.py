@@ -33,6 +33,7 @@ class _OneLineErrors(click.Command):
 @click.option("--no-gains", is_flag=True, help="Skip the time and memory measurement of passing trials.")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed passes before timing.")
 @click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True, help="Timed passes per variant (the median is reported).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU intra-op threads (torch.set_num_threads) for the whole run; default: torch's choice.")
 @click.option("--all-cases", is_flag=True, help="List every case, not only the changed, non-finite, out-of-tolerance and near-tie ones.")
 def compare_command(spec_path: str, **options) -> None:
     """Compare an FP32 baseline with AMP trials on the fixed dataset that SPEC defines.
@@ -54,6 +55,7 @@ def run_compare_command(
     warmup: int = 3,
     repeats: int = 10,
     all_cases: bool = False,
+    threads: int | None = None,
 ) -> int:
     # The JSON on stdout must stay parseable, so `--json -` sends the human report to stderr.
     stream = sys.stderr if json_path == "-" else sys.stdout
@@ -62,7 +64,10 @@ def run_compare_command(
         with warnings.catch_warnings():
             # A torch built without numpy warns on import; that is not the user's concern here.
             warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
-            import torch  # noqa: F401
+            import torch
+
+        if threads is not None:
+            torch.set_num_threads(threads)
 
         from amplint.compare import report as reporting
         from amplint.compare import run, spec as specs, store

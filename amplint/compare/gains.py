@@ -63,6 +63,9 @@ def measure(prepared: Prepared, dtype: str, *, warmup: int = 3, repeats: int = 1
             "warmup": warmup,
             "repeats": repeats,
             "statistic": "median ms per pass over all cases",
+            # CPU timings depend on the intra-op thread count (and suffer when those threads compete
+            # with other processes for cores), so the count is part of the measurement.
+            "cpu_threads": torch.get_num_threads() if prepared.device.type == "cpu" else None,
         }
     memory_report = None
     if memory["baseline"] is not None and memory["trial"] is not None:

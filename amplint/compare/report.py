@@ -216,7 +216,9 @@ def _speedup(timing: dict) -> str:
         return ""
     # Reported as measured: on CPUs without native bfloat16/float16 matmul AMP is often slower.
     word = "faster" if speedup >= 1 else "slower"
-    return f"{speedup:.2f}x: {word} ({timing['repeats']} timed passes)"
+    count = timing.get("cpu_threads")
+    threads = f", {count} CPU thread{'s' if count != 1 else ''}" if count else ""
+    return f"{speedup:.3g}x: {word} ({timing['repeats']} timed passes{threads})"
 
 
 def _fail(reason: str) -> Text:
