@@ -8,6 +8,7 @@ files without AMP code stay fast.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -51,6 +52,27 @@ class _DefaultToCheck(click.Group):
         return super().parse_args(ctx, args)
 
 
+class _OneLineErrors(click.Command):
+    """Usage mistakes (an unknown option, a bad --format) get one line on stderr and exit 2."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            message = " ".join(exc.format_message().split())
+            click.echo(f"amplint: error: {message} (see `amplint check --help`)", err=True)
+            ctx.exit(EXIT_ERROR)
+
+
+def _internal_error(exc: BaseException) -> int:
+    """An unexpected exception is a bug: one line and exit 2 (AMPLINT_DEBUG=1 shows the traceback)."""
+    if os.environ.get("AMPLINT_DEBUG"):
+        raise exc
+    detail = " ".join(str(exc).split())
+    print(f"amplint: internal error: {type(exc).__name__}{': ' + detail if detail else ''}", file=sys.stderr)
+    return EXIT_ERROR
+
+
 @click.group(cls=_DefaultToCheck, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="amplint")
 def main() -> None:
@@ -60,7 +82,7 @@ def main() -> None:
     """
 
 
-@main.command("check")
+@main.command("check", cls=_OneLineErrors)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=str))
 @click.option("--select", help="Comma-separated rule codes or prefixes to enable (replaces the default set).")
 @click.option("--ignore", help="Comma-separated rule codes or prefixes to disable.")
@@ -88,7 +110,18 @@ def check_command(paths: tuple[str, ...], **options) -> None:
     """Check PATHS (files or directories; `-` reads standard input) for AMP mistakes."""
     from amplint.static.command import run_check_command
 
-    sys.exit(run_check_command(paths, **options))
+    try:
+        status = run_check_command(paths, **options)
+    except BrokenPipeError:
+        # `amplint src | head`: the reader left; stop quietly, as other command-line tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        status = EXIT_FINDINGS
+    except KeyboardInterrupt:
+        status = 130
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: never a traceback
+        status = _internal_error(exc)
+    sys.exit(status)
 
 
 @main.command("rule")

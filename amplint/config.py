@@ -1,4 +1,12 @@
-"""`[tool.amplint]` discovery and validation, and rule selection."""
+"""`[tool.amplint]` discovery and validation, and rule selection.
+
+Selection follows ruff: the configuration is one layer (`select`, `extend-select`, `ignore`) and
+the command-line flags another on top of it. Within a layer the most specific selector decides
+(`AMP003` beats `AMP00` beats `AMP`) and on a tie `ignore` wins. A layer with `select` starts
+afresh; a layer without it only changes the rules its selectors name. AMP000 (a file that cannot
+be parsed) is reported whatever `select` says, unless an `ignore` names it: a linter that silently
+passes a file it could not read would let a broken file through CI.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +18,27 @@ from pathlib import Path
 KNOWN_KEYS = {"select", "ignore", "extend-select", "per-file-ignores", "exclude", "extend-exclude", "min-torch", "respect-gitignore"}
 _CODE = re.compile(r"^AMP\d{0,3}$")
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
+PARSE_ERROR = "AMP000"
+
+# One layer of rule selection: (select or None, extend-select, ignore).
+Layer = tuple[tuple[str, ...] | None, tuple[str, ...], tuple[str, ...]]
 
 
 class ConfigError(Exception):
     """A configuration problem, worded for the user: names the file and the key."""
+
+
+def _specificity(prefixes, code: str) -> int:
+    return max((len(p) for p in prefixes if code.startswith(p)), default=-1)
+
+
+def _decide(layer: Layer, code: str, previous: bool) -> bool:
+    select, extend, ignore = layer
+    chosen = _specificity((*(select or ()), *extend), code)
+    ignored = _specificity(ignore, code)
+    if select is None and chosen < 0 and ignored < 0:
+        return previous  # this layer says nothing about the rule
+    return chosen > ignored
 
 
 @dataclass(frozen=True)
@@ -27,41 +52,74 @@ class Settings:
     respect_gitignore: bool = True
     root: Path = field(default_factory=Path.cwd)  # patterns are relative to this folder
     source: Path | None = None  # the file the settings came from
+    overrides: tuple[Layer, ...] = ()  # command-line layers, applied after the file's
 
     def is_enabled(self, code: str) -> bool:
         """The most specific matching prefix decides; on a tie `ignore` wins (as in ruff)."""
-        chosen = max((len(p) for p in (*self.select, *self.extend_select) if code.startswith(p)), default=-1)
-        ignored = max((len(p) for p in self.ignore if code.startswith(p)), default=-1)
-        return chosen >= 0 and chosen > ignored
+        layers = ((self.select, self.extend_select, self.ignore), *self.overrides)
+        enabled = False
+        for layer in layers:
+            enabled = _decide(layer, code, enabled)
+        if code == PARSE_ERROR and not enabled:
+            return not any(_specificity(layer[2], code) >= 0 for layer in layers)
+        return enabled
 
     def enabled_codes(self, all_codes: list[str]) -> frozenset[str]:
         return frozenset(code for code in all_codes if self.is_enabled(code))
 
+    def ignored_for(self, path: str | Path) -> tuple[str, ...]:
+        """The code prefixes `per-file-ignores` switches off for one file (as reported)."""
+        if not self.per_file_ignores:
+            return ()
+        import pathspec
+
+        candidate = Path(path)
+        try:
+            relative = candidate.resolve().relative_to(self.root.resolve()).as_posix()
+        except (ValueError, OSError):
+            relative = candidate.as_posix()
+        ignored: list[str] = []
+        for pattern, codes in self.per_file_ignores:
+            if pathspec.GitIgnoreSpec.from_lines([pattern]).match_file(relative):
+                ignored.extend(codes)
+        return tuple(ignored)
+
+    def codes_for(self, path: str | Path, all_codes: list[str]) -> frozenset[str]:
+        """The rules to run on one file: the enabled ones less its per-file ignores."""
+        ignored = self.ignored_for(path)
+        return frozenset(c for c in self.enabled_codes(all_codes) if not any(c.startswith(p) for p in ignored))
+
     def fingerprint(self) -> str:
         """What changes results: part of every cache key."""
-        return repr((self.select, self.ignore, self.extend_select, self.per_file_ignores, self.min_torch))
+        return repr((self.select, self.ignore, self.extend_select, self.overrides, self.per_file_ignores, self.min_torch))
+
+
+def known_codes() -> list[str]:
+    from amplint.catalogue import catalogue
+
+    return sorted(catalogue())
+
+
+def _check_code(code: str, where: str) -> str:
+    if not _CODE.match(code):
+        raise ConfigError(f"{where} has {code!r}, which is not a rule code or prefix (AMP, AMP00, AMP003)")
+    if not any(known.startswith(code) for known in known_codes()):
+        raise ConfigError(f"{where} has {code!r}, which matches no rule (run `amplint rule` for the list)")
+    return code
 
 
 def _codes(value, key: str, source: Path) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{source}: `{key}` must be a list of rule codes such as [\"AMP003\"]")
-    codes = tuple(v.strip().upper() for v in value)
-    for code in codes:
-        if not _CODE.match(code):
-            raise ConfigError(f"{source}: `{key}` has {code!r}, which is not a rule code or prefix (AMP, AMP00, AMP003)")
-    return codes
+        raise ConfigError(f"{source}: `{key}` must be a list of rule codes such as [\"AMP003\"], not {value!r}")
+    return tuple(_check_code(v.strip().upper(), f"{source}: `{key}`") for v in value)
 
 
 def parse_codes_option(value: str | None, option: str) -> tuple[str, ...] | None:
     if value is None:
         return None
-    codes = tuple(c.strip().upper() for c in value.split(",") if c.strip())
-    for code in codes:
-        if not _CODE.match(code):
-            raise ConfigError(f"{option}: {code!r} is not a rule code or prefix (AMP, AMP00, AMP003)")
-    return codes
+    return tuple(_check_code(c.strip().upper(), option) for c in value.split(",") if c.strip())
 
 
 def settings_from_table(table: dict, source: Path) -> Settings:
@@ -79,7 +137,7 @@ def settings_from_table(table: dict, source: Path) -> Settings:
     if "per-file-ignores" in table:
         value = table["per-file-ignores"]
         if not isinstance(value, dict):
-            raise ConfigError(f"{source}: `per-file-ignores` must be a table of glob = [codes]")
+            raise ConfigError(f"{source}: `per-file-ignores` must be a table of glob = [codes], not {value!r}")
         updates["per_file_ignores"] = tuple(
             (str(pattern), _codes(codes, f"per-file-ignores.{pattern}", source)) for pattern, codes in value.items()
         )
@@ -87,18 +145,20 @@ def settings_from_table(table: dict, source: Path) -> Settings:
     for key in ("exclude", "extend-exclude"):
         if key in table:
             value = table[key]
+            if isinstance(value, str):
+                value = [value]
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ConfigError(f"{source}: `{key}` must be a list of glob patterns")
+                raise ConfigError(f"{source}: `{key}` must be a list of glob patterns, not {value!r}")
             excludes.extend(value)
     updates["exclude"] = tuple(excludes)
     if "min-torch" in table:
         value = table["min-torch"]
-        if not isinstance(value, str) or not _VERSION.match(value):
+        if not isinstance(value, str) or not _VERSION.match(value.strip()):
             raise ConfigError(f"{source}: `min-torch` must be a version string such as \"2.3\", not {value!r}")
-        updates["min_torch"] = tuple(int(part) for part in value.split("."))
+        updates["min_torch"] = tuple(int(part) for part in value.strip().split("."))
     if "respect-gitignore" in table:
         if not isinstance(table["respect-gitignore"], bool):
-            raise ConfigError(f"{source}: `respect-gitignore` must be true or false")
+            raise ConfigError(f"{source}: `respect-gitignore` must be true or false, not {table['respect-gitignore']!r}")
         updates["respect_gitignore"] = table["respect-gitignore"]
     return replace(settings, **updates)
 
@@ -111,18 +171,25 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: not UTF-8 ({exc.reason})") from None
+
+
+def _amplint_table(data: dict, path: Path, top_level: bool) -> dict | None:
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        tool = {}
+    table = tool.get("amplint", data if top_level else None)
+    if table is not None and not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.amplint] must be a table")
+    return table
 
 
 def load_config_file(path: Path) -> Settings:
     """`--config FILE`: a pyproject.toml (its [tool.amplint]) or an amplint.toml (top level)."""
     data = _read_toml(path)
-    if path.name == "pyproject.toml":
-        table = data.get("tool", {}).get("amplint", {})
-    else:
-        table = data.get("tool", {}).get("amplint", data)
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: [tool.amplint] must be a table")
-    return settings_from_table(table, path.resolve())
+    table = _amplint_table(data, path, top_level=path.name != "pyproject.toml")
+    return settings_from_table(table or {}, path.resolve())
 
 
 def discover(start: Path) -> Settings:
@@ -132,11 +199,8 @@ def discover(start: Path) -> Settings:
     for candidate in (folder, *folder.parents):
         pyproject = candidate / "pyproject.toml"
         if pyproject.is_file():
-            data = _read_toml(pyproject)
-            table = data.get("tool", {}).get("amplint")
+            table = _amplint_table(_read_toml(pyproject), pyproject, top_level=False)
             if table is not None:
-                if not isinstance(table, dict):
-                    raise ConfigError(f"{pyproject}: [tool.amplint] must be a table")
                 return settings_from_table(table, pyproject.resolve())
     return Settings(root=Path.cwd())
 
@@ -147,13 +211,9 @@ def with_overrides(
     ignore: tuple[str, ...] | None,
     extend_select: tuple[str, ...] | None,
 ) -> Settings:
-    """Command-line flags win over the file: --select replaces, --ignore and --extend-select add."""
-    updates: dict = {}
-    if select is not None:
-        updates["select"] = select
-        updates["extend_select"] = ()
-    if ignore is not None:
-        updates["ignore"] = (*settings.ignore, *ignore)
-    if extend_select is not None:
-        updates["extend_select"] = (*updates.get("extend_select", settings.extend_select), *extend_select)
-    return replace(settings, **updates)
+    """Command-line flags win over the file: --select starts afresh, --ignore and --extend-select
+    change only the rules they name."""
+    if select is None and ignore is None and extend_select is None:
+        return settings
+    layer: Layer = (select, extend_select or (), ignore or ())
+    return replace(settings, overrides=(*settings.overrides, layer))

@@ -5,21 +5,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import TextIO
+from urllib.parse import quote
 
 from amplint import __version__
 from amplint.catalogue import catalogue, doc_section
 from amplint.model import Finding, Severity
 
-_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 _LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 _HOME = "https://github.com/amplint/amplint"
 
 
 def _uri(path: str) -> str:
+    """A relative path stays relative (GitHub resolves it against the repository root); both kinds
+    are percent-encoded, so spaces and `#` in file names make valid URI references."""
     candidate = Path(path)
     if candidate.is_absolute():
         return candidate.as_uri()
-    return candidate.as_posix()
+    return quote(candidate.as_posix(), safe="/")
 
 
 def render(findings: list[Finding], out: TextIO, context: dict) -> None:
@@ -89,6 +92,12 @@ def render(findings: list[Finding], out: TextIO, context: dict) -> None:
                 }
             ]
         results.append(result)
-    log = {"$schema": _SCHEMA, "version": "2.1.0", "runs": [{"tool": {"driver": driver}, "results": results}]}
+    run = {
+        "tool": {"driver": driver},
+        # Columns count characters (code points), as libcst's positions do.
+        "columnKind": "unicodeCodePoints",
+        "results": results,
+    }
+    log = {"$schema": _SCHEMA, "version": "2.1.0", "runs": [run]}
     json.dump(log, out, indent=2)
     out.write("\n")

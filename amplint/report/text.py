@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
 from amplint.model import Finding, Severity
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "bold blue"}
+
+
+def wants_color(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
+    """Colour only on a terminal; NO_COLOR (https://no-color.org) turns it off, FORCE_COLOR on."""
+    environ = os.environ if environ is None else environ
+    if environ.get("NO_COLOR"):
+        return False
+    if environ.get("FORCE_COLOR"):
+        return True
+    if environ.get("TERM") == "dumb":
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or unusual stream
+        return False
 
 
 def _source_line(path: str, line: int, cache: dict[str, list[str]]) -> str | None:
@@ -21,20 +38,35 @@ def _source_line(path: str, line: int, cache: dict[str, list[str]]) -> str | Non
 
 
 def render(findings: list[Finding], out: TextIO, context: dict) -> None:
+    """`context["color"]`: True/False; when absent, decided by `wants_color(out)`."""
     if not findings:
         return
     from rich.console import Console
     from rich.markup import escape
 
-    console = Console(file=out, highlight=False, soft_wrap=True, force_terminal=context.get("color"), no_color=not context.get("color", out.isatty()))
-    sources: dict[str, list[str]] = context.get("sources_text", {})
+    color = context.get("color")
+    if color is None:
+        color = wants_color(out)
+    console = Console(
+        file=out,
+        force_terminal=color,
+        no_color=not color,
+        color_system="auto" if color else None,
+        highlight=False,
+        emoji=False,
+        soft_wrap=True,
+    )
+    sources: dict[str, list[str]] = dict(context.get("sources_text") or {})
     for f in findings:
         fixable = " [cyan]\\[*][/]" if f.fix is not None else ""
         console.print(f"[bold]{escape(f.path)}[/]:{f.line}:{f.column}: [{_STYLE[f.severity]}]{f.code}[/]{fixable} {escape(f.message)}")
         text = _source_line(f.path, f.line, sources) if f.code != "AMP000" else None
         if text is not None:
             gutter = str(f.line)
+            prefix = text[: f.column - 1]
             width = (f.end_column - f.column) if f.end_line == f.line else len(text) - f.column + 1
+            # Tabs before the finding keep their width, so the carets stay under the code.
+            pad = "".join(ch if ch == "\t" else " " for ch in prefix)
             console.print(f"[blue]{gutter} |[/] {escape(text)}")
-            console.print(f"[blue]{' ' * len(gutter)} |[/] {' ' * (f.column - 1)}[{_STYLE[f.severity]}]{'^' * max(1, width)}[/]")
+            console.print(f"[blue]{' ' * len(gutter)} |[/] {pad}[{_STYLE[f.severity]}]{'^' * max(1, width)}[/]")
         console.print()

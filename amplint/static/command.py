@@ -1,4 +1,9 @@
-"""`amplint check`: options in, exit status out. The click layer in cli.py only forwards here."""
+"""`amplint check`: options in, exit status out. The click layer in cli.py only forwards here.
+
+The steps: resolve the settings (file, then flags), collect findings (files or stdin), apply or
+preview fixes, render the report, choose the exit status. Exit 0 clean, 1 findings, 2 usage error,
+bad configuration, unreadable path, unwritable output or internal error.
+"""
 
 from __future__ import annotations
 
@@ -6,43 +11,70 @@ import difflib
 import io
 import sys
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
-from amplint.config import ConfigError, discover, load_config_file, parse_codes_option, with_overrides
-from amplint.model import Finding
+from amplint.config import ConfigError, Settings, discover, load_config_file, parse_codes_option, with_overrides
+from amplint.model import Applicability, Finding
 from amplint.report import renderer
-from amplint.static.runner import RunResult, check_paths, check_stdin
+from amplint.static.runner import RunResult, all_codes, check_paths, check_stdin
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+STDIN = "-"
 
 
 def _error(message: str) -> None:
     print(f"amplint: error: {message}", file=sys.stderr)
 
 
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def resolve_settings(paths: tuple[str, ...], config_file: str | None, select: str | None, ignore: str | None,
+                     extend_select: str | None, stdin_filename: str | None = None) -> Settings:
+    """The configuration file (given, or the nearest pyproject.toml with [tool.amplint] above the
+    first path), then the command-line selection on top. Raises ConfigError."""
+    selected = parse_codes_option(select, "--select")
+    ignored = parse_codes_option(ignore, "--ignore")
+    extended = parse_codes_option(extend_select, "--extend-select")
+    if config_file:
+        settings = load_config_file(Path(config_file))
+    else:
+        named = [stdin_filename if p == STDIN else p for p in paths]
+        first = next((p for p in named if p), ".")
+        start = Path(first)
+        while not start.exists() and start != start.parent:  # a stdin name need not exist
+            start = start.parent
+        settings = discover(start if start.exists() else Path.cwd())
+    return with_overrides(settings, selected, ignored, extended)
+
+
+@dataclass
+class _Outcome:
+    findings: list[Finding]
+    errors: list[str] = field(default_factory=list)
+    fixed: int = 0
+
+
 def run_check_command(paths: tuple[str, ...], **o) -> int:
+    o.setdefault("force_exclude", False)
+    if o["stdin_filename"] and not paths:
+        paths = (STDIN,)  # as ruff: a --stdin-filename alone means "read standard input"
+    if STDIN in paths and len(paths) > 1:
+        _error("`-` (standard input) cannot be combined with other paths")
+        return EXIT_ERROR
     try:
-        select = parse_codes_option(o["select"], "--select")
-        ignore = parse_codes_option(o["ignore"], "--ignore")
-        extend = parse_codes_option(o["extend_select"], "--extend-select")
-        if o["config_file"]:
-            settings = load_config_file(Path(o["config_file"]))
-        else:
-            first = next((p for p in paths if p != "-"), ".")
-            settings = discover(Path(first) if Path(first).exists() else Path.cwd())
-        settings = with_overrides(settings, select, ignore, extend)
+        settings = resolve_settings(paths, o["config_file"], o["select"], o["ignore"], o["extend_select"], o["stdin_filename"])
     except ConfigError as exc:
         _error(str(exc))
         return EXIT_ERROR
-
     output_format = o["output_format"] or "text"
-    fixing = o["fix"] or o["diff"]
-    if paths == ("-",) or "-" in paths:
-        if len(paths) > 1:
-            _error("`-` (standard input) cannot be combined with other paths")
-            return EXIT_ERROR
+    if paths == (STDIN,):
         return _check_stdin(settings, o, output_format)
 
+    fixing = o["fix"] or o["diff"]
     result = check_paths(
         list(paths or (".",)),
         settings,
@@ -52,104 +84,191 @@ def run_check_command(paths: tuple[str, ...], **o) -> int:
     )
     for message in result.errors:
         _error(message)
+    outcome = _Outcome(result.findings, list(result.errors))
     if fixing:
-        result.findings = _fix_files(result, settings, o)
-    _report(result.findings, result, o, output_format)
-    if result.errors:
+        outcome = _fix_files(result, settings, o)
+    if not _report(outcome, result.files_checked, o, output_format):
         return EXIT_ERROR
-    return EXIT_FINDINGS if result.findings and not o["exit_zero"] else EXIT_CLEAN
+    if result.errors or outcome.errors:
+        return EXIT_ERROR
+    return EXIT_FINDINGS if outcome.findings and not o["exit_zero"] else EXIT_CLEAN
 
 
-def _check_stdin(settings, o, output_format: str) -> int:
-    display = o["stdin_filename"] or "-"
+def _wanted(finding: Finding, unsafe: bool) -> bool:
+    return finding.fix is not None and (unsafe or finding.fix.applicability is Applicability.SAFE)
+
+
+def _excluded_stdin(settings: Settings, name: str | None) -> bool:
+    if not name:
+        return False
+    from amplint.static.discovery import Excluder
+
+    return Excluder(settings.exclude, settings.root).excludes(Path(name))
+
+
+def _check_stdin(settings: Settings, o, output_format: str) -> int:
+    """Editors pipe the buffer in: `amplint - --stdin-filename path.py [--fix]`."""
+    display = o["stdin_filename"] or STDIN
     source = sys.stdin.buffer.read()
+    fixing = o["fix"] or o["diff"]
+    if o["force_exclude"] and _excluded_stdin(settings, o["stdin_filename"]):
+        if o["fix"] and not o["diff"]:
+            _write_stdout_bytes(source)  # an excluded file comes back unchanged
+        return EXIT_CLEAN
     result = check_stdin(source, display, settings)
-    context_sources = {display: source.decode("utf-8", errors="replace").splitlines()}
-    if o["fix"] or o["diff"]:
+    findings = result.findings
+    if fixing:
         from amplint.static.fixes import fix_source
 
-        fixed = fix_source(source, display, settings.enabled_codes(_codes()), o["unsafe_fixes"], settings.min_torch)
+        fixed = fix_source(source, display, settings.codes_for(display, all_codes()), o["unsafe_fixes"], settings.min_torch)
         if o["diff"]:
             sys.stdout.write(_unified_diff(display, source, fixed.source))
-        else:
-            sys.stdout.buffer.write(fixed.source)
             sys.stdout.flush()
-        remaining = [f for f in fixed.remaining if f.fix is None or not o["fix"]]
-        for finding in remaining:
-            print(f"{finding.path}:{finding.line}:{finding.column}: {finding.code} {finding.message}", file=sys.stderr)
+            if not o["quiet"] and fixed.applied:
+                print(f"Would fix {_plural(_fixed_count(findings, fixed), 'finding')}.", file=sys.stderr)
+            # Nothing was written, so every finding is still there.
+            return EXIT_FINDINGS if findings and not o["exit_zero"] else EXIT_CLEAN
+        _write_stdout_bytes(fixed.source)
+        # stdout holds the fixed source only; what is left goes to stderr.
+        remaining = fixed.remaining
+        text = fixed.source.decode("utf-8", errors="replace").splitlines()
+        _render(remaining, sys.stderr, o, output_format, {display: text}, to_terminal=sys.stderr)
         return EXIT_FINDINGS if remaining and not o["exit_zero"] else EXIT_CLEAN
-    _report(result.findings, result, o, output_format, context_sources)
-    return EXIT_FINDINGS if result.findings and not o["exit_zero"] else EXIT_CLEAN
+    text = _decoded(source).splitlines()
+    outcome = _Outcome(findings)
+    if not _report(outcome, 1, o, output_format, {display: text}):
+        return EXIT_ERROR
+    return EXIT_FINDINGS if findings and not o["exit_zero"] else EXIT_CLEAN
 
 
-def _codes() -> list[str]:
-    from amplint.static.runner import all_codes
+def _write_stdout_bytes(data: bytes) -> None:
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
 
-    return all_codes()
+
+def _decoded(source: bytes) -> str:
+    from amplint.static.source import SourceError, decode_source
+
+    try:
+        return decode_source(source)[0]
+    except SourceError:
+        return source.decode("utf-8", errors="replace")
 
 
-def _fix_files(result: RunResult, settings, o) -> list[Finding]:
-    """Fix (or diff) every file with a fixable finding; returns the findings left afterwards."""
+def _fix_files(result: RunResult, settings: Settings, o) -> _Outcome:
+    """Fix (or diff) every file with a wanted fix; the findings left afterwards.
+
+    With --diff nothing is written, so every finding is still there afterwards."""
     from amplint.static.fixes import fix_source, write_atomically
 
     unsafe = o["unsafe_fixes"]
-    codes = settings.enabled_codes(_codes())
+    codes = all_codes()
     by_file: dict[str, list[Finding]] = {}
     for finding in result.findings:
         by_file.setdefault(finding.path, []).append(finding)
-    remaining: list[Finding] = []
-    fixed_count = 0
+    outcome = _Outcome([])
     for display, findings in by_file.items():
-        if not any(f.fix is not None for f in findings):
-            remaining.extend(findings)
+        source_file = result.sources.get(display)
+        if source_file is None or not any(_wanted(f, unsafe) for f in findings):
+            outcome.findings.extend(findings)
             continue
-        path = result.sources[display].path
-        original = path.read_bytes()
-        fixed = fix_source(original, display, codes, unsafe, settings.min_torch)
-        kept = {(f.code, f.line, f.column) for f in fixed.remaining}
-        if fixed.applied and fixed.source != original:
-            if o["diff"]:
-                sys.stdout.write(_unified_diff(display, original, fixed.source))
-            else:
-                write_atomically(path, fixed.source)
-            fixed_count += fixed.applied
-        remaining.extend(fixed.remaining if not o["diff"] else findings)
-        del kept
-    if not o["quiet"] and not o["diff"] and fixed_count:
-        print(f"Fixed {fixed_count} finding{'s' if fixed_count != 1 else ''}.", file=sys.stderr)
-    return sorted(remaining, key=Finding.sort_key)
+        try:
+            original = source_file.path.read_bytes()
+        except OSError as exc:
+            outcome.errors.append(f"{display}: cannot read: {exc.strerror or exc}")
+            outcome.findings.extend(findings)
+            continue
+        fixed = fix_source(original, display, settings.codes_for(display, codes), unsafe, settings.min_torch)
+        if not fixed.applied or fixed.source == original:
+            outcome.findings.extend(findings)
+            continue
+        if o["diff"]:
+            sys.stdout.write(_unified_diff(display, original, fixed.source))
+            outcome.findings.extend(findings)
+        else:
+            try:
+                write_atomically(source_file.path, fixed.source)
+            except OSError as exc:
+                outcome.errors.append(f"{display}: cannot write: {exc.strerror or exc}")
+                outcome.findings.extend(findings)
+                continue
+            outcome.findings.extend(fixed.remaining)
+        outcome.fixed += _fixed_count(findings, fixed)
+    for message in outcome.errors:
+        _error(message)
+    if not o["quiet"] and outcome.fixed:
+        verb = "Would fix" if o["diff"] else "Fixed"
+        print(f"{verb} {_plural(outcome.fixed, 'finding')}.", file=sys.stderr)
+    outcome.findings.sort(key=Finding.sort_key)
+    return outcome
+
+
+def _fixed_count(before: list[Finding], fixed) -> int:
+    """Findings a fix removed: one fix can carry others (an import's rewrite carries its uses)."""
+    removed = len(before) - len(fixed.remaining)
+    return removed if removed > 0 else fixed.applied
 
 
 def _unified_diff(display: str, before: bytes, after: bytes) -> str:
-    old = before.decode("utf-8", errors="replace").splitlines(keepends=True)
-    new = after.decode("utf-8", errors="replace").splitlines(keepends=True)
-    return "".join(difflib.unified_diff(old, new, fromfile=f"a/{display}", tofile=f"b/{display}"))
+    old = _decoded(before).splitlines(keepends=True)
+    new = _decoded(after).splitlines(keepends=True)
+    lines = []
+    for line in difflib.unified_diff(old, new, fromfile=f"a/{display}", tofile=f"b/{display}"):
+        if not line.endswith("\n"):
+            line += "\n\\ No newline at end of file\n"
+        lines.append(line)
+    return "".join(lines)
 
 
-def _report(findings: list[Finding], result: RunResult, o, output_format: str, sources=None) -> None:
-    if o["diff"]:
-        return
-    output_file = o["output_file"]
-    out = io.StringIO() if output_file else sys.stdout
-    context = {"color": None if output_file is None and sys.stdout.isatty() else False, "sources_text": sources or {}}
+def _render(findings: list[Finding], out: TextIO, o, output_format: str, sources=None, to_terminal: TextIO | None = None) -> None:
+    from amplint.report.text import wants_color
+
+    color = wants_color(to_terminal) if to_terminal is not None else False
+    context = {"color": color, "sources_text": sources or {}}
     if o["statistics"]:
         _statistics(findings, out, output_format)
     else:
         renderer(output_format)(findings, out, context)
+
+
+def _report(outcome: _Outcome, files_checked: int, o, output_format: str, sources=None) -> bool:
+    """Render the findings (to stdout or --output-file) and the summary; False if unwritable."""
+    if o["diff"]:
+        return True
+    output_file = o["output_file"]
+    findings = outcome.findings
     if output_file:
+        buffer = io.StringIO()
+        _render(findings, buffer, o, output_format, sources)
         try:
-            Path(output_file).write_text(out.getvalue(), encoding="utf-8")
+            Path(output_file).write_text(buffer.getvalue(), encoding="utf-8")
         except OSError as exc:
             _error(f"{output_file}: cannot write: {exc.strerror or exc}")
-    if not o["quiet"] and output_format in ("text", "concise") and not result.errors:
-        summary = sys.stdout if output_file is None else sys.stderr
-        if findings:
-            fixable = sum(1 for f in findings if f.fix is not None)
-            files = len({f.path for f in findings})
-            hint = f" ({fixable} fixable with `amplint --fix`)" if fixable else ""
-            print(f"Found {len(findings)} finding{'s' if len(findings) != 1 else ''} in {files} file{'s' if files != 1 else ''}{hint}.", file=summary)
-        else:
-            print(f"All checks passed ({result.files_checked} file{'s' if result.files_checked != 1 else ''} checked).", file=summary)
+            return False
+    else:
+        _render(findings, sys.stdout, o, output_format, sources, to_terminal=sys.stdout)
+    if not o["quiet"] and (output_format in ("text", "concise") or o["statistics"]) and not outcome.errors:
+        # The summary never mixes into machine-readable output on stdout.
+        machine = output_format not in ("text", "concise")
+        summary = sys.stderr if output_file or machine else sys.stdout
+        print(summary_line(findings, files_checked, o["unsafe_fixes"]), file=summary)
+    return True
+
+
+def summary_line(findings: list[Finding], files_checked: int, unsafe: bool = False) -> str:
+    if not findings:
+        return f"All checks passed ({_plural(files_checked, 'file')} checked)."
+    files = len({f.path for f in findings})
+    safe = sum(1 for f in findings if _wanted(f, False))
+    only_unsafe = sum(1 for f in findings if f.fix is not None) - safe
+    hints = []
+    if safe or (only_unsafe and unsafe):
+        hints.append(f"{safe + (only_unsafe if unsafe else 0)} fixable with `amplint --fix{' --unsafe-fixes' if unsafe and only_unsafe else ''}`")
+    if only_unsafe and not unsafe:
+        hints.append(f"{only_unsafe} more with `--unsafe-fixes`")
+    hint = f" ({'; '.join(hints)})" if hints else ""
+    return f"Found {_plural(len(findings), 'finding')} in {_plural(files, 'file')}{hint}."
 
 
 def _statistics(findings: list[Finding], out, output_format: str) -> None:

@@ -1,0 +1,298 @@
+"""[tool.amplint] discovery, validation and rule selection: unit checks, then the real command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from amplint.config import ConfigError, Settings, discover, load_config_file, parse_codes_option, settings_from_table, with_overrides
+
+ALL = ["AMP000", "AMP001", "AMP002", "AMP003", "AMP004", "AMP005"]
+
+# One file with an AMP001 (line 2) and an AMP003 (line 5) finding.
+TWO_RULES = """import torch
+scaler = torch.cuda.amp.GradScaler()
+with torch.autocast("cuda"):
+    loss = model(x)
+    loss.backward()
+"""
+
+
+def amplint(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "amplint", *args, "--no-cache"],
+        capture_output=True, text=True, cwd=cwd, timeout=120,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+
+
+def found(result: subprocess.CompletedProcess) -> set[tuple[str, str, int]]:
+    assert "Traceback" not in result.stderr, result.stderr
+    return {(Path(f["path"]).name, f["code"], f["line"]) for f in json.loads(result.stdout)}
+
+
+def assert_config_error(result: subprocess.CompletedProcess, config: Path, key: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result
+    assert len(lines) == 1, result.stderr
+    assert str(config.resolve()) in lines[0] or str(config) in lines[0], lines[0]
+    assert key in lines[0], lines[0]
+    assert result.stdout == ""
+
+
+def enabled(settings: Settings) -> set[str]:
+    return set(settings.enabled_codes(ALL))
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --- selection -------------------------------------------------------------------------------
+
+def test_default_enables_every_rule() -> None:
+    assert enabled(Settings()) == set(ALL)
+
+
+def test_prefix_selects_a_family() -> None:
+    settings = settings_from_table({"select": ["AMP00"]}, Path("/p/pyproject.toml"))
+    assert enabled(settings) == {"AMP000", "AMP001", "AMP002", "AMP003", "AMP004", "AMP005"}
+    settings = settings_from_table({"select": ["AMP003"]}, Path("/p/pyproject.toml"))
+    assert enabled(settings) == {"AMP003", "AMP000"}
+
+
+def test_more_specific_selector_wins_within_a_layer() -> None:
+    settings = settings_from_table({"select": ["AMP003"], "ignore": ["AMP00"]}, Path("/p/pyproject.toml"))
+    assert enabled(settings) == {"AMP003"}  # AMP00 also ignores AMP000
+
+
+def test_ignore_wins_a_tie() -> None:
+    settings = settings_from_table({"select": ["AMP003"], "ignore": ["AMP003"]}, Path("/p/pyproject.toml"))
+    assert "AMP003" not in enabled(settings)
+
+
+def test_extend_select_adds_to_select() -> None:
+    settings = settings_from_table({"select": ["AMP001"], "extend-select": ["AMP004"]}, Path("/p/pyproject.toml"))
+    assert enabled(settings) == {"AMP000", "AMP001", "AMP004"}
+
+
+def test_command_line_select_replaces_the_file_including_its_ignores() -> None:
+    settings = settings_from_table({"ignore": ["AMP003"], "extend-select": ["AMP001"]}, Path("/p/pyproject.toml"))
+    settings = with_overrides(settings, ("AMP003",), None, None)
+    assert enabled(settings) == {"AMP000", "AMP003"}
+
+
+def test_command_line_extend_select_overrides_a_file_ignore() -> None:
+    settings = settings_from_table({"ignore": ["AMP003"]}, Path("/p/pyproject.toml"))
+    assert "AMP003" not in enabled(settings)
+    assert "AMP003" in enabled(with_overrides(settings, None, None, ("AMP003",)))
+
+
+def test_command_line_ignore_prefix_beats_a_specific_file_select() -> None:
+    settings = settings_from_table({"select": ["AMP003", "AMP004"]}, Path("/p/pyproject.toml"))
+    assert enabled(with_overrides(settings, None, ("AMP",), None)) == set()
+
+
+def test_command_line_ignore_keeps_the_rest_of_the_file_selection() -> None:
+    settings = settings_from_table({"select": ["AMP003", "AMP004"]}, Path("/p/pyproject.toml"))
+    assert enabled(with_overrides(settings, None, ("AMP004",), None)) == {"AMP000", "AMP003"}
+
+
+def test_parse_errors_stay_reported_unless_ignored() -> None:
+    assert "AMP000" in enabled(with_overrides(Settings(), ("AMP005",), None, None))
+    assert "AMP000" not in enabled(with_overrides(Settings(), ("AMP005",), ("AMP000",), None))
+
+
+def test_codes_option_is_comma_separated_and_case_insensitive() -> None:
+    assert parse_codes_option(" amp001 ,AMP00,", "--select") == ("AMP001", "AMP00")
+    assert parse_codes_option(None, "--select") is None
+
+
+@pytest.mark.parametrize("value", ["E501", "AMP0001", "ALL", "AMP999"])
+def test_codes_option_rejects_what_matches_no_rule(value: str) -> None:
+    with pytest.raises(ConfigError, match=rf"--ignore has '{value}'"):
+        parse_codes_option(value, "--ignore")
+
+
+# --- validation --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ({"selct": ["AMP001"]}, "selct"),
+        ({"select": "E501"}, "select"),
+        ({"select": 3}, "select"),
+        ({"ignore": ["AMP9"]}, "ignore"),
+        ({"extend-select": [1]}, "extend-select"),
+        ({"per-file-ignores": ["tests/*"]}, "per-file-ignores"),
+        ({"per-file-ignores": {"tests/*": ["X1"]}}, "per-file-ignores.tests/*"),
+        ({"exclude": 3}, "exclude"),
+        ({"min-torch": 2.4}, "min-torch"),
+        ({"min-torch": "2"}, "min-torch"),
+        ({"min-torch": "two"}, "min-torch"),
+        ({"respect-gitignore": "yes"}, "respect-gitignore"),
+    ],
+)
+def test_bad_values_name_the_key_and_the_file(table: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        settings_from_table(table, Path("/proj/pyproject.toml"))
+    message = str(caught.value)
+    assert message.startswith("/proj/pyproject.toml: ") and f"`{key}`" in message
+    assert "\n" not in message
+
+
+def test_min_torch_is_parsed() -> None:
+    assert settings_from_table({"min-torch": "2.3"}, Path("/p/pyproject.toml")).min_torch == (2, 3)
+    assert settings_from_table({"min-torch": "2.4.1"}, Path("/p/pyproject.toml")).min_torch == (2, 4, 1)
+
+
+def test_per_file_ignores_are_relative_to_the_config_folder(tmp_path: Path) -> None:
+    settings = settings_from_table({"per-file-ignores": {"tests/*.py": ["AMP00"], "legacy_*.py": ["AMP001"]}}, tmp_path / "pyproject.toml")
+    assert settings.ignored_for(tmp_path / "tests" / "test_a.py") == ("AMP00",)
+    assert settings.ignored_for(tmp_path / "src" / "tests" / "test_a.py") == ()  # anchored: only <root>/tests
+    assert settings.ignored_for(tmp_path / "src" / "legacy_train.py") == ("AMP001",)  # no slash: any folder
+    assert settings.codes_for(tmp_path / "tests" / "t.py", ALL) == frozenset()
+    assert settings.codes_for(tmp_path / "src" / "legacy_a.py", ALL) == frozenset(set(ALL) - {"AMP001"})
+
+
+def test_discover_finds_the_nearest_table_and_skips_pyprojects_without_one(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nselect = ["AMP004"]\n')
+    write(tmp_path / "pkg" / "pyproject.toml", '[project]\nname = "pkg"\n')
+    inner = write(tmp_path / "pkg" / "src" / "train.py", "")
+    settings = discover(inner)
+    assert settings.select == ("AMP004",)
+    assert settings.root == tmp_path.resolve()
+
+
+def test_discover_without_any_table_gives_defaults(tmp_path: Path) -> None:
+    assert enabled(discover(tmp_path)) == set(ALL)
+
+
+def test_config_file_may_be_an_amplint_toml_with_top_level_keys(tmp_path: Path) -> None:
+    config = write(tmp_path / "amplint.toml", 'select = ["AMP002"]\n')
+    assert load_config_file(config).select == ("AMP002",)
+
+
+def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
+    config = write(tmp_path / "pyproject.toml", "[tool.amplint\nselect = [\n")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config_file(config)
+
+
+# --- through the command line -------------------------------------------------------------------
+
+def test_pyproject_selection_applies(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nselect = ["AMP003"]\n')
+    write(tmp_path / "train.py", TWO_RULES)
+    result = amplint("train.py", "--format", "json", cwd=tmp_path)
+    assert result.returncode == 1
+    assert found(result) == {("train.py", "AMP003", 5)}
+
+
+def test_nearest_pyproject_above_the_checked_path_is_used(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nselect = ["AMP003"]\n')
+    write(tmp_path / "sub" / "pyproject.toml", '[tool.amplint]\nselect = ["AMP001"]\n')
+    write(tmp_path / "sub" / "train.py", TWO_RULES)
+    result = amplint("sub/train.py", "--format", "json", cwd=tmp_path)
+    assert found(result) == {("train.py", "AMP001", 2)}
+
+
+def test_config_option_replaces_discovery(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nselect = ["AMP003"]\n')
+    other = write(tmp_path / "elsewhere" / "ci.toml", '[tool.amplint]\nselect = ["AMP001"]\n')
+    write(tmp_path / "train.py", TWO_RULES)
+    result = amplint("train.py", "--config", str(other), "--format", "json", cwd=tmp_path)
+    assert found(result) == {("train.py", "AMP001", 2)}
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nselect = ["AMP003"]\n')
+    write(tmp_path / "train.py", TWO_RULES)
+    result = amplint("train.py", "--select", "AMP001", "--format", "json", cwd=tmp_path)
+    assert found(result) == {("train.py", "AMP001", 2)}
+    result = amplint("train.py", "--ignore", "AMP003", "--format", "json", cwd=tmp_path)
+    assert result.returncode == 0 and found(result) == set()
+    result = amplint("train.py", "--extend-select", "AMP00", "--format", "json", cwd=tmp_path)
+    assert found(result) == {("train.py", "AMP001", 2), ("train.py", "AMP003", 5)}
+
+
+def test_per_file_ignores_glob_relative_to_config_folder_from_another_cwd(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint.per-file-ignores]\n"scripts/*.py" = ["AMP001"]\n')
+    write(tmp_path / "scripts" / "a.py", TWO_RULES)
+    write(tmp_path / "src" / "a.py", TWO_RULES)
+    result = amplint(".", "--format", "json", cwd=tmp_path)
+    assert {(Path(f["path"]).parent.name, f["code"]) for f in json.loads(result.stdout)} == {
+        ("scripts", "AMP003"), ("src", "AMP001"), ("src", "AMP003"),
+    }
+    # Run from inside a folder: the glob still counts from the pyproject's folder.
+    result = amplint("a.py", "--format", "json", cwd=tmp_path / "scripts")
+    assert found(result) == {("a.py", "AMP003", 5)}
+
+
+def test_exclude_skips_folders_and_files_when_walking(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nexclude = ["generated/", "legacy_*.py"]\n')
+    write(tmp_path / "generated" / "a.py", TWO_RULES)
+    write(tmp_path / "src" / "legacy_train.py", TWO_RULES)
+    write(tmp_path / "src" / "train.py", TWO_RULES)
+    result = amplint(".", "--format", "json", cwd=tmp_path)
+    assert {Path(f["path"]).as_posix() for f in json.loads(result.stdout)} == {"src/train.py"}
+
+
+def test_named_excluded_file_is_checked_unless_force_exclude(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nexclude = ["legacy_*.py"]\n')
+    write(tmp_path / "legacy_train.py", TWO_RULES)
+    assert amplint("legacy_train.py", cwd=tmp_path).returncode == 1
+    result = amplint("legacy_train.py", "--force-exclude", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout
+
+
+def test_min_torch_reaches_the_fixes(tmp_path: Path) -> None:
+    """torch.amp.GradScaler exists from 2.3: with min-torch 2.2 the finding stays, without a fix."""
+    source = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
+    write(tmp_path / "new" / "train.py", source)
+    write(tmp_path / "old" / "train.py", source)
+    write(tmp_path / "old" / "pyproject.toml", '[tool.amplint]\nmin-torch = "2.2"\n')
+    new = json.loads(amplint("new/train.py", "--format", "json", cwd=tmp_path).stdout)
+    old = json.loads(amplint("old/train.py", "--format", "json", cwd=tmp_path).stdout)
+    assert [f["code"] for f in new] == [f["code"] for f in old] == ["AMP001"]
+    assert new[0]["fix"] is not None and old[0]["fix"] is None
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[tool.amplint]\nselct = ["AMP001"]\n', "selct"),
+        ('[tool.amplint]\nselect = ["AMP999"]\n', "select"),
+        ('[tool.amplint]\nmin-torch = 2.4\n', "min-torch"),
+        ('[tool.amplint.per-file-ignores]\n"a.py" = "nonsense"\n', "per-file-ignores"),
+        ('[tool.amplint\n', "invalid TOML"),
+    ],
+)
+def test_bad_configuration_exits_2_with_one_line(tmp_path: Path, text: str, key: str) -> None:
+    config = write(tmp_path / "pyproject.toml", text)
+    write(tmp_path / "train.py", TWO_RULES)
+    assert_config_error(amplint("train.py", cwd=tmp_path), config, key)
+
+
+def test_bad_config_option_file_exits_2(tmp_path: Path) -> None:
+    write(tmp_path / "train.py", TWO_RULES)
+    config = write(tmp_path / "custom.toml", 'ignore = ["nope"]\n')
+    assert_config_error(amplint("train.py", "--config", str(config), cwd=tmp_path), config, "ignore")
+    missing = tmp_path / "missing.toml"
+    assert_config_error(amplint("train.py", "--config", str(missing), cwd=tmp_path), missing, "cannot read")
+
+
+def test_bad_select_flag_exits_2_with_one_line(tmp_path: Path) -> None:
+    write(tmp_path / "train.py", TWO_RULES)
+    result = amplint("train.py", "--select", "AMP003,E501", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "amplint: error: --select has 'E501', which is not a rule code or prefix (AMP, AMP00, AMP003)"
+    ]
