@@ -235,3 +235,20 @@ def test_threads_option_sets_and_records_the_cpu_thread_count(tmp_path):
     assert result.exit_code == 0, result.stderr
     assert json.loads((tmp_path / "r.json").read_text())["trials"][0]["timing"]["cpu_threads"] == 1
     assert "1 CPU thread)" in result.stdout
+
+
+def test_case_ids_are_printed_verbatim_not_as_markup(tmp_path):
+    spec = write(tmp_path, """
+        import torch
+        TRIALS = ["bfloat16"]
+        def model():
+            layer = torch.nn.Linear(2, 2, bias=False)
+            with torch.no_grad():
+                layer.weight.copy_(torch.eye(2))
+            return layer
+        def cases():
+            return [("img[3] [bold]", torch.tensor([1.0, 1.0003]))]
+    """)
+    result = CliRunner().invoke(main, ["compare", spec, "--no-gains"])
+    assert result.exit_code == 1
+    assert "img[3] [bold]" in result.stdout

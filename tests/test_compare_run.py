@@ -215,7 +215,7 @@ def test_half_precision_inputs_are_rejected(tmp_path):
         ("return [('a', torch.ones(2)), ('a', torch.ones(2))]", "duplicate case id 'a'"),
         ("return [torch.ones(2)]", "item 0 is not an (id, input) pair"),
         ("return [(1.5, torch.ones(2))]", "the case id must be a string, got float"),
-        ("return 3", "`cases` must return an iterable"),
+        ("return 3", "`cases` must give an iterable of (id, input) pairs, got int"),
     ],
 )
 def test_bad_cases_are_errors(tmp_path, cases_body, expected):
@@ -398,3 +398,17 @@ def test_cuda_device_without_cuda_is_an_error(tmp_path):
     path = write_spec(tmp_path, "import torch\ndef model():\n    return torch.nn.Identity()\ndef cases():\n    return [('a', torch.ones(1))]\n")
     with pytest.raises(CompareError, match="CUDA is not available"):
         compare(path, device="cuda")
+
+
+def test_an_error_inside_a_cases_generator_names_its_line(tmp_path):
+    path = write_spec(tmp_path, """
+        import torch
+        def model():
+            return torch.nn.Identity()
+        def cases():
+            yield "a", torch.ones(1)
+            raise KeyError("labels.csv")
+    """)
+    with pytest.raises(CompareError) as caught:
+        compare(path)
+    assert str(caught.value) == "cases(), line 7: KeyError: 'labels.csv'"

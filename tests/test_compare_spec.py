@@ -151,3 +151,8 @@ def test_a_spec_can_import_a_helper_beside_it(tmp_path):
     (tmp_path / "helpers_for_spec.py").write_text("SIZE = 3\n")
     spec = load_spec(write_spec(tmp_path, "from helpers_for_spec import SIZE\n" + MINIMAL))
     assert spec.model().in_features == 2
+
+
+def test_a_spec_may_use_dataclasses(tmp_path):
+    spec = load_spec(write_spec(tmp_path, "import dataclasses\n@dataclasses.dataclass\nclass Config:\n    width: int = 2\n" + MINIMAL))
+    assert spec.model().out_features == 2

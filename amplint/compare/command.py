@@ -75,8 +75,11 @@ def run_compare_command(
         trial_override = tuple(t.strip() for t in trials.split(",") if t.strip()) if trials is not None else None
         spec = specs.load_spec(spec_path, device=device, trials=trial_override)
         console = reporting.make_console(stream)
-        console.print(f"amplint compare {spec.path}: device {spec.device}, trials {', '.join(spec.trials)}")
-        console.print(f"Criteria fixed before any trial: {spec.criteria.describe()}")
+        def say(message: str) -> None:
+            console.print(message, markup=False)  # ids and paths may hold [brackets]
+
+        say(f"amplint compare {spec.path}: device {spec.device}, trials {', '.join(spec.trials)}")
+        say(f"Criteria fixed before any trial: {spec.criteria.describe()}")
 
         prepared = run.prepare(spec)
         baseline = store.load_baseline(baseline_path, prepared) if baseline_path else run.compute_baseline(prepared)
@@ -84,7 +87,7 @@ def run_compare_command(
         def keep_baseline() -> None:
             if save_baseline:
                 store.save_baseline(save_baseline, prepared, baseline)
-                console.print(f"Baseline saved to {save_baseline}")
+                say(f"Baseline saved to {save_baseline}")
 
         report = run.run_compare(
             prepared,
@@ -92,12 +95,14 @@ def run_compare_command(
             measure_gains=not no_gains,
             warmup=warmup,
             repeats=repeats,
-            progress=console.print,
+            progress=say,
             after_baseline=keep_baseline,
         )
         if report["baseline"].get("criteria_at_save"):
             console.print(
-                f"[yellow]warning: the criteria differ from those saved with the baseline: {report['baseline']['criteria_at_save']}[/yellow]"
+                f"warning: the criteria differ from those saved with the baseline: {report['baseline']['criteria_at_save']}",
+                style="yellow",
+                markup=False,
             )
         reporting.render(report, console, all_cases=all_cases)
         if json_path:

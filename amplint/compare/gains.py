@@ -57,9 +57,9 @@ def measure(prepared: Prepared, dtype: str, *, warmup: int = 3, repeats: int = 1
         baseline_ms = statistics.median(times["baseline"]) * 1e3
         trial_ms = statistics.median(times["trial"]) * 1e3
         timing = {
-            "baseline_ms": round(baseline_ms, 4),
-            "trial_ms": round(trial_ms, 4),
-            "speedup": round(baseline_ms / trial_ms, 3) if trial_ms > 0 else None,
+            "baseline_ms": _significant(baseline_ms),
+            "trial_ms": _significant(trial_ms),
+            "speedup": _significant(baseline_ms / trial_ms) if trial_ms > 0 else None,
             "warmup": warmup,
             "repeats": repeats,
             "statistic": "median ms per pass over all cases",
@@ -75,6 +75,11 @@ def measure(prepared: Prepared, dtype: str, *, warmup: int = 3, repeats: int = 1
             "method": "torch.cuda.max_memory_allocated" if prepared.device.type == "cuda" else "torch.profiler CPU allocator events",
         }
     return timing, memory_report
+
+
+def _significant(value: float, digits: int = 4) -> float:
+    """Timer noise makes more digits meaningless; keep 4 significant ones at any magnitude."""
+    return float(f"{value:.{digits}g}")
 
 
 def _one_pass(prepared: Prepared, model: torch.nn.Module, dtype: str | None) -> None:

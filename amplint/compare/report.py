@@ -64,7 +64,7 @@ def render(report: dict, console: Console, *, all_cases: bool = False) -> None:
             console.print(cases)
         rest = _unremarkable_count(baseline, trial, all_cases)
         if rest:
-            console.print(f"  {rest} other case(s): finite, within tolerance, decision unchanged, no near tie")
+            console.print(f"  {rest} other case(s): finite, within tolerance, decision unchanged, no near tie", markup=False)
         for warning in trial.get("warnings", []):
             console.print(Text(f"  warning during the trial: {warning}", style="yellow"))
     console.print()
@@ -124,8 +124,10 @@ def _trial_table(report: dict, baseline: dict, trial: dict) -> Table:
         table.add_row(
             "quality on the fixed dataset",
             _num(baseline["quality"]),
-            _num(trial["quality"], none=trial.get("quality_error") or "not computable")
-            + (f" (min {_num(minimum)})" if minimum is not None else ""),
+            Text(
+                _num(trial["quality"], none=trial.get("quality_error") or "not computable")
+                + (f" (min {_num(minimum)})" if minimum is not None else "")
+            ),
             _fail("below the project threshold") if FAILED_QUALITY in failed else PASS,
         )
     if trial["passed"]:
@@ -189,11 +191,11 @@ def _cases_table(baseline: dict, trial: dict, *, all_cases: bool) -> Table:
         if case["near_tie"]:
             margin.append("  near tie", style="yellow")
         table.add_row(
-            case["id"],
+            Text(case["id"]),  # Text, not str: an id like "img[3]" is not rich markup
             Text("yes") if case["finite"] else Text("NO", style="bold red"),
             _num(case["max_abs_diff"], none="n/a", digits=3),
             Text("within") if case["within_tolerance"] else Text("OUTSIDE", style="bold red"),
-            worst_text,
+            Text(worst_text),
             decision,
             margin,
         )

@@ -110,11 +110,14 @@ def prepare(spec: Spec) -> Prepared:
 def _read_cases(spec: Spec, spec_file: str) -> list[tuple[str, Any]]:
     try:
         raw = spec.cases() if callable(spec.cases) else spec.cases
-        items = list(raw)
-    except TypeError as exc:
-        if not callable(spec.cases) or "iter" in str(exc):
-            raise CompareError(f"`cases` must return an iterable of (id, input) pairs: {describe_exception(exc)}") from None
+    except Exception as exc:
         raise CompareError(spec_exception(exc, spec_file, "cases()")) from None
+    try:
+        iterator = iter(raw)
+    except TypeError:
+        raise CompareError(f"`cases` must give an iterable of (id, input) pairs, got {type(raw).__name__}") from None
+    try:
+        items = list(iterator)  # a generator runs the spec's code here
     except Exception as exc:
         raise CompareError(spec_exception(exc, spec_file, "cases()")) from None
     if not items:

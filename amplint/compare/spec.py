@@ -161,11 +161,15 @@ def _import_spec(path: str):
     # Let a spec import helpers that sit beside it.
     directory = os.path.dirname(absolute)
     sys.path.insert(0, directory)
+    # Registered like any imported module: dataclasses and pickling look their module up here.
+    sys.modules[module_spec.name] = module
     try:
         module_spec.loader.exec_module(module)
     except SyntaxError as exc:
+        del sys.modules[module_spec.name]
         raise CompareError(f"line {exc.lineno}: SyntaxError: {exc.msg}") from None
     except (Exception, SystemExit) as exc:
+        del sys.modules[module_spec.name]
         raise CompareError(spec_exception(exc, absolute)) from None
     finally:
         if sys.path and sys.path[0] == directory:
