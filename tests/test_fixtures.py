@@ -13,10 +13,14 @@ import pytest
 from amplint.static.api import lint_source
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "static"
+# The rules the `.expected` files are labelled for. A new rule joins this set once every fixture
+# has been labelled for it too, so work on it in progress cannot break these expectations.
+LABELLED = frozenset({"AMP000", "AMP001", "AMP002", "AMP003", "AMP004", "AMP005"})
 
 
 def _cases() -> list[Path]:
-    return sorted(p for p in FIXTURES.glob("AMP*/*") if p.suffix != ".expected" and p.with_suffix(".expected").exists())
+    # AMP000's inputs (undecodable, unparsable) run through the real CLI in test_robustness.py.
+    return sorted(p for p in FIXTURES.glob("AMP00[1-9]/*") if p.suffix != ".expected" and p.with_suffix(".expected").exists())
 
 
 def _expected(path: Path) -> set[tuple[str, int]]:
@@ -30,7 +34,7 @@ def _expected(path: Path) -> set[tuple[str, int]]:
 
 @pytest.mark.parametrize("path", _cases(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_fixture_findings(path: Path) -> None:
-    findings = lint_source(path.read_bytes(), str(path))
+    findings = lint_source(path.read_bytes(), str(path), LABELLED)
     assert {(f.code, f.line) for f in findings} == _expected(path)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-_AMP_WORD = re.compile(rb"\bamp\b|autocast_(?:gpu|cpu)|is_autocast_cpu")
+_AMP_WORD = re.compile(rb"\bamp\b|autocast_(?:gpu|cpu|xla|ipu)_")
 _CONVERSION = re.compile(rb"half|float16", re.IGNORECASE)
 
 
@@ -34,12 +34,63 @@ def _amp005(source: bytes) -> bool:
     return b"scale" in source and (b"grad" in source)
 
 
+def _amp006(source: bytes) -> bool:
+    return b"step" in source and b"cale" in source
+
+
+def _amp008(source: bytes) -> bool:
+    return b"unscale_" in source
+
+
+def _amp009(source: bytes) -> bool:
+    return b"autocast" in source and b"backward" in source
+
+
+def _amp010(source: bytes) -> bool:
+    return b"GradScaler" in source and b"bfloat16" in source or b"GradScaler" in source and b"cpu" in source
+
+
+def _amp012(source: bytes) -> bool:
+    return b"GradScaler" in source and (b"save" in source or b"load_state_dict" in source)
+
+
+def _amp013(source: bytes) -> bool:
+    return b"Function" in source
+
+
+_THREADS = re.compile(rb"Thread|submit|Executor|Pool|\.map\(|apply_async|imap|starmap")
+
+
+def _amp015(source: bytes) -> bool:
+    return b"autocast" in source and _THREADS.search(source) is not None
+
+
+def _amp017(source: bytes) -> bool:
+    return b"autocast" in source and b"compile" in source and b"backward" in source
+
+
+def _autocast(source: bytes) -> bool:
+    return b"autocast" in source
+
+
 GATES = {
     "AMP001": _amp001,
     "AMP002": _amp002,
     "AMP003": _amp003,
     "AMP004": _amp004,
     "AMP005": _amp005,
+    "AMP006": _amp006,
+    "AMP007": _amp006,
+    "AMP008": _amp008,
+    "AMP009": _amp009,
+    "AMP010": _amp010,
+    "AMP011": _amp006,
+    "AMP012": _amp012,
+    "AMP013": _amp013,
+    "AMP014": _autocast,
+    "AMP015": _amp015,
+    "AMP016": _autocast,
+    "AMP017": _amp017,
 }
 
 

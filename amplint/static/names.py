@@ -30,6 +30,14 @@ DEPRECATED_AUTOCAST_STATE = {
     "torch.set_autocast_cpu_dtype": 'torch.set_autocast_dtype("cpu", dtype)',
     "torch.is_autocast_cpu_enabled": 'torch.is_autocast_enabled("cpu")',
     "torch.set_autocast_cpu_enabled": 'torch.set_autocast_enabled("cpu", enabled)',
+    "torch.get_autocast_xla_dtype": 'torch.get_autocast_dtype("xla")',
+    "torch.set_autocast_xla_dtype": 'torch.set_autocast_dtype("xla", dtype)',
+    "torch.is_autocast_xla_enabled": 'torch.is_autocast_enabled("xla")',
+    "torch.set_autocast_xla_enabled": 'torch.set_autocast_enabled("xla", enabled)',
+    "torch.get_autocast_ipu_dtype": 'torch.get_autocast_dtype("ipu")',
+    "torch.set_autocast_ipu_dtype": 'torch.set_autocast_dtype("ipu", dtype)',
+    "torch.is_autocast_ipu_enabled": 'torch.is_autocast_enabled("ipu")',
+    "torch.set_autocast_ipu_enabled": 'torch.set_autocast_enabled("ipu", enabled)',
 }
 
 AUTOCAST = {

@@ -12,7 +12,7 @@ import statements gives for a fraction of that.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import libcst as cst
@@ -78,10 +78,12 @@ class Loop:
     kind: str  # "for" | "while" | "comprehension"
     target: str  # the loop variable(s), as source text
     iterable: str  # what it iterates over (or the while condition), as source text
+    words: str = ""  # identifiers of target and iterable, without string literals or comments
 
     @property
     def text(self) -> str:
-        return f"{self.target} {self.iterable}".lower()
+        """What the loop is over, for name heuristics: `tqdm(loader, desc="fold")` says nothing of folds."""
+        return (self.words or f"{self.target} {self.iterable}").lower()
 
 
 @dataclass(eq=False, frozen=True)
@@ -94,6 +96,14 @@ class Context:
     ifs: tuple[cst.If, ...]
     statement: cst.CSTNode
     order: int
+    # (id of an `if`, "body" | "else") for each enclosing branch, outermost first.
+    branches: tuple[tuple[int, str], ...] = ()
+
+
+def mutually_exclusive(a: Context, b: Context) -> bool:
+    """Whether two nodes sit in different branches of the same `if`, so one run never sees both."""
+    labels = dict(a.branches)
+    return any(labels.get(node, label) != label for node, label in b.branches)
 
 
 @dataclass(eq=False)
@@ -168,6 +178,25 @@ def argument(call: cst.Call, position: int | None, keyword: str | None) -> cst.B
     return None
 
 
+def identifiers(node: cst.CSTNode) -> str:
+    """The names in an expression, space-separated; string literals and comments are left out."""
+    found: list[str] = []
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name.value)
+
+    node.visit(_Names())
+    return " ".join(found)
+
+
+def statement_code(statement: cst.CSTNode) -> str:
+    """A simple statement's own code: no comment lines above it and no trailing comment."""
+    if isinstance(statement, cst.SimpleStatementLine):
+        return "; ".join(_module_for_code.code_for_node(small) for small in statement.body)
+    return _module_for_code.code_for_node(statement)
+
+
 def has_star_args(call: cst.Call) -> bool:
     return any(arg.star for arg in call.args)
 
@@ -190,6 +219,7 @@ class _Recorder(cst.CSTVisitor):
         self.loops: list[Loop] = []
         self.withs: list[cst.WithItem] = []
         self.ifs: list[cst.If] = []
+        self.branches: list[tuple[int, str]] = []
         self.statements: list[cst.CSTNode] = []
         # Per function: the stacks above, saved while a nested function is walked.
         self._saved: list[tuple] = []
@@ -207,16 +237,17 @@ class _Recorder(cst.CSTVisitor):
             ifs=tuple(self.ifs),
             statement=self.statements[-1] if self.statements else self.facts.module,
             order=self._order,
+            branches=tuple(self.branches),
         )
 
     def _enter_scope(self, scope: Scope) -> None:
-        self._saved.append((self.scope, self.loops, self.withs, self.ifs))
+        self._saved.append((self.scope, self.loops, self.withs, self.ifs, self.branches))
         self.facts.scopes.append(scope)
         self.scope = scope
-        self.loops, self.withs, self.ifs = [], [], []
+        self.loops, self.withs, self.ifs, self.branches = [], [], [], []
 
     def _leave_scope(self) -> None:
-        self.scope, self.loops, self.withs, self.ifs = self._saved.pop()
+        self.scope, self.loops, self.withs, self.ifs, self.branches = self._saved.pop()
 
     # -- statements ---------------------------------------------------------------------------
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
@@ -298,7 +329,7 @@ class _Recorder(cst.CSTVisitor):
             decorator.visit(self)
         for arg in node.bases:
             arg.visit(self)
-        self._saved.append((self.scope, self.loops, self.withs, self.ifs))
+        self._saved.append((self.scope, self.loops, self.withs, self.ifs, self.branches))
         self.facts.scopes.append(scope)
         self.scope = scope
         node.body.visit(self)
@@ -321,7 +352,8 @@ class _Recorder(cst.CSTVisitor):
         self.statements.append(node)
         node.iter.visit(self)
         node.target.visit(self)
-        self.loops.append(Loop(node, "for", source_text(node.target), source_text(node.iter)))
+        words = f"{identifiers(node.target)} {identifiers(node.iter)}"
+        self.loops.append(Loop(node, "for", source_text(node.target), source_text(node.iter), words))
         self.facts.loop_targets.append((node.target, self._context()))
         node.body.visit(self)
         self.loops.pop()
@@ -332,7 +364,7 @@ class _Recorder(cst.CSTVisitor):
 
     def visit_While(self, node: cst.While) -> None:
         self.statements.append(node)
-        self.loops.append(Loop(node, "while", "", source_text(node.test)))
+        self.loops.append(Loop(node, "while", "", source_text(node.test), identifiers(node.test)))
         node.test.visit(self)
         node.body.visit(self)
         self.loops.pop()
@@ -342,7 +374,8 @@ class _Recorder(cst.CSTVisitor):
         return False
 
     def _comprehension(self, node: cst.CSTNode, for_in: cst.CompFor) -> None:
-        self.loops.append(Loop(node, "comprehension", source_text(for_in.target), source_text(for_in.iter)))
+        words = f"{identifiers(for_in.target)} {identifiers(for_in.iter)}"
+        self.loops.append(Loop(node, "comprehension", source_text(for_in.target), source_text(for_in.iter), words))
 
     def visit_ListComp(self, node: cst.ListComp) -> None:
         self._comprehension(node, node.for_in)
@@ -383,10 +416,14 @@ class _Recorder(cst.CSTVisitor):
         self.statements.append(node)
         node.test.visit(self)
         self.ifs.append(node)
+        self.branches.append((id(node), "body"))
         node.body.visit(self)
+        self.branches.pop()
         self.ifs.pop()
         if node.orelse is not None:
+            self.branches.append((id(node), "else"))
             node.orelse.visit(self)
+            self.branches.pop()
         self.statements.pop()
         return False
 
@@ -476,7 +513,10 @@ class Autocast:
 
 
 _NON_MODULE_NN = {"Parameter", "ParameterList", "ParameterDict", "Buffer"}
-_STEP_FUNCTION = re.compile(r"train(ing)?_?(step|one_epoch|epoch|batch|iter(ation)?)|(fit|run)_(batch|step|epoch)|step_fn")
+# Per-step or per-epoch functions; the plural (`train_epochs`) is a whole run.
+_STEP_FUNCTION = re.compile(
+    r"(train(ing)?_?(step|one_epoch|epoch|batch|iter(ation)?)|(fit|run)_(batch|step|epoch)|step_fn)(?!s)"
+)
 
 
 class AmpFacts:
@@ -583,6 +623,14 @@ class AmpFacts:
         return None
 
     @cached_property
+    def _method_on_result(self) -> dict[int, str]:
+        return {id(c.receiver): c.method for c in self.calls if c.method and isinstance(c.receiver, cst.Call)}
+
+    def method_on_result(self, call: CallSite) -> str | None:
+        """The method called directly on a call's result: "cpu" for `x.half().cpu()`."""
+        return self._method_on_result.get(id(call.node))
+
+    @cached_property
     def call_sites_of(self) -> dict[int, list[CallSite]]:
         """In-file call sites, keyed by the id of the function they call."""
         table: dict[int, list[CallSite]] = {}
@@ -641,7 +689,8 @@ class AmpFacts:
                 target = self.qualname(value.args[0].value, value_scope)
                 if target in names.AUTOCAST:
                     shifted = value.with_changes(args=value.args[1:])
-                    return _autocast_from_call(shifted, target, value_scope)
+                    # Report the partial() call itself: the shifted copy is not in the tree.
+                    return replace(_autocast_from_call(shifted, target, value_scope), node=value)
         return None
 
     def _function_named(self, func: cst.BaseExpression, scope: Scope) -> Scope | None:
@@ -865,10 +914,25 @@ class AmpFacts:
         if function.kind != "function":
             return found
         for site in self.callers(function):
-            outer = self.enclosing_loops(site.where, depth + 1)
+            # A comprehension that calls a step function per batch is a loop as well.
+            around_site = [(loop, site) for loop in reversed(site.where.loops) if loop.kind == "comprehension"]
+            outer = around_site + [(loop, via or site) for loop, via in self.enclosing_loops(site.where, depth + 1)]
             if outer:
-                return [(loop, via or site) for loop, via in outer]
+                return outer
         return found
+
+    def loop_chain(self, where: Context, depth: int = 0) -> list[Loop]:
+        """Every loop a node runs in, outermost first: those around its first looping in-file
+        caller, then its own."""
+        own = [loop for loop in where.loops if loop.kind != "comprehension"]
+        function = where.scope.function_scope
+        if depth >= 3 or function.kind != "function":
+            return own
+        for site in self.callers(function):
+            outer = self.loop_chain(site.where, depth + 1)
+            if outer:
+                return outer + own
+        return own
 
 
 def is_per_step_function(scope: Scope) -> bool:

@@ -9,12 +9,16 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts, CallSite, argument
+from amplint.static.semantics import AmpFacts, CallSite, argument, statement_code
 
 CODE = "AMP002"
 
 # Casting weights for export or storage is not running the model in low precision.
 _EXPORT_FUNCTION = re.compile(r"export|save|onnx|convert|quantiz|checkpoint|serializ|dump|to_fp16|publish")
+# Results moved off the graph for storage or logging (`emb.detach().half().cpu()`) are neither
+# the model nor its inputs.
+_OFF_GRAPH = {"cpu", "numpy", "tolist", "item", "detach"}
+_OFF_GRAPH_RECEIVER = re.compile(r"\.(detach|cpu|numpy|item)\(\)")
 
 
 def low_precision_target(call: CallSite, facts: AmpFacts) -> str | None:
@@ -42,13 +46,25 @@ def _is_export(call: CallSite, facts: AmpFacts) -> bool:
     if function.kind == "function" and _EXPORT_FUNCTION.search(function.name.lower()):
         return True
     statement = call.where.statement
-    return isinstance(statement, cst.SimpleStatementLine) and "torch.save" in facts.module.code_for_node(statement)
+    return isinstance(statement, cst.SimpleStatementLine) and "torch.save" in statement_code(statement)
 
 
-def _inside_module_class(call: CallSite, facts: AmpFacts) -> bool:
-    """Casts inside a model's own methods (e.g. fp16 inputs for a fused kernel) are the model's business."""
-    owner = call.scope.function_scope.class_name
-    return owner is not None and facts.is_module_class(owner) and call.receiver_key != "self"
+def _off_graph(call: CallSite, facts: AmpFacts) -> bool:
+    if facts.method_on_result(call) in _OFF_GRAPH:
+        return True
+    return call.receiver is not None and bool(_OFF_GRAPH_RECEIVER.search(facts.module.code_for_node(call.receiver)))
+
+
+def _kernel_cast_in_model(call: CallSite, facts: AmpFacts) -> bool:
+    """A model casting tensors for its own kernels (fp16 q/k/v for flash attention) is the model's
+    business; a model converting itself or a submodule (`self.encoder.half()` in `setup`) is not."""
+    function = call.scope.function_scope
+    if function.class_name is None or not facts.is_module_class(function.class_name):
+        return False
+    converts_itself = call.receiver_key == "self" or (
+        (call.receiver_key or "").startswith("self.") and function.name != "forward"
+    )
+    return not converts_itself
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
@@ -57,7 +73,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     uses = "autocast" if facts.has_autocast else "a GradScaler"
     for call in facts.calls:
         dtype = low_precision_target(call, facts)
-        if dtype is None or _is_export(call, facts) or _inside_module_class(call, facts):
+        if dtype is None or _is_export(call, facts) or _off_graph(call, facts) or _kernel_cast_in_model(call, facts):
             continue
         subject = facts.module.code_for_node(call.receiver) if call.receiver is not None else "value"
         if len(subject) > 40:

@@ -35,12 +35,18 @@ def _lazy_init(call: CallSite, facts: AmpFacts) -> bool:
 
 
 def _loop_depth_of_uses(loop: Loop, key: str | None, facts: AmpFacts) -> list[int]:
-    """For each use of the scaler inside `loop`, how many loops sit between it and `loop`."""
+    """For each use of the scaler inside `loop`, how many loops sit between it and `loop`.
+
+    A use in a same-file helper called from the loop counts too, whatever the helper names its
+    scaler parameter: the loops around the call and inside the helper are both counted.
+    """
     depths = []
     for use in facts.calls:
-        if key is None or use.receiver_key != key or use.method not in _SCALER_USE:
+        if use.method not in _SCALER_USE or use.receiver_key is None:
             continue
-        chain = [l for l, _ in reversed(facts.enclosing_loops(use.where))]  # outermost first
+        if use.receiver_key != key and not facts.is_scaler(use.receiver_key, use.scope):
+            continue
+        chain = facts.loop_chain(use.where)  # outermost first
         if loop in chain:
             depths.append(len(chain) - 1 - chain.index(loop))
     return depths

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 
 from amplint.static import autofix, names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts, Context, Scope, dotted_name
+from amplint.static.semantics import AmpFacts, Context, Scope, dotted_name, mutually_exclusive, statement_code
 
 CODE = "AMP005"
 
@@ -29,6 +29,11 @@ class _Event:
     scaler: str | None
     optimizer: str | None
     where: Context
+    at: Context | None = None  # where it happens in the function being checked (the call site, for a helper's event)
+
+    @property
+    def position(self) -> Context:
+        return self.at or self.where
 
 
 def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
@@ -53,7 +58,7 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
 def _computes_with_grad(statement: cst.CSTNode, facts: AmpFacts) -> bool:
     if not isinstance(statement, cst.SimpleStatementLine):
         return False
-    return bool(_GRAD_COMPUTATION.search(facts.module.code_for_node(statement)))
+    return bool(_GRAD_COMPUTATION.search(statement_code(statement)))
 
 
 def _events_with_helpers(function: Scope, facts: AmpFacts, own: dict[int, list[_Event]]) -> list[_Event]:
@@ -63,7 +68,8 @@ def _events_with_helpers(function: Scope, facts: AmpFacts, own: dict[int, list[_
         helper = facts.called_function(call)
         if helper is None or helper is function:
             continue
-        merged.extend((call.where.order, i + 1, e) for i, e in enumerate(own.get(id(helper), ())))
+        spliced = (replace(e, at=call.where) for e in own.get(id(helper), ()))
+        merged.extend((call.where.order, i + 1, e) for i, e in enumerate(spliced))
     merged.sort(key=lambda item: (item[0], item[1]))
     return [event for _, _, event in merged]
 
@@ -79,23 +85,26 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     for function in functions:
         events = _events_with_helpers(function, facts, own)
         stepped_optimizers = {e.optimizer for e in events if e.kind == "step" and e.optimizer}
-        scaled = False
-        unscaled: set[str | None] = set()
+        scales: list[_Event] = []  # scaled backwards since the last update()
+        unscales: list[_Event] = []
         for index, event in enumerate(events):
             if event.kind == "scale":
-                scaled = True
+                scales.append(event)
             elif event.kind == "unscale":
-                unscaled.add(event.optimizer)
-            elif event.kind in ("step", "update"):
-                if event.kind == "update":
-                    scaled, unscaled = False, set()
-            elif scaled and id(event.node) not in reported:
+                unscales.append(event)
+            elif event.kind == "update":
+                scales, unscales = [], []
+            elif event.kind in ("clip", "grad") and id(event.node) not in reported:
+                # Only what can run in the same pass: `if amp: scale... else: backward; clip` is fine.
+                scale = next((e for e in reversed(scales) if not mutually_exclusive(e.position, event.position)), None)
+                if scale is None:
+                    continue
+                unscaled = {e.optimizer for e in unscales if not mutually_exclusive(e.position, event.position)}
                 owner = next((e.optimizer for e in events[index + 1 :] if e.kind == "step"), None)
                 if _already_unscaled(owner, unscaled, stepped_optimizers):
                     continue
                 reported.add(id(event.node))
-                scaler = next((e.scaler for e in reversed(events[:index]) if e.kind == "scale"), None)
-                yield _hit(event, owner, autofix.unscale_before(event, scaler, owner, events, facts))
+                yield _hit(event, owner, autofix.unscale_before(event, scale.scaler, owner, events, facts))
 
 
 def _already_unscaled(owner: str | None, unscaled: set[str | None], stepped: set[str]) -> bool:
