@@ -219,7 +219,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     assert found(result) == {("train.py", "AMP001", 2)}
     result = amplint("train.py", "--ignore", "AMP003", "--format", "json", cwd=tmp_path)
     assert result.returncode == 0 and found(result) == set()
-    result = amplint("train.py", "--extend-select", "AMP00", "--format", "json", cwd=tmp_path)
+    result = amplint("train.py", "--extend-select", "AMP001", "--format", "json", cwd=tmp_path)
     assert found(result) == {("train.py", "AMP001", 2), ("train.py", "AMP003", 5)}
 
 
@@ -227,12 +227,12 @@ def test_per_file_ignores_glob_relative_to_config_folder_from_another_cwd(tmp_pa
     write(tmp_path / "pyproject.toml", '[tool.amplint.per-file-ignores]\n"scripts/*.py" = ["AMP001"]\n')
     write(tmp_path / "scripts" / "a.py", TWO_RULES)
     write(tmp_path / "src" / "a.py", TWO_RULES)
-    result = amplint(".", "--format", "json", cwd=tmp_path)
+    result = amplint(".", "--format", "json", "--select", "AMP001,AMP003", cwd=tmp_path)
     assert {(Path(f["path"]).parent.name, f["code"]) for f in json.loads(result.stdout)} == {
         ("scripts", "AMP003"), ("src", "AMP001"), ("src", "AMP003"),
     }
     # Run from inside a folder: the glob still counts from the pyproject's folder.
-    result = amplint("a.py", "--format", "json", cwd=tmp_path / "scripts")
+    result = amplint("a.py", "--format", "json", "--select", "AMP001,AMP003", cwd=tmp_path / "scripts")
     assert found(result) == {("a.py", "AMP003", 5)}
 
 
@@ -259,8 +259,8 @@ def test_min_torch_reaches_the_fixes(tmp_path: Path) -> None:
     write(tmp_path / "new" / "train.py", source)
     write(tmp_path / "old" / "train.py", source)
     write(tmp_path / "old" / "pyproject.toml", '[tool.amplint]\nmin-torch = "2.2"\n')
-    new = json.loads(amplint("new/train.py", "--format", "json", cwd=tmp_path).stdout)
-    old = json.loads(amplint("old/train.py", "--format", "json", cwd=tmp_path).stdout)
+    new = json.loads(amplint("new/train.py", "--format", "json", "--select", "AMP001", cwd=tmp_path).stdout)
+    old = json.loads(amplint("old/train.py", "--format", "json", "--select", "AMP001", cwd=tmp_path).stdout)
     assert [f["code"] for f in new] == [f["code"] for f in old] == ["AMP001"]
     assert new[0]["fix"] is not None and old[0]["fix"] is None
 
