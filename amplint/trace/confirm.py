@@ -83,6 +83,7 @@ def _amp003(site: _Site, facts: Facts):
     if first:
         evidence["autocast"] = {"device": first["device"], "dtype": first["dtype"]}
         evidence["autocast_entered_at"] = facts.where(first.get("entered_at"))
+        evidence["autocast_created_at"] = facts.where(first.get("created_at"))
         evidence["first_step"] = first["step"]
         if "function" in first:
             evidence["call"] = first["function"]
@@ -97,7 +98,9 @@ def _scaler_evidence(scalers, facts: Facts) -> tuple[int, dict]:
     steps = [s for s in facts.state.scaler_steps if s.scaler in {x.index for x in scalers}]
     skipped = sum(1 for s in steps if facts.applied.get(id(s)) is False)
     per_scaler = [s.steps for s in scalers]
-    per_iteration = len(scalers) >= 2 and max(per_scaler, default=0) <= 2
+    # Built per iteration: several scalers from one line, none used for more than one step (a
+    # scaler per fold or per run steps many times and is correct).
+    per_iteration = len(scalers) >= 2 and max(per_scaler, default=0) <= 1
     evidence = {
         "constructions": len(scalers),
         "max_steps_per_scaler": max(per_scaler, default=0),
@@ -209,7 +212,7 @@ def _amp011(site: _Site, facts: Facts):
     after_skip = _scheduler_after_skip(steps, facts)
     evidence = {"scheduler_steps": len(steps), "right_after_skipped_step": len(after_skip)}
     if after_skip:
-        evidence["first_step"] = after_skip[0].step
+        evidence["skipped_steps"] = [s.after.step for s in after_skip][:20]
     return len(after_skip), bool(steps) or _reached(site, facts), evidence
 
 
@@ -307,12 +310,16 @@ def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
                 "calls_with_autocast": with_autocast,
                 "autocast": {"device": ev.get("device"), "dtype": ev.get("dtype")},
                 "autocast_entered_at": facts.where(ev.get("entered_at")),
+                "autocast_created_at": facts.where(ev.get("created_at")),
                 "first_step": ev.get("step"),
             }
+            made = evidence["autocast_created_at"]
             entered = evidence["autocast_entered_at"] or "an autocast region"
-            found.append(
-                _runtime("AMP003", site, facts, with_autocast, evidence, f"{what} ran inside autocast (entered at {entered})")
-            )
+            origin = f"entered at {entered}" + (f", created at {made}" if made and made != entered else "")
+            found.append(_runtime("AMP003", site, facts, with_autocast, evidence, f"{what} ran inside autocast ({origin})"))
+
+    # (AMP011 has no runtime-only finding: a scheduler step after a skipped step is counted in
+    # scaler.scheduler_steps_after_skip; it becomes a finding only where the static rule points.)
 
     # AMP004: one construction line making a scaler per iteration (e.g. a helper called per batch).
     by_line: dict = defaultdict(list)
@@ -372,15 +379,4 @@ def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
                 _runtime("AMP006", site, facts, count, {"steps_bypassing_scaler": count}, "optimizer.step() ran on gradients still multiplied by the GradScaler scale; use scaler.step(optimizer)")
             )
 
-    # AMP011: scheduler stepped right after a skipped optimizer step.
-    sched_by_line: dict = defaultdict(list)
-    for step in _scheduler_after_skip(state.scheduler_steps, facts):
-        if step.callsite is not None:
-            sched_by_line[step.callsite].append(step)
-    for site, steps in sched_by_line.items():
-        if not _claimed(claimed, "AMP011", site):
-            evidence = {"right_after_skipped_step": len(steps), "first_step": steps[0].step}
-            found.append(
-                _runtime("AMP011", site, facts, len(steps), evidence, "the LR scheduler advanced right after GradScaler skipped the optimizer step")
-            )
     return found

@@ -16,6 +16,7 @@ and the search goes on for an unhandled one.
 from __future__ import annotations
 
 import math
+import weakref
 from itertools import count
 
 import torch
@@ -68,6 +69,7 @@ class NonFiniteMonitor:
         self._seq = count()
         self.found_unhandled = False
         self.found_handled = False
+        self._constants: weakref.WeakSet = weakref.WeakSet()
 
     # -- shared -------------------------------------------------------------------------
     @property
@@ -181,6 +183,10 @@ class NonFiniteMonitor:
         )
 
     # -- op -----------------------------------------------------------------------------
+    def note_constant(self, tensor) -> None:
+        if isinstance(tensor, torch.Tensor):
+            self._constants.add(tensor)
+
     def check_op(self, info, args, kwargs, out, callsite, phase, node) -> None:
         """Called by the recorder after each op (already outside the mode: our ops are unseen)."""
         outs = floating_tensors(out)
@@ -189,9 +195,15 @@ class NonFiniteMonitor:
         if not outs or all_finite_now(outs):
             return
         inputs = [a for i, a in enumerate(args) if i not in info.mutated]
-        inputs_finite = all_finite_now(floating_tensors(inputs) + floating_tensors(list((kwargs or {}).values())))
-        if not inputs_finite:
+        tensors = floating_tensors(inputs) + floating_tensors(list((kwargs or {}).values()))
+        # A literal written by the user (`grad[0] = float("inf")`) is where the value starts.
+        tensors = [t for t in tensors if t not in self._constants]
+        if not all_finite_now(tensors):
             return
+        if phase == "forward" and not self.state.mirror.active and not any(
+            t.requires_grad for t in tensors + outs
+        ):
+            phase = "other"  # neither a forward pass (no autograd, no autocast) nor backward/optimizer
         handled = phase == "backward" and self.scaler_in_flight()
         self.record(
             NonFinite(

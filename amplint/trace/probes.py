@@ -129,14 +129,25 @@ class Probes:
 
         probes = self
 
+        def wrap_init(real):
+            @functools.wraps(real)
+            def __init__(self_, *args, **kwargs):
+                real(self_, *args, **kwargs)
+                # where the object was made: a helper in another module, for runtime-only AMP003
+                self_._amplint_created_at = probes._callsite()
+
+            return __init__
+
         def wrap_enter(real):
             @functools.wraps(real)
             def __enter__(self_):
                 site = probes._callsite()
                 result = real(self_)
-                if getattr(self_, "_enabled", False):
+                enabled = getattr(self_, "_enabled", False)
+                if enabled:
                     probes.state.autocast_entries[site] += 1
-                probes.state.mirror.entered.append(site if getattr(self_, "_enabled", False) else None)
+                created = getattr(self_, "_amplint_created_at", None)
+                probes.state.mirror.entered.append((site, created) if enabled else None)
                 return result
 
             return __enter__
@@ -153,6 +164,7 @@ class Probes:
             return __exit__
 
         autocast_cls = torch.amp.autocast_mode.autocast
+        self._patch(autocast_cls, "__init__", wrap_init)
         self._patch(autocast_cls, "__enter__", wrap_enter)
         self._patch(autocast_cls, "__exit__", wrap_exit)
 
@@ -172,8 +184,8 @@ class Probes:
         if not mirror.active:
             return None
         device, dtype = mirror.active[-1]
-        opened = next((s for s in reversed(mirror.entered) if s is not None), None)
-        return {"device": device, "dtype": dtype, "entered_at": opened}
+        opened = next((s for s in reversed(mirror.entered) if s is not None), (None, None))
+        return {"device": device, "dtype": dtype, "entered_at": opened[0], "created_at": opened[1]}
 
     # -- backward ----------------------------------------------------------------------------
     def _install_backward(self) -> None:

@@ -21,7 +21,7 @@ _current_node = torch._C._current_autograd_node
 
 
 class OpInfo:
-    __slots__ = ("name", "skip", "mutated", "uninitialised")
+    __slots__ = ("name", "skip", "mutated", "uninitialised", "constant_source")
 
     def __init__(self, func):
         schema = func._schema
@@ -31,6 +31,8 @@ class OpInfo:
         )
         base = schema.name.split("::")[-1]
         self.uninitialised = base in UNINITIALISED_OPS
+        # Python constants becoming tensors (`g[0] = float("inf")`): a source, not a culprit.
+        self.constant_source = base in ("lift_fresh", "lift", "lift_fresh_copy", "scalar_tensor")
         # Views and aliasing ops keep their input's dtype: nothing to learn, and they are many.
         self.skip = (
             bool(func.is_view)
@@ -83,6 +85,8 @@ class DispatchRecorder(TorchDispatchMode):
         info = self._infos.get(func)
         if info is None:
             info = self._infos[func] = OpInfo(func)
+        if info.constant_source and self.check_ops:
+            self.monitor.note_constant(out)
         if info.skip or info.uninitialised:
             return out
 

@@ -1,0 +1,83 @@
+"""End-to-end: every fixtures/runtime/*.expected.json names a CPU training script with known facts
+(finding statuses and counts, scaler accounting, the first non-finite op); the real CLI runs it in
+a subprocess and the JSON report must state exactly those facts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures" / "runtime"
+CASES = sorted(FIXTURES.glob("*.expected.json"))
+
+
+def run_trace(script: str, options: list[str], tmp_path: Path, cwd: Path = FIXTURES) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONWARNINGS="ignore::UserWarning")
+    proc = subprocess.run(
+        [sys.executable, "-m", "amplint", "trace", "-q", "--json", str(out), *options, script],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.exists(), f"no report written; stderr:\n{proc.stderr}"
+    return proc, json.loads(out.read_text())
+
+
+def assert_subset(expected, actual, where: str) -> None:
+    """Every key/value in `expected` is in `actual` (dicts recursively, lists exactly)."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), f"{where}: expected an object, got {actual!r}"
+        for key, value in expected.items():
+            assert key in actual, f"{where}: missing {key!r} in {actual!r}"
+            assert_subset(value, actual[key], f"{where}.{key}")
+    elif isinstance(expected, list) and expected and isinstance(expected[0], dict):
+        assert isinstance(actual, list) and len(actual) == len(expected), f"{where}: {actual!r} != {expected!r}"
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            assert_subset(e, a, f"{where}[{i}]")
+    else:
+        assert actual == expected, f"{where}: {actual!r} != {expected!r}"
+
+
+def _key(finding: dict) -> tuple:
+    return finding["code"], finding["path"], finding["line"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name.removesuffix(".expected.json") for c in CASES])
+def test_fixture_facts(case: Path, tmp_path: Path) -> None:
+    expected = json.loads(case.read_text())
+    script = expected.get("script", case.name.removesuffix(".expected.json") + ".py")
+    proc, report = run_trace(script, expected.get("options", []), tmp_path)
+    assert proc.returncode == expected["exit_code"], proc.stderr
+
+    actual = {_key(f): f for f in report["findings"]}
+    for want in expected["findings"]:
+        got = actual.get(_key(want))
+        assert got is not None, f"{_key(want)} not reported; findings: {sorted(actual)}\n{proc.stderr}"
+        assert_subset(want, got, f"finding {_key(want)}")
+    # No confirmation beyond the known facts: a clean script must stay clean.
+    listed = {_key(f) for f in expected["findings"]}
+    extra = [f for f in report["findings"] if f["status"] == "confirmed" and _key(f) not in listed]
+    assert not extra, f"unexpected confirmed findings: {extra}"
+
+    if "scaler" in expected:
+        assert_subset(expected["scaler"], report["scaler"], "scaler")
+    if "nonfinite" in expected:
+        if expected["nonfinite"] is None:
+            assert report["nonfinite"] is None, report["nonfinite"]
+        else:
+            assert_subset(expected["nonfinite"], report["nonfinite"], "nonfinite")
+    for want in expected.get("ops_include", []):
+        assert any(
+            all(row.get(k) == v for k, v in want.items()) for row in report["ops"]
+        ), f"no op row matching {want}"
