@@ -70,7 +70,8 @@ def run_compare_command(
             torch.set_num_threads(threads)
 
         from amplint.compare import report as reporting
-        from amplint.compare import run, spec as specs, store
+        from amplint.compare import run, store
+        from amplint.compare import spec as specs
 
         trial_override = tuple(t.strip() for t in trials.split(",") if t.strip()) if trials is not None else None
         spec = specs.load_spec(spec_path, device=device, trials=trial_override)
@@ -113,7 +114,7 @@ def run_compare_command(
         return _error(f"{spec_path}: {exc}")
     except OSError as exc:
         return _error(f"{spec_path}: {describe_exception(exc)}")
-    except Exception as exc:  # a bug in amplint or an unexpected failure: still one line, exit 2
+    except Exception as exc:  # a bug in amplint or an unexpected failure: still one line, exit 2  # noqa: BLE001 - user code or torch internals may raise anything
         return _error(f"{spec_path}: internal error: {describe_exception(exc)}")
     return EXIT_PASSED if all(trial["passed"] for trial in report["trials"]) else EXIT_FAILED
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from amplint.compare.errors import CompareError
 

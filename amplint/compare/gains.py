@@ -28,7 +28,6 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Any
 
 import torch
 
@@ -123,7 +122,7 @@ def _cpu_peak_bytes(prepared: Prepared, model: torch.nn.Module, dtype: str | Non
         with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             _one_pass(prepared, model, dtype)
         roots = prof.profiler.kineto_results.experimental_event_tree()
-    except Exception:  # the private event tree moved or the profiler is unavailable: no number
+    except Exception:  # the private event tree moved or the profiler is unavailable: no number  # noqa: BLE001 - user code or torch internals may raise anything
         return None
     allocations: list[tuple[int, int]] = []
     stack = list(roots)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 

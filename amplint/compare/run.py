@@ -14,8 +14,9 @@ import os
 import platform
 import random
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -81,7 +82,7 @@ def prepare(spec: Spec) -> Prepared:
     else:
         try:
             model = spec.model()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - user code or torch internals may raise anything
             raise CompareError(spec_exception(exc, spec_file, "model()")) from None
     if not isinstance(model, torch.nn.Module):
         raise CompareError(f"model() must return a torch.nn.Module, got {type(model).__name__}")
@@ -110,7 +111,7 @@ def prepare(spec: Spec) -> Prepared:
 def _read_cases(spec: Spec, spec_file: str) -> list[tuple[str, Any]]:
     try:
         raw = spec.cases() if callable(spec.cases) else spec.cases
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - user code or torch internals may raise anything
         raise CompareError(spec_exception(exc, spec_file, "cases()")) from None
     try:
         iterator = iter(raw)
@@ -118,7 +119,7 @@ def _read_cases(spec: Spec, spec_file: str) -> list[tuple[str, Any]]:
         raise CompareError(f"`cases` must give an iterable of (id, input) pairs, got {type(raw).__name__}") from None
     try:
         items = list(iterator)  # a generator runs the spec's code here
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - user code or torch internals may raise anything
         raise CompareError(spec_exception(exc, spec_file, "cases()")) from None
     if not items:
         raise CompareError("cases() returned no cases; the fixed dataset must not be empty")
@@ -279,7 +280,7 @@ def _judge_baseline(prepared: Prepared, baseline: Baseline, decide, spec_file: s
         finite = out.is_finite(output)
         decision = margin = None
         if finite:
-            decision = _call(lambda: out.jsonable(decide(output)), spec_file, f"decide() on the baseline of case {case_id!r}")
+            decision = _call(lambda output=output: out.jsonable(decide(output)), spec_file, f"decide() on the baseline of case {case_id!r}")
             margin = _margin(spec, output, spec_file, case_id)
         else:
             nonfinite.append(case_id)
@@ -348,7 +349,7 @@ def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict
         try:
             decision = out.jsonable(decide(trial_output))
             decision_error = None
-        except Exception as exc:  # e.g. a custom decide() meeting NaN; the decision is then lost
+        except Exception as exc:  # e.g. a custom decide() meeting NaN; the decision is then lost  # noqa: BLE001 - user code or torch internals may raise anything
             decision, decision_error = None, describe_exception(exc)
         entry = {
             "id": case_id,
@@ -381,7 +382,7 @@ def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict
     if spec.quality is not None:
         try:
             trial["quality"] = _quality(spec, outputs, prepared, spec_file, raise_errors=True)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - user code or torch internals may raise anything
             trial["quality_error"] = describe_exception(exc)
         if trial["quality"] is None or (criteria.min_quality is not None and trial["quality"] < criteria.min_quality):
             failed.append(FAILED_QUALITY)
@@ -455,7 +456,7 @@ def _quality(spec: Spec, outputs: list[Any], prepared: Prepared, spec_file: str,
 def _call(function, spec_file: str, where: str):
     try:
         return function()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - user code or torch internals may raise anything
         raise CompareError(spec_exception(exc, spec_file, where)) from None
 
 

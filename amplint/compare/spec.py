@@ -13,8 +13,9 @@ import importlib.util
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from amplint.compare.criteria import Criteria, parse_criteria
 from amplint.compare.errors import CompareError, describe_exception
@@ -114,7 +115,7 @@ def parse_device(raw: object) -> str:
 def _dtype_name(item: object) -> str:
     # torch.float16 prints as "torch.float16"; accept it without importing torch here.
     text = str(item)
-    return text[len("torch."):] if text.startswith("torch.") else text
+    return text.removeprefix("torch.")
 
 
 def _is_sequence(raw: object) -> bool:
@@ -168,7 +169,7 @@ def _import_spec(path: str):
     except SyntaxError as exc:
         del sys.modules[module_spec.name]
         raise CompareError(f"line {exc.lineno}: SyntaxError: {exc.msg}") from None
-    except (Exception, SystemExit) as exc:
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code or torch internals may raise anything
         del sys.modules[module_spec.name]
         raise CompareError(spec_exception(exc, absolute)) from None
     finally:

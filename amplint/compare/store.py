@@ -48,7 +48,7 @@ def load_baseline(path: str, prepared: Prepared) -> Baseline:
     try:
         # weights_only: a baseline file holds tensors and plain containers, never code to run.
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - user code or torch internals may raise anything
         raise CompareError(f"baseline file {path} cannot be read: {describe_exception(exc)}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CompareError(f"baseline file {path} is not an amplint compare baseline (written by --save-baseline)")
