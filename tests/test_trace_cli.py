@@ -1,0 +1,210 @@
+"""`amplint trace` as a launcher: the script's argv, output, exit status and traceback are what
+`python SCRIPT` would give; the report is written however the script ends; bad input is one
+line and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+def trace(tmp_path: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "amplint", "trace", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, PYTHONWARNINGS="ignore::UserWarning"),
+    )
+
+
+def write(tmp_path: Path, name: str, source: str) -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def test_argv_stdout_and_exit_status_pass_through(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import sys
+        import torch
+        print("args", sys.argv[1:], __name__)
+        sys.exit(int(sys.argv[2]))
+        """,
+    )
+    proc = trace(tmp_path, "-q", "--json", "r.json", "train.py", "--lr", "5")
+    assert proc.returncode == 5
+    assert proc.stdout == "args ['--lr', '5'] __main__\n"
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["exit"] == {"status": "exit", "code": 5, "exception": None}
+    assert report["argv"] == ["train.py", "--lr", "5"]
+    assert report["script"] == "train.py"
+
+
+def test_exception_keeps_python_traceback_and_report(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "boom.py",
+        """
+        import torch
+
+        def step():
+            raise ValueError("bad batch")
+
+        step()
+        """,
+    )
+    proc = trace(tmp_path, "-q", "--json", "r.json", "boom.py")
+    plain = subprocess.run([sys.executable, "boom.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == plain.returncode == 1
+    # The traceback is the script's own: same frames, no amplint/runpy frames in front.
+    traceback_lines = [line for line in proc.stderr.splitlines() if line.startswith(("Traceback", "  File", "ValueError"))]
+    plain_lines = [line for line in plain.stderr.splitlines() if line.startswith(("Traceback", "  File", "ValueError"))]
+    assert traceback_lines == plain_lines
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["exit"] == {"status": "exception", "code": 1, "exception": "ValueError: bad batch"}
+
+
+def test_keyboard_interrupt_still_writes_report(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "loop.py",
+        """
+        import pathlib, time
+        import torch
+        x = torch.ones(2) * 2
+        pathlib.Path("started").write_text("1")
+        while True:
+            time.sleep(0.05)
+        """,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "amplint", "trace", "-q", "--json", "r.json", "loop.py"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "KeyboardInterrupt" in stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["exit"]["status"] == "exception" and report["exit"]["code"] == 130
+    assert any(op["op"] == "aten::mul.Tensor" and op["line"] == 4 for op in report["ops"])
+
+
+def test_module_mode_runs_as_main(tmp_path: Path) -> None:
+    write(tmp_path, "pkg/__init__.py", "")
+    write(
+        tmp_path,
+        "pkg/train.py",
+        """
+        import sys
+        import torch
+        if __name__ == "__main__":
+            print("module", sys.argv[1:])
+            torch.ones(3).sum()
+        """,
+    )
+    proc = trace(tmp_path, "-q", "--json", "r.json", "-m", "pkg.train", "--epochs", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "module ['--epochs', '1']\n"
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["script"] == "pkg.train"
+    assert any(op["path"] == os.path.join("pkg", "train.py") for op in report["ops"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing.py"], "no such script: missing.py"),
+        (["--nan", "sometimes", "x.py"], "'sometimes' is not one of"),
+        (["--probe-dtype", "int8", "x.py"], "--probe-dtype accepts float16, bfloat16"),
+        ([], "missing SCRIPT"),
+        (["-m", "no_such_module_here"], "no module named 'no_such_module_here'"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    write(tmp_path, "x.py", "print('never')\n")
+    proc = trace(tmp_path, *args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("amplint trace: error:") and message in lines[0]
+    assert "never" not in proc.stdout
+
+
+def test_strict_fails_on_confirmed_finding_and_summary_goes_to_stderr(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "bad.py",
+        """
+        import torch
+        from torch import nn
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(torch.randn(3, 4)).float().pow(2).mean()
+                loss.backward()
+            opt.step()
+        print("done")
+        """,
+    )
+    plain = trace(tmp_path, "bad.py")
+    assert plain.returncode == 0 and plain.stdout == "done\n"
+    assert "AMP003" in plain.stderr and "confirmed" in plain.stderr
+    strict = trace(tmp_path, "--strict", "-q", "bad.py")
+    assert strict.returncode == 1
+    assert strict.stderr.strip() == "" or "AMP003" not in strict.stderr  # -q: no summary
+
+
+def test_html_report_is_self_contained(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "fp16.py",
+        """
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**30)
+        for _ in range(4):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(3, 4)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        """,
+    )
+    proc = trace(tmp_path, "-q", "--html", "r.html", "--json", "r.json", "fp16.py")
+    assert proc.returncode == 0, proc.stderr
+    html = (tmp_path / "r.html").read_text()
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert html.startswith("<!DOCTYPE html>")
+    assert "<svg" in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
+    assert "<script src" not in html and "<link" not in html
+    skipped = report["scaler"]["steps_skipped"]
+    assert skipped >= 1  # 2**30 overflows fp16 gradients at first
+    assert f"{skipped} skipped" in html
