@@ -16,7 +16,7 @@ ALL = frozenset({"AMP000", "AMP001", "AMP002", "AMP003", "AMP004", "AMP005"})  #
 
 def _flagged_fixtures() -> list[tuple[str, Path]]:
     cases = []
-    for path in sorted(FIXTURES.glob("AMP00[1-9]/*.py")):
+    for path in sorted(FIXTURES.glob("AMP0[0-9][0-9]/*.py")):
         lines = path.with_suffix(".expected").read_text(encoding="utf-8").split()
         for code in sorted(set(lines[0::2])):
             if code != "AMP000":
@@ -26,16 +26,16 @@ def _flagged_fixtures() -> list[tuple[str, Path]]:
 
 @pytest.mark.parametrize("code,path", _flagged_fixtures(), ids=lambda v: v if isinstance(v, str) else f"{v.parent.name}/{v.name}")
 def test_fixture_passes_gate(code: str, path: Path) -> None:
-    assert code in possible_rules(path.read_bytes(), ALL)
+    assert code in possible_rules(path.read_bytes(), frozenset({code}))
 
 
 @pytest.mark.parametrize(
     "code,source",
-    [(r.code, s) for r in catalogue().values() if r.code in GATES and r.code in ALL for s in code_examples(r, "Example")],
+    [(r.code, s) for r in catalogue().values() if r.code in GATES for s in code_examples(r, "Example")],
     ids=lambda v: v if str(v).startswith("AMP") else "",
 )
 def test_example_passes_gate(code: str, source: str) -> None:
-    assert code in possible_rules(source.encode(), ALL)
+    assert code in possible_rules(source.encode(), frozenset({code}))
 
 
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("AMP00[1-9]/*.py")), ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -48,7 +48,9 @@ class Scope:
                 if head in names.STAR_EXPORTS.get(module, ()):
                     return f"{module}.{head}"
             scope = scope.parent
-        return None
+        # `torch` used without an import (a snippet, or a star import from a project module)
+        # can only mean the torch package.
+        return "torch" if head == "torch" else None
 
     def resolve(self, dotted: str | None) -> str | None:
         if not dotted:
@@ -226,6 +228,15 @@ class _Recorder(cst.CSTVisitor):
         self._order = 0
         self._callee_nodes: set[int] = set()
         self._not_references: set[int] = set()  # names that are labels, not loads
+        self._top_level_ids = {id(statement): index for index, statement in enumerate(facts.module.body)}
+        self._top_level = -1
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        # Which top-level statement each node sits in: positions are then computed for the
+        # statements that hold a finding only, not for the whole file (analyse.py).
+        self._top_level = self._top_level_ids.get(id(node), self._top_level)
+        self.facts.top_level[id(node)] = self._top_level
+        return super().on_visit(node)
 
     # -- helpers ------------------------------------------------------------------------------
     def _context(self) -> Context:
@@ -311,9 +322,12 @@ class _Recorder(cst.CSTVisitor):
             params=params,
         )
         self.facts.functions.append(scope)
-        # Decorators are evaluated in the enclosing scope.
+        # Decorators, defaults and annotations are evaluated in the enclosing scope.
         for decorator in node.decorators:
             decorator.visit(self)
+        node.params.visit(self)
+        if node.returns is not None:
+            node.returns.visit(self)
         self._enter_scope(scope)
         node.body.visit(self)
         self._leave_scope()
@@ -525,6 +539,7 @@ class AmpFacts:
     def __init__(self, module: cst.Module, min_torch: tuple[int, ...] | None = None) -> None:
         self.module = module
         self.min_torch = min_torch  # the oldest torch the code must keep running on (fixes honour it)
+        self.top_level: dict[int, int] = {}  # id(node) -> index of its top-level statement
         self.module_scope = Scope("module", "<module>", module, None)
         self.scopes: list[Scope] = [self.module_scope]
         self.functions: list[Scope] = []

@@ -83,8 +83,10 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         run_loop = _starts_a_run(loop, facts) or (bool(_RUN.search(loop.text)) and not epoch_loop)
         if 0 in depths:
             period = "epoch" if epoch_loop else "iteration"
-        elif run_loop or (depths and min(depths) > 1 and not epoch_loop):
-            continue  # one scaler per fold, trial or run is right
+        elif run_loop or (depths and min(depths) > 1):
+            # One scaler per fold, trial or run is right; so is one per iteration of a loop with
+            # whole epoch and batch loops inside it, whatever that loop is called.
+            continue
         else:
             period = "epoch" if epoch_loop or depths else "iteration"
         reached = " (through the call on line {1})" if via is not None else ""

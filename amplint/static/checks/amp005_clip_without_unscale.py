@@ -99,19 +99,28 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 scale = next((e for e in reversed(scales) if not mutually_exclusive(e.position, event.position)), None)
                 if scale is None:
                     continue
-                unscaled = {e.optimizer for e in unscales if not mutually_exclusive(e.position, event.position)}
+                fresh = [e for e in unscales if not mutually_exclusive(e.position, event.position)]
                 owner = next((e.optimizer for e in events[index + 1 :] if e.kind == "step"), None)
-                if _already_unscaled(owner, unscaled, stepped_optimizers):
+                covering = _covering_unscale(owner, fresh, stepped_optimizers)
+                if covering is not None:
+                    if len(stepped_optimizers) > 1:
+                        # Several optimizers: one `unscale_` covers the clip of its own model, not
+                        # a second clip of another model's (still scaled) gradients.
+                        unscales.remove(covering)
                     continue
                 reported.add(id(event.node))
                 yield _hit(event, owner, autofix.unscale_before(event, scale.scaler, owner, events, facts))
 
 
-def _already_unscaled(owner: str | None, unscaled: set[str | None], stepped: set[str]) -> bool:
-    if owner is not None and owner in unscaled:
-        return True
-    # With one optimizer, any `unscale_` covers it even when spelled differently (`opt` vs `self.opt`).
-    return bool(unscaled) and (owner is None or len(stepped) <= 1)
+def _covering_unscale(owner: str | None, fresh: list[_Event], stepped: set[str]) -> _Event | None:
+    """The `unscale_` that makes a clip safe, if any."""
+    for event in fresh:
+        if owner is not None and event.optimizer == owner:
+            return event
+    # One optimizer: any `unscale_` covers it even when spelled differently (`opt` vs `self.opt`).
+    # Several: an `unscale_` not yet used by an earlier clip (`unscale_(a); unscale_(b)`, then
+    # `clip(model_a); clip(model_b)`).
+    return fresh[0] if fresh else None
 
 
 def _hit(event: _Event, owner: str | None, fix) -> Hit:
