@@ -19,6 +19,11 @@ _EXPORT_FUNCTION = re.compile(r"export|save|onnx|convert|quantiz|checkpoint|seri
 # the model nor its inputs.
 _OFF_GRAPH = {"cpu", "numpy", "tolist", "item", "detach"}
 _OFF_GRAPH_RECEIVER = re.compile(r"\.(detach|cpu|numpy|item)\(\)")
+# `model.half().float()` rounds the weights through fp16 and leaves the model in float32.
+_ROUND_TRIP = {"float"}
+# A converted deep copy (`deepcopy(ema.ema).half()` in a checkpoint dict) is never the model
+# being trained.
+_COPY = {"copy.deepcopy", "copy.copy"}
 
 
 def low_precision_target(call: CallSite, facts: AmpFacts) -> str | None:
@@ -50,7 +55,9 @@ def _is_export(call: CallSite, facts: AmpFacts) -> bool:
 
 
 def _off_graph(call: CallSite, facts: AmpFacts) -> bool:
-    if facts.method_on_result(call) in _OFF_GRAPH:
+    if facts.method_on_result(call) in _OFF_GRAPH | _ROUND_TRIP:
+        return True
+    if isinstance(call.receiver, cst.Call) and facts.qualname(call.receiver.func, call.scope) in _COPY:
         return True
     return call.receiver is not None and bool(_OFF_GRAPH_RECEIVER.search(facts.module.code_for_node(call.receiver)))
 
