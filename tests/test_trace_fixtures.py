@@ -56,6 +56,11 @@ def _key(finding: dict) -> tuple:
 @pytest.mark.parametrize("case", CASES, ids=[c.name.removesuffix(".expected.json") for c in CASES])
 def test_fixture_facts(case: Path, tmp_path: Path) -> None:
     expected = json.loads(case.read_text())
+    if expected.get("skip_if_cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("states facts of a machine without CUDA")
     script = expected.get("script", case.name.removesuffix(".expected.json") + ".py")
     proc, report = run_trace(script, expected.get("options", []), tmp_path)
     assert proc.returncode == expected["exit_code"], proc.stderr
@@ -77,6 +82,21 @@ def test_fixture_facts(case: Path, tmp_path: Path) -> None:
             assert report["nonfinite"] is None, report["nonfinite"]
         else:
             assert_subset(expected["nonfinite"], report["nonfinite"], "nonfinite")
+    for want in expected.get("kernels_include", []):
+        assert any(all(k.get(f) == v for f, v in want.items()) for k in report["kernels"]), (
+            f"no kernel entry matching {want}: {report['kernels']}"
+        )
+    if "kernels_all" in expected:
+        assert report["kernels"], "no kernel entries"
+        for entry in report["kernels"]:
+            assert_subset(expected["kernels_all"], entry, f"kernel {entry['op']}")
+    for want in expected.get("simulation_include", []):
+        calls = report["simulation"]["calls"]
+        assert any(all(c.get(f) == v for f, v in want.items()) for c in calls), f"no simulated call matching {want}: {calls}"
+    if "simulation_not_simulated" in expected:
+        assert len(report["simulation"]["not_simulated"]) == expected["simulation_not_simulated"], report["simulation"]["not_simulated"]
+    if "notes_include" in expected:
+        assert any(expected["notes_include"] in note for note in report["notes"]), report["notes"]
     for want in expected.get("ops_include", []):
         assert any(
             all(row.get(k) == v for k, v in want.items()) for row in report["ops"]

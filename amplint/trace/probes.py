@@ -148,6 +148,9 @@ class Probes:
                     probes.state.autocast_entries[site] += 1
                 created = getattr(self_, "_amplint_created_at", None)
                 probes.state.mirror.entered.append((site, created) if enabled else None)
+                # A CUDA region a CPU-only machine disabled: --simulate cuda shadows it anyway.
+                wanted_cuda = not enabled and getattr(self_, "device", None) == "cuda" and not torch.cuda.is_available()
+                probes.state.mirror.requested.append(getattr(self_, "fast_dtype", None) if wanted_cuda else None)
                 return result
 
             return __enter__
@@ -160,6 +163,8 @@ class Probes:
                 finally:
                     if probes.state.mirror.entered:
                         probes.state.mirror.entered.pop()
+                    if probes.state.mirror.requested:
+                        probes.state.mirror.requested.pop()
 
             return __exit__
 

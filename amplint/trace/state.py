@@ -150,7 +150,8 @@ class AutocastMirror(threading.local):
         self.enabled: dict[str, bool] = {}
         self.dtypes: dict[str, Any] = {}
         self.active: tuple = ()  # ((device, dtype), ...) of the enabled devices
-        self.entered: list[Callsite | None] = []  # callsites of open `with autocast` blocks
+        self.entered: list = []  # (entered at, created at) of open enabled `with autocast` blocks
+        self.requested: list = []  # dtype of open CUDA blocks disabled for want of a GPU
 
 
 class TraceState:

@@ -1,0 +1,148 @@
+"""Kernel availability (feasibility §8, L4): replay every distinct op signature the run recorded
+in another dtype on a target device, after the run.
+
+Each signature is rebuilt from its template (floating tensors as `rand + 0.5` in the target
+dtype, integer tensors as zeros, other arguments as recorded), first in its recorded dtypes as a
+baseline, then in the target dtype. A failure only in the target dtype whose text says the kernel
+or dtype is missing is "missing"; other failures are "inconclusive" (reported, never "available").
+A target device this machine does not have gives "unverified" for every op, never "available".
+The RNG state is saved and restored so the probe leaves no trace.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from amplint.trace.recorder import TensorSpec
+
+_MISSING = re.compile(
+    r"not implemented for|Unsupported dtype|doesn't support|does not support|not supported|"
+    r"Could not run '|no kernel|Low precision dtypes not supported|NotImplementedError",
+    re.IGNORECASE,
+)
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Never replayed: collectives would wait for other ranks; profiler markers hold no kernel.
+_SKIP_NAMESPACES = ("c10d", "_c10d_functional", "profiler", "_dtensor")
+
+
+def _device_available(device: str) -> bool:
+    if device == "cpu":
+        return True
+    if device == "cuda":
+        return torch.cuda.is_available()
+    return False
+
+
+def _build(value, dtype, device):
+    if isinstance(value, TensorSpec):
+        if value.layout != torch.strided:
+            raise _Unrebuildable(f"layout {value.layout}")
+        target_dtype = dtype if (dtype is not None and value.dtype in _FLOATS and value.dtype != torch.float64) else value.dtype
+        if target_dtype.is_floating_point:
+            return (torch.rand(value.shape, dtype=torch.float32, device=device) + 0.5).to(target_dtype)
+        if target_dtype.is_complex:
+            return torch.rand(value.shape, dtype=target_dtype, device=device)
+        return torch.zeros(value.shape, dtype=target_dtype, device=device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_build(v, dtype, device) for v in value)
+    if isinstance(value, torch.device):
+        return torch.device(device)
+    if isinstance(value, torch.dtype) and dtype is not None and value in (torch.float16, torch.bfloat16, torch.float32):
+        return dtype  # an explicit output dtype follows the probe
+    return value
+
+
+class _Unrebuildable(Exception):
+    pass
+
+
+def _has_floating_input(args, kwargs) -> bool:
+    def walk(value):
+        if isinstance(value, TensorSpec):
+            return value.dtype in _FLOATS and value.dtype != torch.float64
+        if isinstance(value, (list, tuple)):
+            return any(walk(v) for v in value)
+        return False
+
+    return walk(args) or walk(list(kwargs.values()))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _op_name(func) -> str:
+    schema = func._schema
+    name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+    return name[: -len(".default")] if name.endswith(".default") else name
+
+
+def probe_kernels(templates: dict, dtypes: tuple[str, ...], device: str) -> list[dict]:
+    results: dict[tuple, dict] = {}
+    available = _device_available(device)
+    cpu_rng = torch.random.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        for (func, _in_dtypes), (_, args, kwargs) in templates.items():
+            namespace = func._schema.name.split("::")[0]
+            if namespace in _SKIP_NAMESPACES or not _has_floating_input(args, kwargs):
+                continue
+            name = _op_name(func)
+            for dtype_name in dtypes:
+                key = (name, dtype_name, device)
+                entry = results.setdefault(
+                    key,
+                    {
+                        "op": name,
+                        "dtype": dtype_name,
+                        "device": device,
+                        "available": None,
+                        "error": None,
+                        "status": None,
+                        "signatures": 0,
+                        "custom": namespace != "aten",
+                    },
+                )
+                entry["signatures"] += 1
+                if not available:
+                    entry["status"] = "unverified"
+                    entry["error"] = f"no {device} device on this machine: not verified"
+                    continue
+                if entry["available"] is False:
+                    continue  # one missing signature is enough
+                verdict, error = _probe_one(func, args, kwargs, getattr(torch, dtype_name), device)
+                if verdict == "missing":
+                    entry.update(available=False, status="missing", error=error)
+                elif verdict == "available":
+                    if entry["status"] in (None, "inconclusive"):
+                        entry.update(available=True, status="available", error=None)
+                elif entry["status"] is None:
+                    entry.update(status="inconclusive", error=error)
+    finally:
+        torch.random.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    return sorted(results.values(), key=lambda e: (e["available"] is not False, e["op"], e["dtype"]))
+
+
+def _probe_one(func, args, kwargs, dtype, device) -> tuple[str, str | None]:
+    try:
+        base_args, base_kwargs = _build(args, None, device), _build(kwargs, None, device)
+    except _Unrebuildable as exc:
+        return "inconclusive", f"cannot rebuild the arguments ({exc})"
+    try:
+        with torch.no_grad():
+            func(*base_args, **base_kwargs)
+    except Exception as exc:  # noqa: BLE001 - the baseline itself fails: nothing to conclude
+        return "inconclusive", f"baseline failed: {_first_line(exc)}"
+    try:
+        probe_args, probe_kwargs = _build(args, dtype, device), _build(kwargs, dtype, device)
+        with torch.no_grad():
+            func(*probe_args, **probe_kwargs)
+    except Exception as exc:  # noqa: BLE001 - the answer we are looking for
+        message = _first_line(exc)
+        return ("missing" if _MISSING.search(message) or isinstance(exc, NotImplementedError) else "inconclusive"), message
+    return "available", None

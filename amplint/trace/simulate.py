@@ -1,0 +1,219 @@
+"""`--simulate cuda`: what CUDA autocast would do, on a machine without a GPU (amp-rules §0.6).
+
+While the script runs for real (on CPU), every torch call made inside an autocast region during
+the first steps is shadowed: the same call runs again on fake CUDA tensors (`FakeTensorMode`,
+no data, no GPU) with CUDA autocast enabled in the same dtype, and a dispatch recorder under the
+fake mode notes the dtypes CUDA's autocast policy produces. Shadow outputs are remembered per
+real tensor, so a dtype CUDA would change (softmax in float32 on CUDA, bf16 on CPU) flows into the
+next simulated call as it would on a GPU. Regions written for CUDA (`torch.autocast("cuda")`, which
+a CPU-only machine disables) are shadowed too, with the dtype they asked for.
+
+Forward only: backward and optimizer steps are not simulated. A call that fails on fake CUDA
+tensors is listed as "not simulated" with its error, never guessed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+
+import torch
+from torch.overrides import TorchFunctionMode, resolve_name
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from amplint.trace.nonfinite import floating_tensors
+
+MAX_STEPS = 2  # the dtype policy does not change with the step; keep the cost bounded
+
+
+def _dtypes(value) -> list[str]:
+    out = []
+    if isinstance(value, torch.Tensor):
+        out.append(str(value.dtype).replace("torch.", ""))
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            out.extend(_dtypes(item))
+    return out
+
+
+class _SimRecorder(TorchDispatchMode):
+    def __init__(self, sink: Counter, site):
+        super().__init__()
+        self.sink, self.site = sink, site
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            name = func._schema.name + (f".{func._schema.overload_name}" if func._schema.overload_name not in ("", "default") else "")
+            self.sink[(name, tuple(_dtypes(list(args))), tuple(_dtypes(out)), self.site)] += 1
+        return out
+
+
+class _ShadowMode(TorchFunctionMode):
+    def __init__(self, simulator: CudaSimulator):
+        super().__init__()
+        self.sim = simulator
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        sim = self.sim
+        state = sim.state
+        if state.paused or state.step >= MAX_STEPS:
+            return result
+        dtype = sim.autocast_dtype()
+        if dtype is None or not floating_tensors(result):
+            return result
+        sim.shadow(func, args, kwargs, result, dtype)
+        return result
+
+
+class CudaSimulator:
+    def __init__(self, state, classifier):
+        self.state = state
+        self.classifier = classifier
+        self.fake_mode = None
+        self._fakes: dict[int, tuple] = {}
+        self.calls: Counter = Counter()  # (site, function, run dtypes, simulated dtypes) -> count
+        self.aten: Counter = Counter()
+        self.failures: dict = {}
+        self.dtypes_used: set = set()
+        self._mode = _ShadowMode(self)
+
+    def install(self, probes) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self._mode.__enter__()
+
+    def remove(self) -> None:
+        try:
+            self._mode.__exit__(None, None, None)
+        except Exception:  # noqa: BLE001 - the script may have left modes unbalanced
+            pass
+        self._fakes.clear()
+
+    def autocast_dtype(self):
+        mirror = self.state.mirror
+        requested = [r for r in getattr(mirror, "requested", []) if r is not None]
+        if requested:
+            return requested[-1]
+        for device, dtype in mirror.active:
+            if device == "cpu" and dtype is not None:
+                return getattr(torch, dtype)
+        return None
+
+    def _fake(self, value):
+        if isinstance(value, torch.Tensor):
+            entry = self._fakes.get(id(value))
+            if entry is not None and entry[0]() is value:
+                return entry[1]
+            # `.to("cuda")` needs a CUDA build even for fake tensors; a fresh fake allocation does not.
+            with self.fake_mode:
+                fake = torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device="cuda")
+            self._remember(value, fake)
+            return fake
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._fake(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._fake(v) for k, v in value.items()}
+        if isinstance(value, torch.device) and value.type == "cpu":
+            return torch.device("cuda")
+        if value == "cpu" and isinstance(value, str):
+            return "cuda"
+        return value
+
+    def _remember(self, real, fake) -> None:
+        try:
+            self._fakes[id(real)] = (weakref.ref(real), fake)
+        except TypeError:
+            pass
+
+    def shadow(self, func, args, kwargs, result, dtype) -> None:
+        state = self.state
+        site = self.classifier.user_callsite(2)
+        name = resolve_name(func) or getattr(func, "__name__", repr(func))
+        state.paused += 1
+        was_enabled = torch.is_autocast_enabled("cuda")
+        was_dtype = torch.get_autocast_dtype("cuda")
+        try:
+            fake_args, fake_kwargs = self._fake(args), self._fake(kwargs)
+            torch.set_autocast_enabled("cuda", True)
+            torch.set_autocast_dtype("cuda", dtype)
+            with torch.no_grad(), self.fake_mode, _SimRecorder(self.aten, site):
+                fake_result = func(*fake_args, **fake_kwargs)
+        except Exception as exc:  # noqa: BLE001 - reported as "not simulated", never guessed
+            text = str(exc).strip().splitlines()
+            key = (site, name)
+            if key not in self.failures:
+                self.failures[key] = f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+            return
+        finally:
+            torch.set_autocast_enabled("cuda", was_enabled)
+            torch.set_autocast_dtype("cuda", was_dtype)
+            state.paused -= 1
+        self.dtypes_used.add(str(dtype).replace("torch.", ""))
+        real_outs, fake_outs = _flat(result), _flat(fake_result)
+        for real, fake in zip(real_outs, fake_outs):
+            if isinstance(real, torch.Tensor) and isinstance(fake, torch.Tensor):
+                self._remember(real, fake)
+        self.calls[(site, name, tuple(_dtypes(result)), tuple(_dtypes(fake_result)))] += 1
+
+    def results(self, display, run_ops: list[dict]) -> dict:
+        def place(site):
+            return (display(site[0]), site[1]) if site else ("<unknown>", 0)
+
+        calls = []
+        for (site, name, run, simulated), count in sorted(self.calls.items(), key=lambda kv: (place(kv[0][0]), kv[0][1])):
+            path, line = place(site)
+            calls.append(
+                {
+                    "function": name,
+                    "path": path,
+                    "line": line,
+                    "count": count,
+                    "run_output_dtypes": list(run),
+                    "simulated_output_dtypes": list(simulated),
+                }
+            )
+        ops = []
+        for (op, ins, outs, site), count in sorted(self.aten.items(), key=lambda kv: (place(kv[0][3]), kv[0][0])):
+            path, line = place(site)
+            ops.append(
+                {"op": op, "path": path, "line": line, "count": count, "input_dtypes": list(ins), "output_dtypes": list(outs), "device": "cuda"}
+            )
+        differences = [
+            {
+                "op": c["function"],
+                "path": c["path"],
+                "line": c["line"],
+                "run_device": "cpu",
+                "run_output_dtypes": c["run_output_dtypes"],
+                "simulated_output_dtypes": c["simulated_output_dtypes"],
+            }
+            for c in calls
+            if c["run_output_dtypes"] != c["simulated_output_dtypes"]
+        ]
+        not_simulated = [
+            {"op": name, "path": place(site)[0], "line": place(site)[1], "error": error}
+            for (site, name), error in self.failures.items()
+        ]
+        return {
+            "device": "cuda",
+            "dtypes": sorted(self.dtypes_used),
+            "steps": MAX_STEPS,
+            "calls": calls,
+            "ops": ops,
+            "differences": differences,
+            "not_simulated": not_simulated,
+            "note": "forward only, on fake CUDA tensors with CUDA autocast; dtypes from the CUDA autocast kernels of this torch build",
+        }
+
+
+def _flat(value) -> list:
+    if isinstance(value, (list, tuple)):
+        out = []
+        for item in value:
+            out.extend(_flat(item))
+        return out
+    return [value]
