@@ -90,6 +90,11 @@ def test_fixture_facts(case: Path, tmp_path: Path) -> None:
         assert report["kernels"], "no kernel entries"
         for entry in report["kernels"]:
             assert_subset(expected["kernels_all"], entry, f"kernel {entry['op']}")
+    for want in expected.get("policy_departures_include", []):
+        departures = report["policy_departures"]
+        assert any(all(d.get(f) == v for f, v in want.items()) for d in departures), f"no departure matching {want}: {departures}"
+    if "policy_departures_include" not in expected:
+        assert report["policy_departures"] == [], report["policy_departures"]
     for want in expected.get("simulation_include", []):
         calls = report["simulation"]["calls"]
         assert any(all(c.get(f) == v for f, v in want.items()) for c in calls), f"no simulated call matching {want}: {calls}"

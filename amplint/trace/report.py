@@ -214,17 +214,18 @@ def merge_reports(reports: list[dict], world: int) -> dict:
     summed, the earliest non-finite op (by step, then rank); each rank's file stays the detail."""
     base = json.loads(json.dumps(reports[0]))
     findings: dict = {}
+    order = {"confirmed": 2, "refuted": 1, "not-reached": 0}
     for report in reports:
         for f in report["findings"]:
             key = (f["code"], f["path"], f["line"], f["source"])
-            if key not in findings:
-                findings[key] = json.loads(json.dumps(f))
-                findings[key]["ranks"] = []
-            merged = findings[key]
-            merged["count"] = max(merged["count"], f["count"]) if key in findings else f["count"]
-            order = {"confirmed": 2, "refuted": 1, "not-reached": 0}
-            if order[f["status"]] > order[merged["status"]]:
-                merged["status"], merged["evidence"] = f["status"], f["evidence"]
+            merged = findings.get(key)
+            if merged is None:
+                merged = findings[key] = json.loads(json.dumps(f))
+                merged["ranks"] = []
+            else:
+                merged["count"] += f["count"]  # how often the problem happened, on all ranks
+                if order[f["status"]] > order[merged["status"]]:
+                    merged["status"], merged["evidence"] = f["status"], f["evidence"]
             merged["ranks"].append(report.get("rank"))
     ops: dict = {}
     for report in reports:
