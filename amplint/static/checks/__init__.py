@@ -57,6 +57,18 @@ def all_checks() -> dict[str, Check]:
         amp003_backward_in_autocast,
         amp004_scaler_per_iteration,
         amp005_clip_without_unscale,
+        amp006_optimizer_step_bypasses_scaler,
+        amp007_scaler_step_update_pairing,
+        amp008_unscale_per_microbatch,
+        amp009_fp16_autocast_without_scaler,
+        amp010_scaler_with_bf16,
+        amp011_scheduler_on_skipped_step,
+        amp012_checkpoint_without_scaler_state,
+        amp013_custom_function_without_custom_fwd,
+        amp014_disabled_region_uncast_inputs,
+        amp015_autocast_not_in_thread,
+        amp016_autocast_dtype_misuse,
+        amp017_compile_backward_autocast_mismatch,
     )
 
     modules = (
@@ -65,5 +77,17 @@ def all_checks() -> dict[str, Check]:
         amp003_backward_in_autocast,
         amp004_scaler_per_iteration,
         amp005_clip_without_unscale,
+        amp006_optimizer_step_bypasses_scaler,
+        amp007_scaler_step_update_pairing,
+        amp008_unscale_per_microbatch,
+        amp009_fp16_autocast_without_scaler,
+        amp010_scaler_with_bf16,
+        amp011_scheduler_on_skipped_step,
+        amp012_checkpoint_without_scaler_state,
+        amp013_custom_function_without_custom_fwd,
+        amp014_disabled_region_uncast_inputs,
+        amp015_autocast_not_in_thread,
+        amp016_autocast_dtype_misuse,
+        amp017_compile_backward_autocast_mismatch,
     )
     return {module.CODE: module.check for module in modules}

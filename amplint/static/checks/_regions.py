@@ -1,0 +1,101 @@
+"""Shared queries about autocast constructions for AMP009, AMP010, AMP014-AMP017."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from amplint.static import names
+from amplint.static.checks import _training_step as ts
+from amplint.static.semantics import AmpFacts, Autocast, CallSite, Scope, dotted_name
+
+FLOAT16 = {"torch.float16", "torch.half"}
+BFLOAT16 = {"torch.bfloat16"}
+LOW = FLOAT16 | BFLOAT16
+_EVAL_FUNCTION = re.compile(r"eval|valid|test|infer|predict|generat|sampl|inference|benchmark|export|trace|profil")
+_NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad"}
+
+
+def autocasts(facts: AmpFacts) -> list[tuple[CallSite, Autocast]]:
+    """Every autocast construction in the file with what it says (device, dtype, enabled)."""
+
+    def build():
+        found = []
+        for call in facts.calls:
+            if call.qualname in names.AUTOCAST:
+                region = facts.autocast_of(call.node, call.scope)
+                if region is not None:
+                    found.append((call, region))
+        return found
+
+    return ts.cached(facts, "autocasts", build)
+
+
+def literal_dtype(facts: AmpFacts, region: Autocast, call: CallSite) -> str | None:
+    """The qualified dtype of an autocast region, following a name bound once to a literal."""
+    if region.dtype is not None:
+        return "torch.float16" if region.dtype == "torch.half" else region.dtype
+    positions = names.AUTOCAST_POSITIONAL["deprecated" if region.deprecated else "new"]
+    from amplint.static.semantics import argument
+
+    expr = argument(call.node, positions.index("dtype"), "dtype")
+    key = dotted_name(expr)
+    if key is None:
+        return None
+    values = {facts.qualname(v, s) for v, s in facts.bindings(key, call.scope)}
+    if len(values) == 1:
+        (value,) = values
+        if value is not None and value.startswith("torch."):
+            return "torch.float16" if value == "torch.half" else value
+    return None
+
+
+def has_dtype_argument(region: Autocast, call: CallSite) -> bool:
+    from amplint.static.semantics import argument
+
+    positions = names.AUTOCAST_POSITIONAL["deprecated" if region.deprecated else "new"]
+    return argument(call.node, positions.index("dtype"), "dtype") is not None
+
+
+def device_of(region: Autocast) -> str | None:
+    return region.device
+
+
+def in_no_grad(facts: AmpFacts, call: CallSite) -> bool:
+    for item in call.where.withs:
+        if isinstance(item.item, cst.Call) and facts.qualname(item.item.func, call.scope) in _NO_GRAD:
+            return True
+    function = call.scope.function_scope
+    if function.kind == "function":
+        for decorator in function.decorators:
+            expr = decorator.decorator.func if isinstance(decorator.decorator, cst.Call) else decorator.decorator
+            if facts.qualname(expr, function.parent or function) in _NO_GRAD:
+                return True
+    return False
+
+
+def in_eval_function(call: CallSite) -> bool:
+    scope: Scope | None = call.scope
+    while scope is not None:
+        if scope.kind == "function" and _EVAL_FUNCTION.search(scope.name.lower()):
+            return True
+        scope = scope.parent
+    return False
+
+
+def has_backward(facts: AmpFacts) -> bool:
+    return any(
+        e.kind in ("backward", "scale_backward") for events in ts.own_events(facts).values() for e in events
+    ) or any(c.method == "backward" for c in facts.calls)
+
+
+def backwards(facts: AmpFacts) -> list[CallSite]:
+    return [
+        c for c in facts.calls
+        if (c.method == "backward" and c.receiver is not None) or c.qualname in names.AUTOGRAD_BACKWARD
+    ]
+
+
+def enabled(region: Autocast) -> bool:
+    return region.enabled != "no"

@@ -1,0 +1,297 @@
+"""Shared queries for the training-step rules (AMP006-AMP017).
+
+AmpFacts records calls with their loops, `with` items and `if`s; these rules also need the order of
+scaler/optimizer/scheduler events inside one iteration (with one level of same-file helpers spliced
+in at their call site), which `if` branch a call sits in, and a parent map of the tree for fixes
+that insert a statement. Everything here is computed lazily, once per AmpFacts.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from dataclasses import dataclass
+
+import libcst as cst
+
+from amplint.static import names
+from amplint.static.checks import Replacement
+from amplint.static.semantics import AmpFacts, CallSite, Context, Loop, Scope, dotted_name
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def cached(facts: AmpFacts, key: str, build):
+    table = _CACHE.setdefault(facts, {})
+    if key not in table:
+        table[key] = build()
+    return table[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tree structure: parents, indentation, statement insertion
+
+
+class _Parents(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.parent: dict[int, cst.CSTNode] = {}
+        self.stack: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.stack:
+            self.parent[id(node)] = self.stack[-1]
+        self.stack.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+
+
+def parents(facts: AmpFacts) -> dict[int, cst.CSTNode]:
+    def build():
+        visitor = _Parents()
+        facts.module.visit(visitor)
+        return visitor.parent
+
+    return cached(facts, "parents", build)
+
+
+def ancestors(facts: AmpFacts, node: cst.CSTNode):
+    table = parents(facts)
+    current = table.get(id(node))
+    while current is not None:
+        yield current
+        current = table.get(id(current))
+
+
+def indentation(facts: AmpFacts, statement: cst.CSTNode) -> str:
+    """The indentation of a statement: the indents of every block around it."""
+    parts = []
+    for node in ancestors(facts, statement):
+        if isinstance(node, cst.IndentedBlock):
+            parts.append(node.indent if node.indent is not None else facts.module.default_indent)
+    return "".join(reversed(parts))
+
+
+def insert_after(facts: AmpFacts, statement: cst.CSTNode, text: str) -> Replacement:
+    """A replacement that adds `text` as a new statement on the line after `statement`."""
+    indent = indentation(facts, statement)
+    anchor: cst.CSTNode = statement
+    if isinstance(statement, cst.SimpleStatementLine) and statement.trailing_whitespace.comment is not None:
+        anchor = statement.trailing_whitespace.comment  # keep a trailing comment on its own line
+    return Replacement(anchor, f"{facts.module.code_for_node(anchor).rstrip()}\n{indent}{text}")
+
+
+def branch_of(facts: AmpFacts, node: cst.CSTNode) -> list[tuple[int, str]]:
+    """For every `if` around a node: (id of the If, "body" or "else")."""
+    path = []
+    child = node
+    for parent in ancestors(facts, node):
+        if isinstance(parent, cst.If):
+            path.append((id(parent), "body" if child is parent.body else ("else" if child is parent.orelse else "test")))
+        elif isinstance(parent, cst.Else) or isinstance(parent, cst.If):
+            pass
+        child = parent
+    return path
+
+
+def exclusive(facts: AmpFacts, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Whether two nodes sit in different branches of one `if`, so they never run together."""
+    branches_a = dict(branch_of(facts, a))
+    for if_id, side in branch_of(facts, b):
+        if if_id in branches_a and branches_a[if_id] != side and "test" not in (side, branches_a[if_id]):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Kinds of receivers
+
+
+_SCHEDULER_NAME = re.compile(r"sched|lr_policy|warmup")
+
+
+def is_scheduler(facts: AmpFacts, key: str | None, scope: Scope) -> bool:
+    if key is None:
+        return False
+    last = key.split(".")[-1].lower()
+    if "scaler" in last:
+        return False
+    for value, value_scope in facts.bindings(key, scope):
+        if facts.value_kind(value, value_scope) == "scheduler":
+            return True
+    return bool(_SCHEDULER_NAME.search(last))
+
+
+def same_object(a: str | None, b: str | None) -> bool:
+    """`opt` and `self.opt` (or `optimizer` passed to a helper) name the same object."""
+    if a is None or b is None:
+        return False
+    return a == b or a.split(".")[-1] == b.split(".")[-1]
+
+
+_FRAMEWORK_IMPORTS = ("lightning", "pytorch_lightning", "accelerate", "deepspeed", "apex", "colossalai", "fairscale", "composer")
+_FRAMEWORK_BACKWARD = {"manual_backward", "backward_step"}
+
+
+def framework_owned(facts: AmpFacts) -> bool:
+    """A framework (Lightning, accelerate, DeepSpeed, apex) scales the loss for this module's code."""
+
+    def build():
+        for ref in facts.imports:
+            if ref.qualname.split(".")[0] in _FRAMEWORK_IMPORTS:
+                return True
+        for call in facts.calls:
+            if call.method in _FRAMEWORK_BACKWARD:
+                return True
+            if call.method == "backward" and call.receiver_key and call.receiver_key.split(".")[-1] in ("accelerator", "fabric", "engine", "model_engine", "trainer", "strategy"):
+                return True
+        return False
+
+    return cached(facts, "framework", build)
+
+
+_SCALER_WORD = re.compile(r"scaler", re.IGNORECASE)
+
+
+def mentions_a_scaler(facts: AmpFacts) -> bool:
+    """Any GradScaler-like object in the module: constructed, passed in, or used (also timm's NativeScaler)."""
+
+    def build():
+        if facts.has_scaler:
+            return True
+        for call in facts.calls:
+            if (call.qualname and call.qualname.endswith("GradScaler")) or _SCALER_WORD.search(call.callee or ""):
+                return True
+        for assignment in facts.assignments:
+            if _SCALER_WORD.search(assignment.key):
+                return True
+        for function in facts.functions:
+            if any(_SCALER_WORD.search(p) for p in function.params):
+                return True
+        return False
+
+    return cached(facts, "mentions_scaler", build)
+
+
+def enabled_scaler_use(facts: AmpFacts, call: CallSite) -> bool:
+    return facts.is_scaler(call.receiver_key, call.scope) and not facts.scaler_disabled(call.receiver_key, call.scope)
+
+
+# ---------------------------------------------------------------------------------------------
+# Events of a training step, in program order
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # "scale_backward" | "unscale" | "step" | "update" | "opt_step" | "sched_step" | "backward"
+    call: CallSite
+    scaler: str | None  # receiver key of the scaler
+    target: str | None  # the optimizer (unscale/step/opt_step) or scheduler
+    anchor: Context  # where the event happens in the analysed function (a helper's call site)
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return (self.anchor.order, self.call.where.order)
+
+
+def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
+    events: list[Event] = []
+    for call in function.calls:
+        key = call.receiver_key
+        if call.method in ("unscale_", "step", "update") and enabled_scaler_use(facts, call):
+            kind = {"unscale_": "unscale", "step": "step", "update": "update"}[call.method]
+            target = dotted_name(call.arg(0, "optimizer")) if kind != "update" else None
+            events.append(Event(kind, call, key, target, call.where))
+        elif call.method == "scale" and enabled_scaler_use(facts, call):
+            events.append(Event("scale_backward", call, key, None, call.where))
+        elif call.method == "step" and facts.is_optimizer(key, call.scope) and not facts.is_scaler(key, call.scope):
+            events.append(Event("opt_step", call, None, key, call.where))
+        elif call.method == "step" and is_scheduler(facts, key, call.scope):
+            events.append(Event("sched_step", call, None, key, call.where))
+        elif (call.method == "backward" and not isinstance(call.receiver, cst.Call)) or call.qualname in names.AUTOGRAD_BACKWARD:
+            events.append(Event("backward", call, None, None, call.where))
+    return events
+
+
+def own_events(facts: AmpFacts) -> dict[int, list[Event]]:
+    def build():
+        return {id(f): _own_events(f, facts) for f in (facts.module_scope, *facts.functions)}
+
+    return cached(facts, "own_events", build)
+
+
+def events_of(facts: AmpFacts, function: Scope) -> list[Event]:
+    """A function's events in program order, with same-file helpers' events spliced in at the call."""
+
+    def build():
+        own = own_events(facts)
+        merged = list(own.get(id(function), ()))
+        for call in function.calls:
+            helper = facts.called_function(call)
+            if helper is None or helper is function:
+                continue
+            merged.extend(
+                Event(e.kind, e.call, e.scaler, e.target, call.where) for e in own.get(id(helper), ())
+            )
+        merged.sort(key=lambda e: e.order)
+        return merged
+
+    return cached(facts, f"events:{id(function)}", build)
+
+
+def functions_with_events(facts: AmpFacts) -> list[Scope]:
+    own = own_events(facts)
+    return [f for f in (facts.module_scope, *facts.functions) if own.get(id(f)) or any(
+        facts.called_function(c) is not None and own.get(id(facts.called_function(c))) for c in f.calls
+    )]
+
+
+def innermost_loop(where: Context) -> Loop | None:
+    loops = [loop for loop in where.loops if loop.kind != "comprehension"]
+    return loops[-1] if loops else None
+
+
+def guards_inside(facts: AmpFacts, where: Context, loop: Loop | None) -> list[cst.If]:
+    """The `if`s around a node that sit inside `loop` (all of them when there is no loop)."""
+    if loop is None:
+        return list(where.ifs)
+    return [guard for guard in where.ifs if within(facts, guard, loop.node)]
+
+
+def within(facts: AmpFacts, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+    return any(a is outer for a in ancestors(facts, node))
+
+
+def mentions(facts: AmpFacts, node: cst.CSTNode, pattern: re.Pattern) -> bool:
+    return bool(pattern.search(facts.module.code_for_node(node)))
+
+
+def function_of_call(call: CallSite) -> Scope:
+    return call.scope.function_scope
+
+
+def whole_statement_call(call: CallSite) -> bool:
+    """`opt.step()` alone on its line: the call is the statement's only expression."""
+    statement = call.where.statement
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and statement.body[0].value is call.node
+    )
+
+
+def add_statement_after_call(facts: AmpFacts, call: CallSite, new_call_text: str, text: str) -> tuple[Replacement, ...] | None:
+    """Replace a statement-call with `new_call_text` and add `text` on the next line."""
+    if not whole_statement_call(call):
+        return None
+    statement = call.where.statement
+    indent = indentation(facts, statement)
+    comment = statement.trailing_whitespace.comment
+    if comment is not None:
+        return (
+            Replacement(call.node, new_call_text),
+            Replacement(comment, f"{comment.value}\n{indent}{text}"),
+        )
+    return (Replacement(call.node, f"{new_call_text}\n{indent}{text}"),)

@@ -1,0 +1,62 @@
+"""AMP006 optimizer-step-bypasses-scaler: `opt.step()` after a scaled backward, without `scaler.step(opt)`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from amplint.model import Applicability
+from amplint.static.checks import FixPlan, Hit
+from amplint.static.checks import _training_step as ts
+from amplint.static.semantics import AmpFacts
+
+CODE = "AMP006"
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    reported: set[int] = set()
+    for function in ts.functions_with_events(facts):
+        events = ts.events_of(facts, function)
+        scaled = [e for e in events if e.kind == "scale_backward"]
+        if not scaled:
+            continue
+        scaler_steps = [e for e in events if e.kind == "step"]
+        for event in events:
+            if event.kind != "opt_step" or id(event.call.node) in reported:
+                continue
+            if any(ts.same_object(s.target, event.target) for s in scaler_steps):
+                continue
+            if "scaler" in facts.module.code_for_node(event.call.node).lower():
+                continue  # a custom optimizer that is handed the scaler (`opt.step(grad_scaler=...)`)
+            partners = [s for s in scaled if not ts.exclusive(facts, s.call.node, event.call.node)]
+            if not partners:
+                continue
+            reported.add(id(event.call.node))
+            before = [s for s in partners if s.order < event.order]
+            partner = before[-1] if before else partners[0]
+            scaler = partner.scaler
+            yield Hit(
+                event.call.node,
+                f"`{event.target}.step()` is called directly after `{scaler}.scale(...).backward()` "
+                f"(line {{0}}): the gradients are still multiplied by the scale and steps with inf/NaN "
+                f"gradients are not skipped; call `{scaler}.step({event.target})` and then "
+                f"`{scaler}.update()`",
+                event.call.where.statement,
+                _fix(facts, event, scaler, events) if _same_condition(partner, event) else None,
+                related=(partner.call.node,),
+            )
+
+
+def _same_condition(scaled: ts.Event, step: ts.Event) -> bool:
+    """The scaled backward runs whenever the step does (no `if scaler is not None:` around it alone)."""
+    return all(any(guard is other for other in step.anchor.ifs) for guard in scaled.anchor.ifs)
+
+
+def _fix(facts: AmpFacts, event: ts.Event, scaler: str, events: list[ts.Event]) -> FixPlan | None:
+    if event.anchor is not event.call.where:
+        return None  # the step is in a helper, where the scaler's name may not be bound
+    replacement = f"{scaler}.step({event.target})"
+    has_update = any(e.kind == "update" and ts.same_object(e.scaler, scaler) for e in events)
+    if has_update:
+        return FixPlan(Applicability.UNSAFE, (ts.Replacement(event.call.node, replacement),))
+    edits = ts.add_statement_after_call(facts, event.call, replacement, f"{scaler}.update()")
+    return FixPlan(Applicability.UNSAFE, edits) if edits else None

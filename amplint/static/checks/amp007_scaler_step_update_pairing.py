@@ -1,0 +1,162 @@
+"""AMP007 scaler-step-update-pairing: `scaler.step` without `update()`, or `update()` at the wrong place."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import libcst as cst
+
+from amplint.model import Applicability
+from amplint.static.checks import FixPlan, Hit
+from amplint.static.checks import _training_step as ts
+from amplint.static.semantics import AmpFacts, Loop
+
+CODE = "AMP007"
+
+_OPTIMIZER_LOOP = re.compile(r"optim|\bopts?\b|\bopt_|_opts?\b")
+
+
+def _iteration_loop(event: ts.Event) -> Loop | None:
+    """The loop whose iterations are training steps: loops over optimizers do not count."""
+    loops = [loop for loop in event.anchor.loops if loop.kind != "comprehension"]
+    while loops:
+        loop = loops[-1]
+        if _OPTIMIZER_LOOP.search(loop.text) or (event.target and event.target.split(".")[0] in re.findall(r"\w+", loop.target)):
+            loops.pop()
+            continue
+        return loop
+    return None
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    own = ts.own_events(facts)
+    all_updates = [e for events in own.values() for e in events if e.kind == "update"]
+    reported: set[int] = set()
+    for function in ts.functions_with_events(facts):
+        events = [e for e in ts.events_of(facts, function) if e.kind in ("step", "update", "unscale")]
+        for key in {_canonical(e.scaler) for e in events}:
+            mine = [e for e in events if _canonical(e.scaler) == key]
+            for hit in _check_scaler(facts, mine, all_updates):
+                if id(hit.node) not in reported:
+                    reported.add(id(hit.node))
+                    yield hit
+
+
+def _canonical(key: str | None) -> str | None:
+    return key.split(".")[-1] if key else None
+
+
+def _check_scaler(facts: AmpFacts, events: list[ts.Event], all_updates: list[ts.Event]) -> Iterator[Hit]:
+    steps = [e for e in events if e.kind == "step"]
+    updates = [e for e in events if e.kind == "update"]
+    if not steps:
+        return
+    scaler = steps[-1].scaler
+    if not any(ts.same_object(u.scaler, scaler) for u in all_updates):
+        yield from _missing_update(facts, steps, scaler)
+        return
+    if updates:
+        yield from _update_outside_loop(facts, steps, updates, scaler)
+    yield from _update_placement(facts, events, scaler)
+
+
+def _missing_update(facts: AmpFacts, steps: list[ts.Event], scaler: str) -> Iterator[Hit]:
+    """No `update()` anywhere: report the last step of each block, with a fix that adds it."""
+    by_block: dict[int, ts.Event] = {}
+    for step in steps:
+        block = ts.parents(facts).get(id(step.anchor.statement))
+        by_block[id(block)] = step  # program order: the last one wins
+    for step in by_block.values():
+        fix = None
+        if step.anchor is step.call.where and isinstance(step.call.where.statement, cst.SimpleStatementLine):
+            fix = FixPlan(Applicability.SAFE, (ts.insert_after(facts, step.call.where.statement, f"{scaler}.update()"),))
+        yield Hit(
+            step.call.node,
+            f"`{scaler}.step()` is never followed by `{scaler}.update()`: the loss scale never adapts "
+            f"and the next iteration's `step()` raises \"step() has already been called since the last "
+            f"update()\"; call `{scaler}.update()` once after the last `step()` of each iteration",
+            step.call.where.statement,
+            fix,
+        )
+
+
+def _update_outside_loop(facts: AmpFacts, steps, updates, scaler: str) -> Iterator[Hit]:
+    for step in steps:
+        loop = _iteration_loop(step)
+        if loop is None:
+            continue
+        if any(loop in u.anchor.loops for u in updates):
+            continue
+        yield Hit(
+            step.call.node,
+            f"`{scaler}.step()` runs on every iteration of the loop on line {{0}} but "
+            f"`{scaler}.update()` runs outside that loop; the second iteration raises \"step() has "
+            f"already been called since the last update()\"; move `update()` into the loop, after the "
+            f"last `step()`",
+            step.call.where.statement,
+            related=(loop.node,),
+        )
+
+
+def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> Iterator[Hit]:
+    """`update()` between the steps of several optimizers, twice, or where no step ran."""
+    for index, event in enumerate(events):
+        if event.kind != "update":
+            continue
+        loop = _iteration_loop(event)
+        same_iteration = [
+            e for e in events if _iteration_loop(e) is loop and not ts.exclusive(facts, e.call.node, event.call.node) and e is not event
+        ]
+        later = [e for e in same_iteration if e.order > event.order]
+        earlier = [e for e in same_iteration if e.order < event.order]
+        if any(e.kind == "step" for e in later):
+            yield Hit(
+                event.call.node,
+                f"`{scaler}.update()` runs between the `step()` calls of several optimizers; call it "
+                f"once per iteration, after the last `{scaler}.step()`",
+                event.call.where.statement,
+            )
+            continue
+        since = []
+        for e in reversed(earlier):
+            if e.kind == "update":
+                break
+            since.append(e)
+        if earlier and not any(e.kind in ("step", "unscale") for e in since) and any(e.kind == "update" for e in earlier):
+            yield Hit(
+                event.call.node,
+                f"`{scaler}.update()` is called a second time in the same iteration; call it once, "
+                f"after the last `{scaler}.step()`",
+                event.call.where.statement,
+            )
+            continue
+        yield from _update_without_step(facts, event, same_iteration, loop, scaler)
+
+
+def _update_without_step(facts: AmpFacts, update: ts.Event, same_iteration, loop, scaler: str) -> Iterator[Hit]:
+    steps = [e for e in same_iteration if e.kind == "step"]
+    if not steps or loop is None:
+        return
+    update_guards = {id(g) for g in ts.guards_inside(facts, update.anchor, loop)}
+    missing = [
+        g for s in steps for g in ts.guards_inside(facts, s.anchor, loop) if id(g) not in update_guards
+    ]
+    if not missing or not all(any(id(g) not in update_guards for g in ts.guards_inside(facts, s.anchor, loop)) for s in steps):
+        return
+    unscaled = [
+        e for e in same_iteration
+        if e.kind == "unscale" and e.order < update.order
+        and all(id(g) in update_guards for g in ts.guards_inside(facts, e.anchor, loop))
+    ]
+    if unscaled:
+        return
+    guard = missing[0]
+    yield Hit(
+        update.call.node,
+        f"`{scaler}.update()` runs on iterations where `{scaler}.step()` (guarded by the `if` on line "
+        f"{{0}}) does not, which raises \"No inf checks were recorded prior to update\"; move it under "
+        f"the same condition, after the step",
+        update.call.where.statement,
+        related=(guard,),
+    )

@@ -1,0 +1,145 @@
+"""AMP008 unscale-per-microbatch: `unscale_` on micro-batches where the step does not run, or twice."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import libcst as cst
+
+from amplint.static.checks import Hit
+from amplint.static.checks import _training_step as ts
+from amplint.static.semantics import AmpFacts
+
+CODE = "AMP008"
+
+# Conditions that switch AMP on or off are not accumulation guards.
+_AMP_SWITCH = re.compile(r"scaler|amp|fp16|half|mixed|precision|enabled|use_|is not None|is None|\bdevice\b|cuda")
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    reported: set[int] = set()
+    for function in ts.functions_with_events(facts):
+        events = [e for e in ts.events_of(facts, function) if e.kind in ("unscale", "step", "update")]
+        for event in events:
+            if event.kind != "unscale" or id(event.call.node) in reported:
+                continue
+            hit = _microbatch(facts, event, events) or _twice(facts, event, events)
+            if hit is not None:
+                reported.add(id(event.call.node))
+                yield hit
+
+
+def _partners(event: ts.Event, events: list[ts.Event]) -> list[ts.Event]:
+    return [
+        e for e in events
+        if e.kind == "step" and ts.same_object(e.scaler, event.scaler)
+        and (event.target is None or e.target is None or ts.same_object(e.target, event.target))
+    ]
+
+
+def _loops(event: ts.Event):
+    return [loop for loop in event.anchor.loops if loop.kind != "comprehension"]
+
+
+def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> Hit | None:
+    steps = _partners(unscale, events)
+    if not steps:
+        return None
+    step = steps[-1]
+    deeper = [loop for loop in _loops(unscale) if loop not in _loops(step)]
+    if deeper:
+        return _hit(unscale, step, "inside the micro-batch loop on line {1}", deeper[-1].node)
+    loops = [loop for loop in _loops(step) if loop in _loops(unscale)]
+    if not loops:
+        return None
+    loop = loops[-1]
+    commit = next((e for e in events if e.kind == "update" and ts.same_object(e.scaler, unscale.scaler) and loop in _loops(e)), step)
+    mine = ts.guards_inside(facts, unscale.anchor, loop)
+    my_tests = {_test(facts, g) for g in mine}
+    for guard in ts.guards_inside(facts, commit.anchor, loop):
+        if any(g is guard for g in mine) or _test(facts, guard) in my_tests:
+            continue
+        if _AMP_SWITCH.search(_test(facts, guard)) or ts.exclusive(facts, unscale.call.node, commit.call.node):
+            continue
+        return _hit(unscale, step, "outside the `if` on line {1} that guards the step", guard)
+    guard = _continue_between(facts, loop, unscale, commit)
+    if guard is not None:
+        return _hit(unscale, step, "before the `if ...: continue` on line {1} that skips the step", guard)
+    return None
+
+
+def _test(facts: AmpFacts, guard: cst.If) -> str:
+    return facts.module.code_for_node(guard.test)
+
+
+def _continue_between(facts: AmpFacts, loop, first: ts.Event, second: ts.Event) -> cst.If | None:
+    body = getattr(loop.node.body, "body", ())
+    def top(node):
+        chain = [node, *ts.ancestors(facts, node)]
+        for candidate in chain:
+            if any(candidate is statement for statement in body):
+                return candidate
+        return None
+    a, b = top(first.anchor.statement), top(second.anchor.statement)
+    if a is None or b is None:
+        return None
+    index_a = next(i for i, s in enumerate(body) if s is a)
+    index_b = next(i for i, s in enumerate(body) if s is b)
+    for statement in body[index_a + 1 : index_b]:
+        if isinstance(statement, cst.If) and _skips(statement) and not _AMP_SWITCH.search(_test(facts, statement)):
+            return statement
+    return None
+
+
+def _skips(guard: cst.If) -> bool:
+    found = []
+
+    class _Find(cst.CSTVisitor):
+        def visit_Continue(self, node: cst.Continue) -> None:
+            found.append(node)
+
+        def visit_For(self, node) -> bool:
+            return False
+
+        def visit_While(self, node) -> bool:
+            return False
+
+    guard.body.visit(_Find())
+    return bool(found)
+
+
+def _twice(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> Hit | None:
+    for earlier in events:
+        if earlier.order >= unscale.order:
+            break
+        if earlier.kind != "unscale" or earlier is unscale or not ts.same_object(earlier.scaler, unscale.scaler):
+            continue
+        if not (earlier.target is None or unscale.target is None or ts.same_object(earlier.target, unscale.target)):
+            continue
+        if ts.exclusive(facts, earlier.call.node, unscale.call.node):
+            continue
+        between = [e for e in events if earlier.order < e.order < unscale.order and e.kind == "update" and ts.same_object(e.scaler, unscale.scaler)]
+        if between:
+            continue
+        return Hit(
+            unscale.call.node,
+            f"`{unscale.scaler}.unscale_({unscale.target or ''})` is called a second time before "
+            f"`update()` (first on line {{0}}), which raises \"unscale_() has already been called on "
+            f"this optimizer since the last update()\"; unscale once, right before clipping and the step",
+            unscale.call.where.statement,
+            related=(earlier.call.node,),
+        )
+    return None
+
+
+def _hit(unscale: ts.Event, step: ts.Event, where: str, node) -> Hit:
+    return Hit(
+        unscale.call.node,
+        f"`{unscale.scaler}.unscale_()` runs {where}, but `{step.scaler}.step()` (line {{0}}) runs only "
+        f"at the end of the accumulated batch: the second micro-batch raises \"unscale_() has already "
+        f"been called on this optimizer since the last update()\" and the gradients accumulated after it "
+        f"stay scaled; move `unscale_` (and clipping) into the step's block",
+        unscale.call.where.statement,
+        related=(step.call.node, node),
+    )

@@ -1,0 +1,81 @@
+"""AMP010 scaler-with-bf16: an enabled GradScaler in code that autocasts (or casts the model) to bfloat16."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import libcst as cst
+
+from amplint.static import names
+from amplint.static.checks import Hit
+from amplint.static.checks import _regions as rg
+from amplint.static.semantics import AmpFacts, CallSite, argument, dotted_name
+
+CODE = "AMP010"
+
+_FP16_CONDITION = re.compile(r"16|half|fp16|float16|dtype|precision")
+_MODEL_NAME = re.compile(r"model|net|module|encoder|decoder|backbone|transformer|policy")
+
+
+def _enabled_expression(call: CallSite) -> cst.BaseExpression | None:
+    return argument(call.node, None, "enabled")
+
+
+def _scaler_on_fp16_path(facts: AmpFacts, call: CallSite) -> bool:
+    enabled = _enabled_expression(call)
+    if isinstance(enabled, cst.Name) and enabled.value == "False":
+        return True
+    if enabled is not None and not (isinstance(enabled, cst.Name) and enabled.value == "True"):
+        if _FP16_CONDITION.search(facts.module.code_for_node(enabled)):
+            return True  # nanoGPT: GradScaler(enabled=(dtype == torch.float16))
+    return any(_FP16_CONDITION.search(facts.module.code_for_node(g.test)) for g in call.where.ifs)
+
+
+def _bf16_model(facts: AmpFacts) -> CallSite | None:
+    for call in facts.calls:
+        bf16 = call.method == "bfloat16" and not call.node.args
+        if call.method == "to":
+            bf16 = any(
+                facts.qualname(a.value, call.scope) in rg.BFLOAT16 for a in call.node.args
+            )
+        if not bf16:
+            continue
+        if facts.value_kind(call.receiver, call.scope) == "model" or _MODEL_NAME.search((call.receiver_key or "").split(".")[-1].lower()):
+            return call
+    return None
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    scalers = [c for c in facts.scalers_in() if c.qualname in names.GRAD_SCALER]
+    if not scalers:
+        return
+    dtypes = set()
+    for call, region in rg.autocasts(facts):
+        if not rg.enabled(region):
+            continue
+        dtype = rg.literal_dtype(facts, region, call)
+        if dtype is None:
+            if rg.has_dtype_argument(region, call) or region.device != "cpu":
+                dtypes.add("unknown")  # chosen at runtime, or the CUDA default float16
+            else:
+                dtypes.add("torch.bfloat16")
+        else:
+            dtypes.add(dtype)
+    bf16_model = _bf16_model(facts)
+    if dtypes == {"torch.bfloat16"}:
+        reason = "every autocast region in this file uses bfloat16"
+    elif bf16_model is not None and not (dtypes & (rg.FLOAT16 | {"unknown"})):
+        reason = "the model is converted to bfloat16"
+    else:
+        return
+    for call in scalers:
+        if _scaler_on_fp16_path(facts, call):
+            continue
+        yield Hit(
+            call.node,
+            f"this GradScaler is enabled but {reason}: bfloat16 has float32's exponent range and needs "
+            f"no loss scaling, so the scaler only adds a sync per step (and fails on bfloat16 "
+            f"gradients); build it with `enabled=(amp_dtype == torch.float16)`",
+            call.where.statement,
+        )

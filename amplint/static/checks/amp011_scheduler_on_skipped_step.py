@@ -1,0 +1,71 @@
+"""AMP011 scheduler-on-skipped-step: the LR scheduler advances even when the scaler skipped the step."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from amplint.static.checks import Hit
+from amplint.static.checks import _training_step as ts
+from amplint.static.semantics import AmpFacts
+
+CODE = "AMP011"
+
+_SKIP_CHECK = re.compile(
+    r"get_scale|_scale\b|\bscale\b|scale_(before|after)|skip|found_inf|isfinite|isnan|isinf|overflow"
+    r"|_step_count|was_run|stepped|step_was|optimizer_was|did_step|is_finite|nonfinite|non_finite"
+)
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    reported: set[int] = set()
+    for function in ts.functions_with_events(facts):
+        events = ts.events_of(facts, function)
+        skip_flags = _skip_flags(facts, function)
+        for index, event in enumerate(events):
+            if event.kind != "sched_step" or id(event.call.node) in reported:
+                continue
+            scaler_step = _last_scaler_event(facts, events[:index], event)
+            if scaler_step is None or _gated(facts, event, skip_flags):
+                continue
+            reported.add(id(event.call.node))
+            yield Hit(
+                event.call.node,
+                f"`{event.target}.step()` runs after `{scaler_step.scaler}.step()` (line {{0}}) whether or "
+                f"not the scaler skipped the optimizer step for inf/NaN gradients, so the learning rate "
+                f"advances on steps that did nothing; step the scheduler only when the scale did not "
+                f"drop (`if scaler.get_scale() >= scale_before:`)",
+                event.call.where.statement,
+                related=(scaler_step.call.node,),
+            )
+
+
+def _last_scaler_event(facts: AmpFacts, before: list[ts.Event], sched: ts.Event) -> ts.Event | None:
+    loop = ts.innermost_loop(sched.anchor)
+    for event in reversed(before):
+        if event.kind not in ("step", "update"):
+            continue
+        if ts.innermost_loop(event.anchor) is not loop or ts.exclusive(facts, event.call.node, sched.call.node):
+            continue
+        return event
+    return None
+
+
+def _skip_flags(facts: AmpFacts, function) -> set[str]:
+    """Names assigned from the scale (`skip = scale > scaler.get_scale()`): tests on them are skip checks."""
+    flags = set()
+    for assignment in facts.assignments:
+        if assignment.where.scope.function_scope is function and _SKIP_CHECK.search(facts.module.code_for_node(assignment.value)):
+            flags.add(assignment.key.split(".")[-1])
+    return flags
+
+
+def _gated(facts: AmpFacts, sched: ts.Event, flags: set[str]) -> bool:
+    guards = [*sched.anchor.ifs]
+    if sched.call.where is not sched.anchor:
+        guards.extend(sched.call.where.ifs)
+    for guard in guards:
+        test = facts.module.code_for_node(guard.test)
+        if _SKIP_CHECK.search(test) or any(re.search(rf"\b{re.escape(f)}\b", test) for f in flags):
+            return True
+    return False

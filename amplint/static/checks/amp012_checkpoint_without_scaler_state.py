@@ -1,0 +1,170 @@
+"""AMP012 checkpoint-without-scaler-state: a checkpoint saves or restores the optimizer but not the scaler."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import libcst as cst
+
+from amplint.model import Applicability
+from amplint.static.checks import FixPlan, Hit, Replacement
+from amplint.static.checks import _training_step as ts
+from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, dotted_name
+
+CODE = "AMP012"
+
+_SAVE = {"torch.save"}
+_SCALER = re.compile(r"scaler|grad_scale|loss_scale|\bamp\b|\"amp\"|'amp'", re.IGNORECASE)
+_OPTIMIZER_STATE = re.compile(r"optim\w*\.state_dict\(|\bopt\w*\.state_dict\(|optim", re.IGNORECASE)
+
+
+def _literally_disabled(call: CallSite) -> bool:
+    enabled = argument(call.node, None, "enabled")
+    return isinstance(enabled, cst.Name) and enabled.value == "False"
+
+
+def _enabled_scaler_keys(facts: AmpFacts) -> list[str]:
+    keys = []
+    for assignment in facts.assignments:
+        if facts.value_kind(assignment.value, assignment.where.scope) != "scaler":
+            continue
+        if facts.scaler_disabled(assignment.key, assignment.where.scope):
+            continue
+        keys.append(assignment.key)
+    return keys
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    if not facts.has_scaler:
+        return
+    scalers = _enabled_scaler_keys(facts)
+    if all(_literally_disabled(c) for c in facts.scalers_in()):
+        return
+    for call in facts.calls:
+        if call.qualname in _SAVE:
+            hit = _save_without_scaler(facts, call, scalers)
+            if hit is not None:
+                yield hit
+    yield from _load_without_scaler(facts)
+
+
+def _save_without_scaler(facts: AmpFacts, call: CallSite, scalers: list[str]) -> Hit | None:
+    obj = argument(call.node, 0, "obj")
+    built = _dict_construction(facts, obj, call.scope)
+    if built is None:
+        return None
+    dict_node, texts = built
+    text = "\n".join(texts)
+    if _SCALER.search(text) or not _mentions_optimizer_state(facts, dict_node, text, call.scope):
+        return None
+    if isinstance(dict_node, cst.Dict) and any(isinstance(e, cst.StarredDictElement) for e in dict_node.elements):
+        return None  # `**extra`: the scaler may be in there
+    fix = None
+    scaler = _scaler_for(call, scalers)
+    if isinstance(dict_node, cst.Dict) and dict_node.elements and scaler is not None:
+        fix = FixPlan(Applicability.UNSAFE, (Replacement(dict_node, _with_scaler_entry(facts, dict_node, scaler)),))
+    return Hit(
+        call.node,
+        "this checkpoint saves the optimizer state but not the GradScaler's; a resumed run restarts "
+        "at the initial scale (65536) and skips steps while it re-calibrates; add "
+        f"`\"scaler\": {scaler or 'scaler'}.state_dict()` and restore it with `load_state_dict`",
+        call.where.statement,
+        fix,
+    )
+
+
+def _mentions_optimizer_state(facts: AmpFacts, node: cst.CSTNode, text: str, scope: Scope) -> bool:
+    if re.search(r"optim\w*\"?'?\s*:|optim\w*\s*=|optim\w*\.state_dict\(|\bopt\w*\.state_dict\(", text, re.IGNORECASE):
+        return True
+    return False
+
+
+def _dict_construction(facts: AmpFacts, obj, scope: Scope, depth: int = 0):
+    """The dict a saved object is built from, and all source text that fills it."""
+    if obj is None or depth > 2:
+        return None
+    if isinstance(obj, cst.Dict):
+        return obj, [facts.module.code_for_node(obj)]
+    if isinstance(obj, cst.Call):
+        if dotted_name(obj.func) == "dict":
+            return obj, [facts.module.code_for_node(obj)]
+        function = facts._function_named(obj.func, scope)
+        if function is not None:
+            for value in function.returns:
+                found = _dict_construction(facts, value, function, depth + 1)
+                if found is not None:
+                    return found
+        return None
+    key = dotted_name(obj)
+    if key is None:
+        return None
+    bindings = facts.bindings(key, scope)
+    if len(bindings) != 1:
+        return None
+    value, value_scope = bindings[0]
+    found = _dict_construction(facts, value, value_scope, depth + 1)
+    if found is None:
+        return None
+    node, texts = found
+    texts = [*texts, *_later_fills(facts, key, value_scope)]
+    return node, texts
+
+
+def _later_fills(facts: AmpFacts, key: str, scope: Scope) -> list[str]:
+    """Statements of the function that mention the dict again: `ckpt["scaler"] = ...`, `ckpt.update(...)`."""
+    function = scope.function_scope
+    pattern = re.compile(rf"\b{re.escape(key)}\s*(\[|\.update\(|\.setdefault\(|\|=)")
+    texts = []
+    for call in function.calls:
+        statement = call.where.statement
+        text = facts.module.code_for_node(statement)
+        if pattern.search(text):
+            texts.append(text)
+    for assignment in facts.assignments:
+        if assignment.where.scope.function_scope is function:
+            text = facts.module.code_for_node(assignment.where.statement)
+            if pattern.search(text):
+                texts.append(text)
+    return texts
+
+
+def _scaler_for(call: CallSite, scalers: list[str]) -> str | None:
+    owner = call.scope.function_scope.class_name
+    candidates = [s for s in scalers if s.startswith("self.")] if owner else [s for s in scalers if not s.startswith("self.")]
+    unique = sorted(set(candidates))
+    return unique[0] if len(unique) == 1 else None
+
+
+def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, scaler: str) -> str:
+    elements = list(node.elements)
+    last = elements[-1]
+    quote = '"'
+    if isinstance(last, cst.DictElement) and isinstance(last.key, cst.SimpleString):
+        quote = last.key.value[0] if last.key.value[0] in "\"'" else '"'
+    separator = elements[-2].comma if len(elements) >= 2 and isinstance(elements[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    new = cst.DictElement(
+        cst.SimpleString(f"{quote}scaler{quote}"),
+        cst.parse_expression(f"{scaler}.state_dict()"),
+        comma=last.comma,
+    )
+    elements[-1] = last.with_changes(comma=separator)
+    elements.append(new)
+    return facts.module.code_for_node(node.with_changes(elements=elements))
+
+
+def _load_without_scaler(facts: AmpFacts) -> Iterator[Hit]:
+    loads = [c for c in facts.calls if c.method == "load_state_dict"]
+    if any(_SCALER.search(c.receiver_key or "") or facts.is_scaler(c.receiver_key, c.scope) for c in loads):
+        return
+    if not any(c.qualname == "torch.load" for c in facts.calls):
+        return
+    for call in loads:
+        if facts.is_optimizer(call.receiver_key, call.scope):
+            yield Hit(
+                call.node,
+                f"the checkpoint restores `{call.receiver_key}` but this file never restores the "
+                f"GradScaler (`scaler.load_state_dict(...)`); a resumed run restarts at the initial "
+                f"scale and skips steps while it re-calibrates",
+                call.where.statement,
+            )

@@ -1,0 +1,102 @@
+"""AMP014 disabled-region-uncast-inputs: an `autocast(enabled=False)` block uses tensors made under autocast."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import libcst as cst
+
+from amplint.static.checks import Hit
+from amplint.static.checks import _regions as rg
+from amplint.static.checks import _training_step as ts
+from amplint.static.semantics import AmpFacts, CallSite
+
+CODE = "AMP014"
+
+_CASTS = {"float", "double", "to", "type", "cpu"}
+# Values that are not low-precision tensors: sizes, Python numbers, casts to float32, metadata.
+_NOT_A_TENSOR = re.compile(
+    r"\.(shape|dtype|device|ndim|size\(|item\(|float\(\)|double\(\)|numel\(|dim\(|tolist\()|\.to\([^)]*float(32|64)?\b|"
+    r"^\s*(len|int|float|bool|str|range|tuple|list|dict)\(|^\s*[\d.\"']|^\s*(True|False|None)\b"
+)
+
+
+def _with_item_of(facts: AmpFacts, call: CallSite) -> cst.WithItem | None:
+    parent = ts.parents(facts).get(id(call.node))
+    return parent if isinstance(parent, cst.WithItem) and parent.item is call.node else None
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    if not facts.has_autocast:
+        return
+    for call, region in rg.autocasts(facts):
+        if region.enabled != "no":
+            continue
+        item = _with_item_of(facts, call)
+        if item is None:
+            continue
+        outer = facts.innermost_autocast(call.where)
+        if outer is None or outer.enabled == "no":
+            continue
+        function = call.scope.function_scope
+        produced = _produced_in(facts, function, outer, item)
+        if not produced:
+            continue
+        used = _uncast_reads(facts, function, item, produced)
+        if used:
+            listed = ", ".join(f"`{name}`" for name in used)
+            yield Hit(
+                call.node,
+                f"autocast is disabled here but {listed}, computed in the enclosing autocast region (line "
+                f"{{0}}), may be float16/bfloat16; ops in this block then run in low precision (or fail on "
+                f"mixed dtypes); cast them with `.float()` first",
+                call.where.statement,
+                related=(outer.node,),
+            )
+
+
+def _produced_in(facts: AmpFacts, function, outer, inner: cst.WithItem) -> set[str]:
+    names = set()
+    for assignment in facts.assignments:
+        where = assignment.where
+        if where.scope.function_scope is not function or "." in assignment.key:
+            continue
+        if any(w is inner for w in where.withs):
+            continue
+        region = facts.innermost_autocast(where)
+        if region is None or region.node is not outer.node:
+            continue
+        if _NOT_A_TENSOR.search(facts.module.code_for_node(assignment.value)):
+            continue
+        names.add(assignment.key)
+    # Rebound later with a cast (`x = x.float()`) outside the disabled block: no longer low precision.
+    return names
+
+
+def _uncast_reads(facts: AmpFacts, function, inner: cst.WithItem, produced: set[str]) -> list[str]:
+    parents = ts.parents(facts)
+    found: list[str] = []
+    cast_inside = set()
+    for assignment in facts.assignments:
+        if any(w is inner for w in assignment.where.withs) and assignment.key in produced:
+            cast_inside.add(assignment.key)  # rebinding inside the block (`x = x.float()`)
+    for ref in facts.references:
+        where = ref.where
+        if where.scope.function_scope is not function or not any(w is inner for w in where.withs):
+            continue
+        head = ref.dotted.split(".")[0]
+        if head not in produced or head in cast_inside or head in found:
+            continue
+        if isinstance(parents.get(id(ref.node)), (cst.AssignTarget,)):
+            continue
+        if "." in ref.dotted and ref.dotted.split(".")[1] in ("shape", "dtype", "device", "ndim"):
+            continue
+        found.append(head)
+    for call in facts.calls:
+        if call.scope.function_scope is not function or not any(w is inner for w in call.where.withs):
+            continue
+        head = (call.receiver_key or "").split(".")[0]
+        if head in produced and head not in cast_inside and head not in found and call.method not in _CASTS | {"size", "dim", "numel", "item"}:
+            found.append(head)
+    return sorted(found)

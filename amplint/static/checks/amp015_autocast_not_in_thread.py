@@ -1,0 +1,78 @@
+"""AMP015 autocast-not-in-thread: work handed to another thread from inside an autocast region."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import libcst as cst
+
+from amplint.static.checks import Hit
+from amplint.static.semantics import AmpFacts, CallSite, dotted_name
+
+CODE = "AMP015"
+
+_THREAD = {"threading.Thread", "threading.Timer"}
+_EXECUTORS = {
+    "concurrent.futures.ThreadPoolExecutor",
+    "concurrent.futures.thread.ThreadPoolExecutor",
+    "concurrent.futures.ProcessPoolExecutor",
+    "multiprocessing.pool.ThreadPool",
+    "multiprocessing.dummy.Pool",
+}
+_EXECUTOR_NAME = re.compile(r"executor|thread_?pool|^pool$|_pool$|^ex$|^tpe$")
+_TENSOR_WORK = re.compile(r"torch|model|\bnet\b|forward|encode|decode|generate|\bF\.|nn\.|self\.\w+\(|\.cuda\(")
+
+
+def _bound_to(facts: AmpFacts, call: CallSite, qualnames: set[str]) -> bool:
+    for value, scope in facts.bindings(call.receiver_key, call.scope):
+        if isinstance(value, cst.Call) and facts.qualname(value.func, scope) in qualnames:
+            return True
+    # `with ThreadPoolExecutor() as pool:`
+    for item in call.where.withs:
+        if item.asname is not None and dotted_name(item.asname.name) == call.receiver_key:
+            if isinstance(item.item, cst.Call) and facts.qualname(item.item.func, call.scope) in qualnames:
+                return True
+    return False
+
+
+def _target_does_no_tensor_work(facts: AmpFacts, target: cst.BaseExpression | None, call: CallSite) -> bool:
+    if target is None:
+        return False
+    function = facts._function_named(target, call.scope)
+    if function is None:
+        return False
+    return not _TENSOR_WORK.search(facts.module.code_for_node(function.node))
+
+
+def _started_work(facts: AmpFacts, call: CallSite) -> tuple[str, cst.BaseExpression | None] | None:
+    if call.qualname in _THREAD:
+        return "a `threading.Thread`", call.arg(None, "target") or call.arg(1, None)
+    if call.method in ("submit", "map") and call.receiver_key:
+        if _bound_to(facts, call, _EXECUTORS) or _EXECUTOR_NAME.search(call.receiver_key.split(".")[-1].lower()):
+            return f"`{call.receiver_key}.{call.method}()`", call.arg(0, "fn")
+    if call.method in ("apply_async", "map_async", "imap", "starmap") and call.receiver_key and _bound_to(facts, call, _EXECUTORS):
+        return f"`{call.receiver_key}.{call.method}()`", call.arg(0, None)
+    return None
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    if not facts.has_autocast:
+        return
+    for call in facts.calls:
+        started = _started_work(facts, call)
+        if started is None:
+            continue
+        what, target = started
+        region = facts.region_of(call.where)
+        if region is None or _target_does_no_tensor_work(facts, target, call):
+            continue
+        autocast, via = region
+        yield Hit(
+            call.node,
+            f"{what} starts work inside the autocast region on line {{0}}, but autocast state is "
+            f"thread-local: the worker runs in float32 (or under its own autocast state); enter "
+            f"`torch.autocast(...)` inside the worker function",
+            call.where.statement,
+            related=(autocast.node,),
+        )

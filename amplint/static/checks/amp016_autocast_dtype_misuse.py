@@ -1,0 +1,87 @@
+"""AMP016 autocast-dtype-misuse: an autocast dtype autocast ignores, bf16 on CUDA unchecked, or BCE under autocast."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import libcst as cst
+
+from amplint.static.checks import Hit
+from amplint.static.checks import _regions as rg
+from amplint.static.semantics import AmpFacts, CallSite, dotted_name
+
+CODE = "AMP016"
+
+_BF16_GUARD = re.compile(r"is_bf16_supported|bf16_supported|get_device_capability|compute_capability|is_ampere|sm_?8\d|\bcapability\b")
+_BCE_FUNCTIONS = {"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"}
+_BCE_MODULES = {"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"}
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    if not facts.has_autocast:
+        return
+    yield from _dtypes(facts)
+    yield from _bce(facts)
+
+
+def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
+    guarded = None
+    for call, region in rg.autocasts(facts):
+        if not rg.enabled(region):
+            continue
+        dtype = rg.literal_dtype(facts, region, call)
+        if dtype is None:
+            continue
+        if dtype not in rg.LOW:
+            yield Hit(
+                call.node,
+                f"autocast does not support `{dtype}`: the constructor warns and disables autocast, so "
+                f"this region runs entirely in the inputs' dtype; use torch.float16 or torch.bfloat16, "
+                f"or no autocast at all",
+                call.where.statement,
+            )
+        elif dtype in rg.BFLOAT16 and region.device == "cuda":
+            if guarded is None:
+                guarded = bool(_BF16_GUARD.search(facts.module.code))
+            if not guarded:
+                yield Hit(
+                    call.node,
+                    "bfloat16 autocast on CUDA without a `torch.cuda.is_bf16_supported()` check in this "
+                    "module: GPUs before Ampere (V100, T4, RTX 20xx) fail or emulate it slowly; check "
+                    "support and fall back to float16 with a GradScaler",
+                    call.where.statement,
+                )
+
+
+def _cuda_region(facts: AmpFacts, call: CallSite):
+    region = facts.region_of(call.where)
+    if region is None or region[0].device == "cpu":
+        return None
+    return region
+
+
+def _bce(facts: AmpFacts) -> Iterator[Hit]:
+    criteria: set[str] = set()
+    for assignment in facts.assignments:
+        value = assignment.value
+        if isinstance(value, cst.Call) and facts.qualname(value.func, assignment.where.scope) in _BCE_MODULES:
+            criteria.add(assignment.key.split(".")[-1])
+    for call in facts.calls:
+        direct = call.qualname in _BCE_FUNCTIONS
+        called_module = call.callee is not None and call.callee.split(".")[-1] in criteria
+        inline = isinstance(call.node.func, cst.Call) and facts.qualname(call.node.func.func, call.scope) in _BCE_MODULES
+        if not (direct or called_module or inline):
+            continue
+        region = _cuda_region(facts, call)
+        if region is None:
+            continue
+        yield Hit(
+            call.node,
+            f"binary cross-entropy (`{dotted_name(call.node.func) or 'BCELoss'}`) inside the autocast region on "
+            f"line {{0}}: CUDA autocast refuses it (\"unsafe to autocast\") because float16 probabilities "
+            f"lose precision near 0 and 1; use `binary_cross_entropy_with_logits` / `BCEWithLogitsLoss` on "
+            f"the logits",
+            call.where.statement,
+            related=(region[0].node,),
+        )

@@ -1,0 +1,89 @@
+"""AMP017 compile-backward-autocast-mismatch: a compiled model under autocast, backward outside it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from amplint.static.checks import Hit
+from amplint.static.checks import _regions as rg
+from amplint.static.checks import _training_step as ts
+from amplint.static.semantics import AmpFacts, CallSite, dotted_name
+
+CODE = "AMP017"
+
+_COMPILE = {"torch.compile", "torch._dynamo.optimize"}
+_SETTING = "backward_pass_autocast"
+
+
+def _compiled(facts: AmpFacts) -> list[tuple[CallSite, str | None, object]]:
+    """torch.compile calls (and decorators, `model.compile()`), with the name the compiled object has."""
+    found = []
+    for call in facts.calls:
+        if call.qualname in _COMPILE:
+            parent = ts.parents(facts).get(id(call.node))
+            if isinstance(parent, cst.Decorator):
+                function = ts.parents(facts).get(id(parent))
+                name = function.name.value if isinstance(function, cst.FunctionDef) else None
+                found.append((call, name, function))
+                continue
+            target = _assigned_to(facts, call)
+            argument = dotted_name(call.arg(0, "model"))
+            found.append((call, target or argument, None))
+        elif call.method == "compile" and call.receiver_key and facts.value_kind(call.receiver, call.scope) == "model":
+            found.append((call, call.receiver_key, None))
+    for function in facts.functions:
+        for decorator in function.decorators:
+            if not isinstance(decorator.decorator, cst.Call) and facts.qualname(decorator.decorator, function.parent or function) in _COMPILE:
+                found.append((decorator, function.name, function.node))
+    return found
+
+
+def _assigned_to(facts: AmpFacts, call: CallSite) -> str | None:
+    statement = call.where.statement
+    if isinstance(statement, cst.SimpleStatementLine):
+        for small in statement.body:
+            if isinstance(small, cst.Assign) and small.value is call.node:
+                return dotted_name(small.targets[0].target)
+    return None
+
+
+def _runs_under_autocast(facts: AmpFacts, name: str | None, function_node) -> bool:
+    if function_node is not None:
+        for call, region in rg.autocasts(facts):
+            if rg.enabled(region) and ts.within(facts, call.node, function_node):
+                return True
+    if name is None:
+        return False
+    last = name.split(".")[-1]
+    for call in facts.calls:
+        if call.callee is None:
+            continue
+        parts = call.callee.split(".")
+        if parts[-1] == last or (len(parts) >= 2 and parts[-2] == last and parts[-1] in ("forward", "__call__")):
+            if facts.region_of(call.where) is not None:
+                return True
+    return False
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    if not facts.has_autocast or _SETTING in facts.module.code:
+        return
+    outside = [b for b in rg.backwards(facts) if facts.region_of(b.where) is None]
+    if not outside:
+        return
+    for node, name, function in _compiled(facts):
+        call_node = node.node if isinstance(node, CallSite) else node
+        statement = node.where.statement if isinstance(node, CallSite) else None
+        if not _runs_under_autocast(facts, name, function):
+            continue
+        yield Hit(
+            call_node,
+            "this compiled model runs under autocast while backward runs outside it (line {0}); with "
+            "torch.compile's default `backward_pass_autocast=\"same_as_forward\"` the compiled backward "
+            "re-enters autocast, which differs from eager and can overflow (pytorch/pytorch#153044); set "
+            "`torch._functorch.config.backward_pass_autocast = \"off\"` to match eager",
+            statement or call_node,
+            related=(outside[0].node,),
+        )
