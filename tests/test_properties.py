@@ -1,0 +1,161 @@
+"""Property-based tests: check never crashes; fix output always re-parses and is a fixed point.
+
+Two sources of programs: hypothesmith (any valid Python, which rarely mentions AMP), and AMP
+programs assembled from deprecated-API, scaler, clip and autocast snippets in random order,
+aliases, argument lists, nesting, line endings and a BOM, so that fixes really fire.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import hypothesmith
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from amplint.config import Settings
+from amplint.model import Finding
+from amplint.static.analyse import parse
+from amplint.static.api import lint_source
+from amplint.static.fixes import fix_source
+from amplint.static.runner import all_codes, check_stdin
+
+BOUNDED = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+
+IMPORTS = [
+    "import torch",
+    "import torch.cuda.amp",
+    "from torch.cuda.amp import autocast, GradScaler",
+    "from torch.cuda.amp import autocast as ac, GradScaler as GS",
+    "import torch.cuda.amp as amp",
+    "from torch.cuda import amp",
+    "from torch.cpu.amp import autocast as cpu_autocast",
+    "from torch.cuda.amp import custom_fwd, custom_bwd",
+    "from torch.amp import GradScaler as NewScaler",
+]
+ARGS = ["", "True", "False", "enabled=False", "dtype=torch.float16", "True, torch.bfloat16", "True, torch.float16, False",
+        "enabled=True, dtype=torch.bfloat16, cache_enabled=False", "*args", "**kwargs", "True,", "# c\n    True"]
+CALLEES = ["torch.cuda.amp.autocast", "torch.cpu.amp.autocast", "autocast", "ac", "amp.autocast", "cpu_autocast", "torch.autocast"]
+SCALERS = ["torch.cuda.amp.GradScaler", "GradScaler", "GS", "amp.GradScaler", "torch.cpu.amp.GradScaler", "NewScaler"]
+BODIES = [
+    "y = model(x)",
+    "loss = model(x).sum()\nloss.backward()",
+    "scaler.scale(loss).backward()",
+    "x = x.half()",
+    "pass",
+]
+DECORATED = [
+    "@torch.cuda.amp.custom_fwd\ndef fwd(ctx, x):\n    return x",
+    "@torch.cuda.amp.custom_fwd(cast_inputs=torch.float32)\ndef fwd2(ctx, x):\n    return x",
+    "@custom_bwd\ndef bwd(ctx, g):\n    return g",
+    "class Sub(torch.cuda.amp.GradScaler):\n    pass",
+]
+TRAINING = (
+    "for batch in data:\n"
+    "    optimizer.zero_grad()\n"
+    "    with {callee}({args}):\n"
+    "        loss = model(batch).sum()\n"
+    "    scaler.scale(loss).backward()\n"
+    "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+    "    scaler.step(optimizer)\n"
+    "    scaler.update()"
+)
+
+
+def _indent(text: str, level: int) -> str:
+    return "\n".join(("    " * level + line) if line else line for line in text.splitlines())
+
+
+@st.composite
+def amp_programs(draw) -> bytes:
+    lines = draw(st.lists(st.sampled_from(IMPORTS), min_size=1, max_size=4))
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["with", "scaler", "decorated", "training", "state", "noqa"]))
+        if kind == "with":
+            body = _indent(draw(st.sampled_from(BODIES)), 1)
+            snippet = f"with {draw(st.sampled_from(CALLEES))}({draw(st.sampled_from(ARGS))}):\n{body}"
+        elif kind == "scaler":
+            snippet = f"scaler = {draw(st.sampled_from(SCALERS))}({draw(st.sampled_from(['', 'init_scale=2.0**16', 'enabled=use_amp']))})"
+        elif kind == "decorated":
+            snippet = draw(st.sampled_from(DECORATED))
+        elif kind == "training":
+            snippet = TRAINING.format(callee=draw(st.sampled_from(CALLEES)), args=draw(st.sampled_from(ARGS)))
+        elif kind == "state":
+            snippet = f"d = torch.{draw(st.sampled_from(['get_autocast_gpu_dtype', 'is_autocast_cpu_enabled', 'set_autocast_gpu_dtype']))}({draw(st.sampled_from(['', 'torch.float16']))})"
+        else:
+            snippet = f"s2 = torch.cuda.amp.GradScaler()  # noqa{draw(st.sampled_from(['', ': AMP001', ': AMP003']))}"
+        if draw(st.booleans()):
+            snippet = f"def step_{len(lines)}(model, x, data, optimizer, scaler, loss, args, kwargs, use_amp):\n{_indent(snippet, 1)}"
+        lines.append(snippet)
+    text = "\n".join(lines) + draw(st.sampled_from(["\n", "", "\n\n# trailing comment\n"]))
+    if draw(st.booleans()):
+        text = text.replace("\n", "\r\n")
+    data = text.encode("utf-8")
+    return (b"\xef\xbb\xbf" + data) if draw(st.booleans()) else data
+
+
+def _parses(source: bytes) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def _assert_fix_properties(source: bytes) -> None:
+    codes = all_codes()
+    first = fix_source(source, "prop.py", codes, True)
+    assert isinstance(first.source, bytes)
+    if _parses(source):
+        assert _parses(first.source), first.source.decode("utf-8", "replace")
+    parse(first.source.decode("utf-8-sig"))  # libcst too
+    if first.applied:
+        assert first.source.startswith(b"\xef\xbb\xbf") == source.startswith(b"\xef\xbb\xbf")
+        assert (b"\r\n" in first.source) == (b"\r\n" in source)
+    second = fix_source(first.source, "prop.py", codes, True)
+    assert second.source == first.source, "a second fix changed the output"
+    assert second.applied == 0
+    assert [f for f in second.remaining if f.fix is not None] == [], "a fixable finding survived the fix"
+
+
+@BOUNDED
+@given(hypothesmith.from_grammar())
+def test_check_never_crashes_on_any_python(source: str) -> None:
+    findings = lint_source(source, "any.py")
+    assert all(isinstance(f, Finding) for f in findings)
+    gated = check_stdin(source.encode("utf-8"), "any.py", Settings()).findings
+    assert all(f.line >= 1 and f.column >= 1 for f in gated)
+
+
+@BOUNDED
+@given(hypothesmith.from_grammar())
+def test_fix_properties_on_any_python(source: str) -> None:
+    _assert_fix_properties(source.encode("utf-8"))
+
+
+@BOUNDED
+@given(amp_programs())
+def test_check_never_crashes_on_amp_programs(source: bytes) -> None:
+    findings = lint_source(source, "amp.py")
+    assert _parses(source) is not any(f.code == "AMP000" for f in findings)
+    for finding in findings:
+        assert 1 <= finding.line <= finding.end_line
+        if finding.fix is not None:
+            assert finding.fix.edits
+
+
+@BOUNDED
+@given(amp_programs())
+def test_fix_properties_on_amp_programs(source: bytes) -> None:
+    _assert_fix_properties(source)
+
+
+@settings(max_examples=60, deadline=None)
+@given(amp_programs())
+def test_safe_fixing_leaves_no_safe_fix_and_untouched_files_without_fixes(source: bytes) -> None:
+    before = lint_source(source, "amp.py")
+    fixed = fix_source(source, "amp.py", all_codes(), False)
+    remaining = lint_source(fixed.source, "amp.py")
+    assert not [f for f in remaining if f.fix is not None and f.fix.applicability.value == "safe"]
+    if not any(f.fix is not None for f in before):
+        assert fixed.source == source
