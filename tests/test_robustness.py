@@ -21,29 +21,13 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-# Files that some rule's gate lets through are parsed by libcst, whose syntax-error positions
-# differ from CPython's (which the gate-less path reports). The expected line is CPython's.
-LIBCST_POSITION = {"unterminated_string.py", "syntax_error_in_amp_code.py"}
-
-
 def _expected(path: Path) -> set[tuple[str, int]]:
     words = path.with_suffix(".expected").read_text(encoding="utf-8").split()
     return {(code, int(line)) for code, line in zip(words[0::2], words[1::2])}
 
 
 @pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(
-            p,
-            marks=[pytest.mark.xfail(reason="analyse.parse reports libcst's error line, not CPython's")]
-            if p.name in LIBCST_POSITION
-            else [],
-        )
-        for p in sorted(FIXTURES.iterdir())
-        if p.suffix != ".expected"
-    ],
-    ids=lambda p: p.name,
+    "path", [p for p in sorted(FIXTURES.iterdir()) if p.suffix != ".expected"], ids=lambda p: p.name
 )
 def test_bad_input_through_cli(path: Path) -> None:
     result = _run(str(path))
