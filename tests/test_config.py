@@ -296,3 +296,16 @@ def test_bad_select_flag_exits_2_with_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         "amplint: error: --select has 'E501', which is not a rule code or prefix (AMP, AMP00, AMP003)"
     ]
+
+
+def test_readme_configuration_example_is_valid() -> None:
+    """The `[tool.amplint]` example in README's "Pre-commit and CI" section loads as documented."""
+    import re
+    import tomllib
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Pre-commit and CI"):]
+    block = next(b for b in re.findall(r"```toml\n(.*?)```", section, re.DOTALL) if "[tool.amplint]" in b)
+    settings = settings_from_table(tomllib.loads(block)["tool"]["amplint"], Path("/proj/pyproject.toml"))
+    assert "AMP002" not in enabled(settings) and settings.min_torch == (2, 2)
+    assert settings.codes_for(Path("/proj/tests/test_a.py"), ALL) == frozenset(set(ALL) - {"AMP002", "AMP004"})
