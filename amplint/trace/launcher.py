@@ -64,7 +64,7 @@ def _describe(exc: BaseException) -> str:
 
 def run_target(path: str, module_name: str | None, args: list[str]) -> RunOutcome:
     """Run the target; never raises (the outcome says how it ended)."""
-    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    saved_argv = sys.argv[:]
     sys.argv = [path, *args]
     if module_name is None:
         # Like `python script.py`: the script's folder comes first on sys.path.
@@ -93,10 +93,8 @@ def run_target(path: str, module_name: str | None, args: list[str]) -> RunOutcom
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
         sys.argv = saved_argv
-        if module_name is None and sys.path and sys.path[0] == os.path.dirname(path):
-            del sys.path[0]
-        elif saved_path0 is not None and sys.path and sys.path[0] != saved_path0:
-            pass
+        if module_name is None and os.path.dirname(path) in sys.path:
+            sys.path.remove(os.path.dirname(path))
 
 
 def _raise_on_sigterm():

@@ -154,7 +154,14 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
     else:
         console.print("Findings: none")
     if report.get("unchecked_findings"):
-        console.print(Text(f"{len(report['unchecked_findings'])} static finding(s) of rules without a runtime check are not verified.", style="dim"))
+        codes = sorted({u["code"] for u in report["unchecked_findings"]})
+        console.print(
+            Text(
+                f"{len(report['unchecked_findings'])} static finding(s) of rules without a runtime check "
+                f"({', '.join(codes)}) are not verified; see `amplint check`.",
+                style="dim",
+            )
+        )
 
     ops = _ops_table(report, cwd)
     if ops is not None:

@@ -1,0 +1,161 @@
+"""In-process unit tests of the tracer's parts: the join of static findings with runtime facts
+(independent of the static checker: findings are built by hand), the policy table, deferred
+device values, the merge of rank reports, the launcher's traceback trimming."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from amplint.model import Finding, Severity  # noqa: E402
+from amplint.trace import policy  # noqa: E402
+from amplint.trace.confirm import Facts, confirm_findings  # noqa: E402
+from amplint.trace.report import merge_reports, rank_path  # noqa: E402
+from amplint.trace.state import DeferredValues, ScalerInfo, ScalerStep, TraceState  # noqa: E402
+
+FILE = os.path.abspath("train.py")
+
+
+def finding(code: str, line: int, end_line: int | None = None) -> Finding:
+    return Finding(code, "name", Severity.ERROR, "train.py", line, 1, end_line or line, 10, "static message")
+
+
+def facts_for(state: TraceState, values=None) -> Facts:
+    return Facts(state=state, values=values or [], display=lambda f: os.path.relpath(f))
+
+
+def statuses(findings, state, values=None, applied=None):
+    facts = facts_for(state, values)
+    facts.applied.update(applied or {})
+    results, _ = confirm_findings(findings, {"train.py": FILE}, facts)
+    return [(r["code"], r["line"], r["source"], r["status"], r["count"]) for r in results]
+
+
+def test_backward_in_autocast_statuses() -> None:
+    state = TraceState()
+    state.backward_calls[(FILE, 17)] = [4, 0]
+    state.backward_autocast[(FILE, 17)] = {"device": "cpu", "dtype": "bfloat16", "entered_at": (FILE, 15), "step": 0}
+    state.backward_calls[(FILE, 30)] = [0, 2]  # ran, never under autocast
+    out = statuses([finding("AMP003", 17), finding("AMP003", 30), finding("AMP003", 40)], state)
+    assert out == [
+        ("AMP003", 17, "static", "confirmed", 4),
+        ("AMP003", 30, "static", "refuted", 0),
+        ("AMP003", 40, "static", "not-reached", 0),
+    ]
+
+
+def test_multi_line_statement_matches_its_range() -> None:
+    state = TraceState()
+    state.backward_calls[(FILE, 18)] = [1, 0]
+    assert statuses([finding("AMP003", 17, end_line=19)], state)[0][3:] == ("confirmed", 1)
+
+
+def test_runtime_only_backward_in_autocast_from_another_module() -> None:
+    state = TraceState()
+    state.backward_calls[(FILE, 22)] = [3, 0]
+    state.backward_autocast[(FILE, 22)] = {"device": "cpu", "dtype": "bfloat16", "entered_at": (FILE, 20), "created_at": ("/x/helpers.py", 5), "step": 1}
+    results, _ = confirm_findings([], {"train.py": FILE}, facts_for(state))
+    assert [(r["code"], r["line"], r["source"], r["status"], r["count"]) for r in results] == [("AMP003", 22, "runtime", "confirmed", 3)]
+    assert results[0]["evidence"]["autocast_created_at"].endswith("helpers.py:5")
+
+
+def _scaler(state: TraceState, line: int, steps: int) -> None:
+    info = ScalerInfo(len(state.scalers), (FILE, line), None, True, "cpu", 65536.0, steps=steps)
+    state.scalers.append(info)
+
+
+def test_scaler_per_iteration_versus_per_fold() -> None:
+    per_batch, per_fold = TraceState(), TraceState()
+    for _ in range(5):
+        _scaler(per_batch, 12, steps=1)
+    for _ in range(2):
+        _scaler(per_fold, 12, steps=50)  # one scaler per fold is correct
+    assert statuses([finding("AMP004", 12)], per_batch)[0][3:] == ("confirmed", 5)
+    assert statuses([finding("AMP004", 12)], per_fold)[0][3:] == ("refuted", 0)
+
+
+def test_scheduler_after_skip_counts_only_skipped_steps() -> None:
+    from amplint.trace.state import SchedulerStep
+
+    state = TraceState()
+    skipped = ScalerStep(0, 1, 2, (FILE, 20), applied=False)
+    applied = ScalerStep(0, 1, 3, (FILE, 20), applied=True)
+    state.scheduler_steps = [SchedulerStep((FILE, 22), 1, 3, skipped), SchedulerStep((FILE, 22), 1, 4, applied)]
+    out = statuses([finding("AMP011", 22)], state, applied={id(skipped): False, id(applied): True})
+    assert out == [("AMP011", 22, "static", "confirmed", 1)]
+
+
+def test_unknown_rules_are_listed_unchecked_not_given_a_status() -> None:
+    results, unchecked = confirm_findings([finding("AMP013", 5)], {"train.py": FILE}, facts_for(TraceState()))
+    assert results == [] and [u["code"] for u in unchecked] == ["AMP013"]
+
+
+@pytest.mark.parametrize(
+    ("op", "device", "inputs", "outputs", "expected", "matches"),
+    [
+        ("aten::addmm", "cpu", ["bfloat16"] * 3, ["bfloat16"], "bfloat16", True),
+        ("aten::mm", "cpu", ["float32", "float32"], ["float32"], "bfloat16", False),
+        ("aten::_softmax", "cuda", ["bfloat16"], ["float32"], "float32", True),
+        ("aten::native_layer_norm", "cuda", ["bfloat16"], ["bfloat16", "float32", "float32"], "float32", False),
+        ("aten::mse_loss", "cpu", ["float32", "float32"], ["float32"], "float32", True),
+    ],
+)
+def test_policy_check(op, device, inputs, outputs, expected, matches) -> None:
+    verdict = policy.check(op, {"device": device, "dtype": "bfloat16"}, inputs, outputs)
+    assert verdict["expected"] == expected and verdict["matches"] is matches
+
+
+def test_policy_ignores_unlisted_float64_and_no_autocast() -> None:
+    assert policy.check("aten::relu", {"device": "cpu", "dtype": "bfloat16"}, ["bfloat16"], ["bfloat16"]) is None
+    assert policy.check("aten::mm", {"device": "cpu", "dtype": "bfloat16"}, ["float64"] * 2, ["float64"]) is None
+    assert policy.check("aten::mm", None, ["float32"] * 2, ["float32"]) is None
+    # softmax is not on a CPU list: CPU keeps it in bf16, which is not a departure
+    assert policy.category("aten::_softmax", "cpu") is None
+    assert policy.category("aten::_softmax", "cuda") == "float32"
+
+
+def test_deferred_values_read_after_the_fact() -> None:
+    values = DeferredValues()
+    scale = torch.tensor(1024.0)
+    slot = values.add(scale)
+    scale.mul_(0.5)  # a CPU value is read when stored, like a device copy taken at that moment
+    assert values.add(None) == 1 and values.add(3) == 2
+    assert values.resolve() == [1024.0, None, 3.0]
+    assert slot == 0
+
+
+def test_merge_reports_sums_counts_and_keeps_earliest_nonfinite() -> None:
+    def report(rank, count, step):
+        return {
+            "rank": rank,
+            "exit": {"status": "ok", "code": 0, "exception": None},
+            "findings": [{"code": "AMP003", "path": "t.py", "line": 3, "source": "static", "status": "confirmed", "count": count, "evidence": {}}],
+            "ops": [{"op": "aten::mm", "path": "t.py", "line": 2, "count": 10, "phase": "forward"}],
+            "scaler": {"steps_attempted": 5, "steps_applied": 4, "steps_skipped": 1, "scheduler_steps_after_skip": 1, "scale_history": [2.0]},
+            "nonfinite": {"op": "aten::mul", "step": step, "handled_by_scaler": False},
+            "kernels": [],
+        }
+
+    merged = merge_reports([report(0, 3, 7), report(1, 2, 4)], 2)
+    assert merged["findings"][0]["count"] == 5 and merged["findings"][0]["ranks"] == [0, 1]
+    assert merged["ops"][0]["count"] == 20
+    assert merged["scaler"]["steps_skipped"] == 2
+    assert merged["nonfinite"]["step"] == 4 and merged["nonfinite"]["rank"] == 1
+    assert rank_path("out/r.json", 3) == "out/r.rank3.json"
+
+
+def test_launcher_drops_its_own_frames_from_the_traceback(tmp_path) -> None:
+    from amplint.trace.launcher import _user_traceback, run_target
+
+    script = tmp_path / "s.py"
+    script.write_text("def f():\n    raise KeyError('k')\nf()\n")
+    argv = sys.argv[:]
+    outcome = run_target(str(script), None, ["--x"])
+    assert sys.argv == argv  # restored
+    assert outcome.status == "exception" and outcome.code == 1 and outcome.message == "KeyError: 'k'"
+    tb = _user_traceback(outcome.exception.__traceback__)
+    assert tb.tb_frame.f_code.co_filename == str(script)
