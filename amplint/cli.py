@@ -60,7 +60,7 @@ class _OneLineErrors(click.Command):
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
             message = " ".join(exc.format_message().split())
-            click.echo(f"amplint: error: {message} (see `amplint check --help`)", err=True)
+            click.echo(f"amplint: error: {message} (see `amplint {self.name} --help`)", err=True)
             ctx.exit(EXIT_ERROR)
 
 
@@ -124,7 +124,7 @@ def check_command(paths: tuple[str, ...], **options) -> None:
     sys.exit(status)
 
 
-@main.command("rule")
+@main.command("rule", cls=_OneLineErrors)
 @click.argument("code", required=False)
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text")
 def rule_command(code: str | None, output_format: str) -> None:

@@ -122,6 +122,12 @@ def test_closed_pipe_is_quiet(tmp_path: Path) -> None:
     assert "Traceback" not in stderr and "internal error" not in stderr
 
 
+def test_rule_usage_error_is_one_line(tmp_path: Path) -> None:
+    result = amplint("rule", "--bogus", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["amplint: error: No such option '--bogus'. (see `amplint rule --help`)"]
+
+
 def test_rule_command_is_not_taken_for_a_path(tmp_path: Path) -> None:
     result = amplint("rule", "AMP001", cwd=tmp_path)
     assert result.returncode == 0 and "deprecated-amp-api" in result.stdout
