@@ -13,7 +13,7 @@ from amplint.static.semantics import AmpFacts, Autocast, CallSite, Scope, dotted
 FLOAT16 = {"torch.float16", "torch.half"}
 BFLOAT16 = {"torch.bfloat16"}
 LOW = FLOAT16 | BFLOAT16
-_EVAL_FUNCTION = re.compile(r"eval|valid|test|infer|predict|generat|sampl|inference|benchmark|export|trace|profil")
+_EVAL_FUNCTION = re.compile(r"eval|valid|test|infer|predict|generat|sampl|inference|benchmark|export|trace|profil|serve|serving")
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad"}
 
 
@@ -63,7 +63,13 @@ def device_of(region: Autocast) -> str | None:
 
 
 def in_no_grad(facts: AmpFacts, call: CallSite) -> bool:
-    for item in call.where.withs:
+    items = list(call.where.withs)
+    parent = ts.parents(facts).get(id(call.node))
+    if isinstance(parent, cst.WithItem):  # `with torch.no_grad(), torch.autocast(...):`
+        statement = ts.parents(facts).get(id(parent))
+        if isinstance(statement, cst.With):
+            items.extend(statement.items)
+    for item in items:
         if isinstance(item.item, cst.Call) and facts.qualname(item.item.func, call.scope) in _NO_GRAD:
             return True
     function = call.scope.function_scope
@@ -99,3 +105,8 @@ def backwards(facts: AmpFacts) -> list[CallSite]:
 
 def enabled(region: Autocast) -> bool:
     return region.enabled != "no"
+
+
+def inference_only(facts: AmpFacts, call: CallSite) -> bool:
+    """Code under no_grad/inference_mode or in an evaluation function never back-propagates."""
+    return in_no_grad(facts, call) or in_eval_function(call)

@@ -18,7 +18,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     if ts.mentions_a_scaler(facts) or ts.framework_owned(facts):
         return
     for call, region in rg.autocasts(facts):
-        if not rg.enabled(region) or rg.in_no_grad(facts, call) or rg.in_eval_function(call):
+        if not rg.enabled(region) or rg.inference_only(facts, call):
             continue
         dtype = rg.literal_dtype(facts, region, call)
         if dtype in rg.FLOAT16:

@@ -61,9 +61,11 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, scalers: list[str]) ->
     if isinstance(dict_node, cst.Dict) and any(isinstance(e, cst.StarredDictElement) for e in dict_node.elements):
         return None  # `**extra`: the scaler may be in there
     fix = None
-    scaler = _scaler_for(call, scalers)
+    scaler = _scaler_for(facts, call, scalers)
     if isinstance(dict_node, cst.Dict) and dict_node.elements and scaler is not None:
-        fix = FixPlan(Applicability.UNSAFE, (Replacement(dict_node, _with_scaler_entry(facts, dict_node, scaler)),))
+        statement = _statement_of(facts, dict_node)
+        replacement = _with_scaler_entry(facts, dict_node, scaler, statement) if statement is not None else None
+        fix = FixPlan(Applicability.UNSAFE, (replacement,)) if replacement is not None else None
     return Hit(
         call.node,
         "this checkpoint saves the optimizer state but not the GradScaler's; a resumed run restarts "
@@ -72,6 +74,13 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, scalers: list[str]) ->
         call.where.statement,
         fix,
     )
+
+
+def _statement_of(facts: AmpFacts, node: cst.CSTNode) -> cst.CSTNode | None:
+    for parent in ts.ancestors(facts, node):
+        if isinstance(parent, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            return parent
+    return None
 
 
 def _mentions_optimizer_state(facts: AmpFacts, node: cst.CSTNode, text: str, scope: Scope) -> bool:
@@ -129,28 +138,36 @@ def _later_fills(facts: AmpFacts, key: str, scope: Scope) -> list[str]:
     return texts
 
 
-def _scaler_for(call: CallSite, scalers: list[str]) -> str | None:
-    owner = call.scope.function_scope.class_name
-    candidates = [s for s in scalers if s.startswith("self.")] if owner else [s for s in scalers if not s.startswith("self.")]
-    unique = sorted(set(candidates))
-    return unique[0] if len(unique) == 1 else None
+def _scaler_for(facts: AmpFacts, call: CallSite, scalers: list[str]) -> str | None:
+    """The one scaler name that is bound where the checkpoint is saved."""
+    function = call.scope.function_scope
+    visible = {
+        key for key in scalers
+        if facts.bindings(key, call.scope) and (key.startswith("self.") == (function.class_name is not None))
+    }
+    visible |= {p for p in function.params if "scaler" in p.lower()}
+    return visible.pop() if len(visible) == 1 else None
 
 
-def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, scaler: str) -> str:
+def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, scaler: str, statement: cst.CSTNode) -> Replacement | None:
+    """Append `"scaler": <scaler>.state_dict()` after the dict's last entry, in the dict's own layout."""
     elements = list(node.elements)
     last = elements[-1]
+    if not isinstance(last, cst.DictElement):
+        return None
+    value_text = facts.module.code_for_node(last.value)
+    if "\n" in value_text:
+        return None
     quote = '"'
-    if isinstance(last, cst.DictElement) and isinstance(last.key, cst.SimpleString):
-        quote = last.key.value[0] if last.key.value[0] in "\"'" else '"'
-    separator = elements[-2].comma if len(elements) >= 2 and isinstance(elements[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    new = cst.DictElement(
-        cst.SimpleString(f"{quote}scaler{quote}"),
-        cst.parse_expression(f"{scaler}.state_dict()"),
-        comma=last.comma,
-    )
-    elements[-1] = last.with_changes(comma=separator)
-    elements.append(new)
-    return facts.module.code_for_node(node.with_changes(elements=elements))
+    if isinstance(last.key, cst.SimpleString) and last.key.value[0] in "\"'":
+        quote = last.key.value[0]
+    whitespace = elements[-2].comma.whitespace_after if len(elements) >= 2 and isinstance(elements[-2].comma, cst.Comma) else node.lbrace.whitespace_after
+    if isinstance(whitespace, cst.ParenthesizedWhitespace):
+        indent = ts.indentation(facts, statement) if whitespace.indent else ""
+        separator = f",\n{indent}{whitespace.last_line.value}"
+    else:
+        separator = ", "
+    return Replacement(last.value, f"{value_text}{separator}{quote}scaler{quote}: {scaler}.state_dict()")
 
 
 def _load_without_scaler(facts: AmpFacts) -> Iterator[Hit]:

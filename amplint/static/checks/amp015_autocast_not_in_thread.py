@@ -21,6 +21,7 @@ _EXECUTORS = {
     "multiprocessing.dummy.Pool",
 }
 _EXECUTOR_NAME = re.compile(r"executor|thread_?pool|^pool$|_pool$|^ex$|^tpe$")
+_IO_WORK = re.compile(r"\bopen\(|\.write|json|print\(|logg|requests\.|upload|socket|sleep\(|wandb|tensorboard|writer\.|queue|\.put\(|shutil|os\.")
 _TENSOR_WORK = re.compile(r"torch|model|\bnet\b|forward|encode|decode|generate|\bF\.|nn\.|self\.\w+\(|\.cuda\(")
 
 
@@ -42,7 +43,8 @@ def _target_does_no_tensor_work(facts: AmpFacts, target: cst.BaseExpression | No
     function = facts._function_named(target, call.scope)
     if function is None:
         return False
-    return not _TENSOR_WORK.search(facts.module.code_for_node(function.node))
+    text = facts.module.code_for_node(function.node)
+    return bool(_IO_WORK.search(text)) and not _TENSOR_WORK.search(text)
 
 
 def _started_work(facts: AmpFacts, call: CallSite) -> tuple[str, cst.BaseExpression | None] | None:

@@ -52,7 +52,7 @@ def _assigned_to(facts: AmpFacts, call: CallSite) -> str | None:
 def _runs_under_autocast(facts: AmpFacts, name: str | None, function_node) -> bool:
     if function_node is not None:
         for call, region in rg.autocasts(facts):
-            if rg.enabled(region) and ts.within(facts, call.node, function_node):
+            if rg.enabled(region) and ts.within(facts, call.node, function_node) and not rg.inference_only(facts, call):
                 return True
     if name is None:
         return False
@@ -62,8 +62,17 @@ def _runs_under_autocast(facts: AmpFacts, name: str | None, function_node) -> bo
             continue
         parts = call.callee.split(".")
         if parts[-1] == last or (len(parts) >= 2 and parts[-2] == last and parts[-1] in ("forward", "__call__")):
-            if facts.region_of(call.where) is not None:
+            region = facts.region_of(call.where)
+            if region is not None and not rg.inference_only(facts, call) and not _region_inference_only(facts, region):
                 return True
+    return False
+
+
+def _region_inference_only(facts: AmpFacts, region) -> bool:
+    autocast, _via = region
+    for call, _ in rg.autocasts(facts):
+        if call.node is autocast.node:
+            return rg.inference_only(facts, call)
     return False
 
 

@@ -1,0 +1,712 @@
+"""AMP006-AMP017: one behaviour per test, the false-positive traps of research §5, and every fix."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from amplint.static.analyse import parse
+from amplint.static.api import lint_source
+from amplint.static.fixes import fix_source
+
+
+def lines(source: str, code: str) -> list[int]:
+    return sorted(f.line for f in lint_source(textwrap.dedent(source), "t.py") if f.code == code)
+
+
+def fixed(source: str, code: str, unsafe: bool = False) -> str:
+    result = fix_source(textwrap.dedent(source).encode(), "t.py", {code}, unsafe)
+    return result.source.decode()
+
+
+def assert_fix(source: str, code: str, expected: str, unsafe: bool = False) -> None:
+    """The fix re-parses, equals the expected text, removes the finding and is idempotent."""
+    out = fixed(source, code, unsafe)
+    parse(out)
+    assert out == textwrap.dedent(expected)
+    assert lines(out, code) == []
+    assert fixed(out, code, unsafe) == out
+
+
+# --------------------------------------------------------------------------------- AMP006
+LOOP_DIRECT_STEP = """\
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x, y)
+    scaler.scale(loss).backward()
+    optimizer.step()
+"""
+
+
+def test_amp006_direct_step_after_scaled_backward() -> None:
+    assert lines(LOOP_DIRECT_STEP, "AMP006") == [7]
+
+
+def test_amp006_step_through_scaler_in_other_branch_is_clean() -> None:
+    src = """\
+    import torch
+    def step(model, x, optimizer, scaler):
+        loss = model(x)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+    """
+    assert lines(src, "AMP006") == []
+
+
+def test_amp006_disabled_scaler_is_clean() -> None:
+    src = LOOP_DIRECT_STEP.replace('GradScaler("cuda")', 'GradScaler("cuda", enabled=False)')
+    assert lines(src, "AMP006") == []
+
+
+def test_amp006_one_of_two_optimizers_bypasses() -> None:
+    src = """\
+    import torch
+    def gan(scaler, opt_d, opt_g, ld, lg):
+        scaler.scale(ld).backward()
+        scaler.step(opt_d)
+        scaler.scale(lg).backward()
+        opt_g.step()
+        scaler.update()
+    """
+    assert lines(src, "AMP006") == [6]
+
+
+def test_amp006_unsafe_fix_steps_through_scaler_and_adds_update() -> None:
+    assert fixed(LOOP_DIRECT_STEP, "AMP006") == LOOP_DIRECT_STEP  # not a safe fix
+    assert_fix(
+        LOOP_DIRECT_STEP,
+        "AMP006",
+        LOOP_DIRECT_STEP.replace("    optimizer.step()\n", "    scaler.step(optimizer)\n    scaler.update()\n"),
+        unsafe=True,
+    )
+
+
+def test_amp006_no_fix_when_scaler_is_conditional() -> None:
+    src = """\
+    import torch
+    scaler = torch.amp.GradScaler("cuda") if amp else None
+    for x in loader:
+        loss = model(x)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        optimizer.step()
+    """
+    findings = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP006"]
+    assert [f.line for f in findings] == [9] and findings[0].fix is None
+
+
+# --------------------------------------------------------------------------------- AMP007
+MISSING_UPDATE = """\
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)  # step
+    optimizer.zero_grad()
+"""
+
+
+def test_amp007_step_without_update() -> None:
+    assert lines(MISSING_UPDATE, "AMP007") == [7]
+
+
+def test_amp007_safe_fix_inserts_update_after_step_keeping_comment() -> None:
+    assert_fix(
+        MISSING_UPDATE,
+        "AMP007",
+        MISSING_UPDATE.replace("    scaler.step(optimizer)  # step\n", "    scaler.step(optimizer)  # step\n    scaler.update()\n"),
+    )
+
+
+def test_amp007_fix_changes_nothing_else() -> None:
+    out = fixed(MISSING_UPDATE, "AMP007")
+    assert out.splitlines()[:7] == MISSING_UPDATE.splitlines()[:7]
+    assert out.splitlines()[8:] == MISSING_UPDATE.splitlines()[7:]
+
+
+def test_amp007_one_update_after_several_optimizers_is_clean() -> None:
+    src = """\
+    def train(loader, scaler, opt_a, opt_b):
+        for x in loader:
+            scaler.scale(x).backward()
+            scaler.step(opt_a)
+            scaler.step(opt_b)
+            scaler.update()
+    """
+    assert lines(src, "AMP007") == []
+
+
+def test_amp007_loop_over_optimizers_then_update_is_clean() -> None:
+    src = """\
+    def train(loader, scaler, optimizers):
+        for x in loader:
+            scaler.scale(x).backward()
+            for opt in optimizers:
+                scaler.step(opt)
+            scaler.update()
+    """
+    assert lines(src, "AMP007") == []
+
+
+def test_amp007_update_between_optimizer_steps() -> None:
+    src = """\
+    def train(loader, scaler, opt_d, opt_g):
+        for x in loader:
+            scaler.scale(x).backward()
+            scaler.step(opt_d)
+            scaler.update()
+            scaler.scale(x).backward()
+            scaler.step(opt_g)
+            scaler.update()
+    """
+    assert lines(src, "AMP007") == [5]
+
+
+def test_amp007_update_outside_the_step_loop() -> None:
+    src = """\
+    def train(loader, scaler, opt, epochs):
+        for _ in range(epochs):
+            for x in loader:
+                scaler.scale(x).backward()
+                scaler.step(opt)
+            scaler.update()
+    """
+    assert lines(src, "AMP007") == [5]
+
+
+def test_amp007_update_on_microbatches_without_step() -> None:
+    src = """\
+    def train(loader, scaler, opt):
+        for i, x in enumerate(loader):
+            scaler.scale(x).backward()
+            if (i + 1) % 4 == 0:
+                scaler.step(opt)
+            scaler.update()
+    """
+    assert lines(src, "AMP007") == [6]
+
+
+def test_amp007_update_in_caller_of_step_helper_is_clean() -> None:
+    src = """\
+    import torch
+    class E:
+        def __init__(self):
+            self.scaler = torch.amp.GradScaler("cuda")
+        def _step(self):
+            self.scaler.step(self.opt)
+        def train_step(self, loss):
+            self.scaler.scale(loss).backward()
+            self._step()
+            self.scaler.update()
+    """
+    assert lines(src, "AMP007") == []
+
+
+# --------------------------------------------------------------------------------- AMP008
+def test_amp008_unscale_outside_accumulation_guard() -> None:
+    src = """\
+    def train(loader, scaler, opt, model):
+        for i, x in enumerate(loader):
+            scaler.scale(model(x)).backward()
+            scaler.unscale_(opt)
+            if (i + 1) % 8 == 0:
+                scaler.step(opt)
+                scaler.update()
+    """
+    assert lines(src, "AMP008") == [4]
+
+
+def test_amp008_unscale_inside_accumulation_guard_is_clean() -> None:
+    src = """\
+    def train(loader, scaler, opt, model):
+        for i, x in enumerate(loader):
+            scaler.scale(model(x)).backward()
+            if (i + 1) % 8 == 0:
+                scaler.unscale_(opt)
+                scaler.step(opt)
+                scaler.update()
+    """
+    assert lines(src, "AMP008") == []
+
+
+def test_amp008_second_unscale_before_update() -> None:
+    src = """\
+    def train(loader, scaler, opt, model):
+        for x in loader:
+            scaler.scale(model(x)).backward()
+            scaler.unscale_(opt)
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+    """
+    assert lines(src, "AMP008") == [5]
+
+
+def test_amp008_unscale_in_micro_batch_loop() -> None:
+    src = """\
+    def step(batch, scaler, opt, model):
+        for chunk in batch.chunk(4):
+            scaler.scale(model(chunk)).backward()
+            scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+    """
+    assert lines(src, "AMP008") == [4]
+
+
+def test_amp008_amp_switch_guards_are_not_accumulation() -> None:
+    src = """\
+    def train(loader, scaler, opt, model, use_amp):
+        for x in loader:
+            scaler.scale(model(x)).backward()
+            if use_amp:
+                scaler.unscale_(opt)
+            if use_amp:
+                scaler.step(opt)
+                scaler.update()
+    """
+    assert lines(src, "AMP008") == []
+
+
+# --------------------------------------------------------------------------------- AMP009
+def test_amp009_default_cuda_dtype_without_scaler() -> None:
+    src = """\
+    import torch
+    for x in loader:
+        with torch.autocast("cuda"):
+            loss = model(x)
+        loss.backward()
+    """
+    assert lines(src, "AMP009") == [3]
+
+
+def test_amp009_bf16_is_clean() -> None:
+    src = """\
+    import torch
+    for x in loader:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x)
+        loss.backward()
+    """
+    assert lines(src, "AMP009") == []
+
+
+@pytest.mark.parametrize(
+    "owner",
+    ["from accelerate import Accelerator\n", "import lightning as L\n", "import deepspeed\n"],
+)
+def test_amp009_framework_import_owns_the_scaler(owner: str) -> None:
+    src = owner + "import torch\nfor x in loader:\n    with torch.autocast('cuda'):\n        loss = model(x)\n    loss.backward()\n"
+    assert lines(src, "AMP009") == []
+
+
+@pytest.mark.parametrize("backward", ["accelerator.backward(loss)", "self.manual_backward(loss)"])
+def test_amp009_framework_backward_owns_the_scaler(backward: str) -> None:
+    src = f"""\
+    import torch
+    def training_step(self, x):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = self.net(x)
+        {backward}
+        loss.detach().backward()
+    """
+    assert lines(src, "AMP009") == []
+
+
+def test_amp009_inference_region_is_clean() -> None:
+    src = """\
+    import torch
+    def train(x):
+        model(x).sum().backward()
+    @torch.no_grad()
+    def predict(x):
+        with torch.autocast("cuda", dtype=torch.float16):
+            return model(x)
+    """
+    assert lines(src, "AMP009") == []
+
+
+# --------------------------------------------------------------------------------- AMP010
+def test_amp010_enabled_scaler_with_bf16_autocast() -> None:
+    src = """\
+    import torch
+    scaler = torch.amp.GradScaler("cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(x)
+    scaler.scale(loss).backward()
+    """
+    assert lines(src, "AMP010") == [2]
+
+
+def test_amp010_nanogpt_enabled_expression_is_clean() -> None:
+    src = """\
+    import torch
+    dtype = torch.bfloat16
+    scaler = torch.amp.GradScaler("cuda", enabled=(dtype == torch.float16))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(x)
+    scaler.scale(loss).backward()
+    """
+    assert lines(src, "AMP010") == []
+
+
+def test_amp010_runtime_dtype_is_clean() -> None:
+    src = """\
+    import torch
+    scaler = torch.amp.GradScaler("cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16 if bf16 else torch.float16):
+        loss = model(x)
+    """
+    assert lines(src, "AMP010") == []
+
+
+def test_amp010_model_cast_to_bf16() -> None:
+    src = """\
+    import torch
+    model = torch.nn.Linear(4, 4).bfloat16()
+    scaler = torch.amp.GradScaler("cuda")
+    """
+    assert lines(src, "AMP010") == [3]
+
+
+# --------------------------------------------------------------------------------- AMP011
+SCHED = """\
+import torch
+for x in loader:
+    scaler.scale(model(x)).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+"""
+
+
+def test_amp011_scheduler_after_scaler_step() -> None:
+    assert lines(SCHED, "AMP011") == [6]
+
+
+def test_amp011_severity_is_info() -> None:
+    (finding,) = [f for f in lint_source(SCHED, "t.py") if f.code == "AMP011"]
+    assert finding.severity.value == "info"
+
+
+def test_amp011_gated_on_scale_comparison_is_clean() -> None:
+    src = """\
+    for x in loader:
+        scaler.scale(model(x)).backward()
+        scale_before = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        if scaler.get_scale() >= scale_before:
+            scheduler.step()
+    """
+    assert lines(src, "AMP011") == []
+
+
+def test_amp011_gated_on_skip_flag_is_clean() -> None:
+    src = """\
+    for x in loader:
+        scaler.scale(model(x)).backward()
+        scale = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        skip_lr_sched = scale > scaler.get_scale()
+        if not skip_lr_sched:
+            scheduler.step()
+    """
+    assert lines(src, "AMP011") == []
+
+
+def test_amp011_epoch_scheduler_is_clean() -> None:
+    src = """\
+    for epoch in range(3):
+        for x in loader:
+            scaler.scale(model(x)).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        scheduler.step()
+    """
+    assert lines(src, "AMP011") == []
+
+
+# --------------------------------------------------------------------------------- AMP012
+SAVE = """\
+import torch
+scaler = torch.amp.GradScaler("cuda")
+def save(model, optimizer):
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "c.pt")
+"""
+
+
+def test_amp012_save_without_scaler_state() -> None:
+    assert lines(SAVE, "AMP012") == [4]
+
+
+def test_amp012_scaler_in_helper_dict_is_clean() -> None:
+    src = """\
+    import torch
+    scaler = torch.amp.GradScaler("cuda")
+    def save(model, optimizer):
+        ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        ckpt["scaler"] = scaler.state_dict()
+        torch.save(ckpt, "c.pt")
+    """
+    assert lines(src, "AMP012") == []
+
+
+def test_amp012_splatted_extra_dict_is_clean() -> None:
+    src = SAVE.replace('optimizer.state_dict()}', 'optimizer.state_dict(), **extra}')
+    assert lines(src, "AMP012") == []
+
+
+def test_amp012_load_without_scaler() -> None:
+    src = """\
+    import torch
+    scaler = torch.amp.GradScaler("cuda")
+    ckpt = torch.load("c.pt")
+    optimizer.load_state_dict(ckpt["optimizer"])
+    """
+    assert lines(src, "AMP012") == [4]
+
+
+def test_amp012_unsafe_fix_adds_scaler_entry() -> None:
+    assert fixed(SAVE, "AMP012") == SAVE
+    assert_fix(
+        SAVE,
+        "AMP012",
+        SAVE.replace('optimizer.state_dict()}', 'optimizer.state_dict(), "scaler": scaler.state_dict()}'),
+        unsafe=True,
+    )
+
+
+def test_amp012_fix_keeps_multiline_layout() -> None:
+    src = """\
+    import torch
+    scaler = torch.amp.GradScaler("cuda")
+    def save(model, optimizer):
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+        }
+        torch.save(state, "c.pt")
+    """
+    expected = src.replace(
+        '            "optimizer": optimizer.state_dict(),\n',
+        '            "optimizer": optimizer.state_dict(),\n            "scaler": scaler.state_dict(),\n',
+    )
+    assert_fix(src, "AMP012", expected, unsafe=True)
+
+
+def test_amp012_no_fix_when_scaler_not_in_scope() -> None:
+    src = """\
+    import torch
+    def save(model, optimizer):
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "c.pt")
+    def train():
+        scaler = torch.amp.GradScaler("cuda")
+    """
+    (finding,) = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP012"]
+    assert finding.fix is None
+
+
+# --------------------------------------------------------------------------------- AMP013
+FWD_ONLY = """\
+import torch
+
+
+class F(torch.autograd.Function):
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx, a, b):
+        return a @ b
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g
+"""
+
+
+def test_amp013_custom_fwd_without_custom_bwd() -> None:
+    assert lines(FWD_ONLY, "AMP013") == [11]
+
+
+def test_amp013_safe_fix_adds_matching_custom_bwd() -> None:
+    assert_fix(
+        FWD_ONLY,
+        "AMP013",
+        FWD_ONLY.replace(
+            "    @staticmethod\n    def backward",
+            '    @staticmethod\n    @torch.amp.custom_bwd(device_type="cuda")\n    def backward',
+        ),
+    )
+
+
+def test_amp013_undecorated_function_in_amp_module() -> None:
+    src = """\
+    import torch
+    class Mul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            return a * b
+        @staticmethod
+        def backward(ctx, g):
+            return g, g
+    with torch.autocast("cuda"):
+        y = Mul.apply(x, w)
+    """
+    assert lines(src, "AMP013") == [2]
+
+
+def test_amp013_module_without_amp_is_clean() -> None:
+    src = """\
+    import torch
+    class Mul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            return a * b
+    """
+    assert lines(src, "AMP013") == []
+
+
+def test_amp013_custom_fwd_with_setup_context() -> None:
+    src = """\
+    import torch
+    class Mul(torch.autograd.Function):
+        @staticmethod
+        @torch.amp.custom_fwd(device_type="cuda")
+        def forward(a, b):
+            return a * b
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+    """
+    assert lines(src, "AMP013") == [4]
+
+
+# --------------------------------------------------------------------------------- AMP014
+def test_amp014_uncast_outer_tensor_in_disabled_block() -> None:
+    src = """\
+    import torch
+    with torch.autocast("cuda"):
+        h = model(x)
+        with torch.autocast("cuda", enabled=False):
+            y = torch.softmax(h, -1)
+    """
+    assert lines(src, "AMP014") == [4]
+
+
+def test_amp014_cast_input_is_clean() -> None:
+    src = """\
+    import torch
+    with torch.autocast("cuda"):
+        h = model(x)
+        with torch.autocast("cuda", enabled=False):
+            y = torch.softmax(h.float(), -1)
+    """
+    assert lines(src, "AMP014") == []
+
+
+def test_amp014_severity_is_info() -> None:
+    src = 'import torch\nwith torch.autocast("cuda"):\n    h = m(x)\n    with torch.autocast("cuda", enabled=False):\n        y = f(h)\n'
+    (finding,) = [f for f in lint_source(src, "t.py") if f.code == "AMP014"]
+    assert finding.severity.value == "info"
+
+
+# --------------------------------------------------------------------------------- AMP015
+def test_amp015_thread_started_in_region() -> None:
+    src = """\
+    import threading
+    import torch
+    with torch.autocast("cuda"):
+        t = threading.Thread(target=lambda: model(x))
+    """
+    assert lines(src, "AMP015") == [4]
+
+
+def test_amp015_executor_submit_in_region() -> None:
+    src = """\
+    from concurrent.futures import ThreadPoolExecutor
+    import torch
+    pool = ThreadPoolExecutor(2)
+    with torch.autocast("cuda"):
+        fut = pool.submit(model, x)
+    """
+    assert lines(src, "AMP015") == [5]
+
+
+def test_amp015_builtin_map_is_clean() -> None:
+    src = 'import torch\nwith torch.autocast("cuda"):\n    ys = list(map(model, xs))\n'
+    assert lines(src, "AMP015") == []
+
+
+# --------------------------------------------------------------------------------- AMP016
+def test_amp016_unsupported_dtype() -> None:
+    src = 'import torch\nwith torch.autocast("cpu", dtype=torch.float32):\n    y = model(x)\n'
+    assert lines(src, "AMP016") == [2]
+
+
+def test_amp016_bf16_cuda_without_guard() -> None:
+    src = 'import torch\nwith torch.autocast("cuda", dtype=torch.bfloat16):\n    y = model(x)\n'
+    assert lines(src, "AMP016") == [2]
+
+
+def test_amp016_bf16_cuda_with_guard_is_clean() -> None:
+    src = 'import torch\nassert torch.cuda.is_bf16_supported()\nwith torch.autocast("cuda", dtype=torch.bfloat16):\n    y = model(x)\n'
+    assert lines(src, "AMP016") == []
+
+
+def test_amp016_bce_in_region_through_helper() -> None:
+    src = """\
+    import torch
+    import torch.nn.functional as F
+    def loss_fn(p, y):
+        return F.binary_cross_entropy(p, y)
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x).sigmoid(), y)
+    """
+    assert lines(src, "AMP016") == [4]
+
+
+def test_amp016_bce_with_logits_is_clean() -> None:
+    src = """\
+    import torch
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x), y)
+    """
+    assert lines(src, "AMP016") == []
+
+
+# --------------------------------------------------------------------------------- AMP017
+COMPILED = """\
+import torch
+model = torch.compile(model)
+for x in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x)
+    loss.backward()
+"""
+
+
+def test_amp017_compiled_model_under_autocast() -> None:
+    assert lines(COMPILED, "AMP017") == [2]
+
+
+def test_amp017_config_set_is_clean() -> None:
+    src = 'import torch\ntorch._functorch.config.backward_pass_autocast = "off"\n' + COMPILED.split("\n", 1)[1]
+    assert lines(src, "AMP017") == []
+
+
+def test_amp017_backward_inside_autocast_is_not_a_mismatch() -> None:
+    src = COMPILED.replace("    loss.backward()", "        loss.backward()")
+    assert lines(src, "AMP017") == []
