@@ -710,3 +710,13 @@ def test_amp017_config_set_is_clean() -> None:
 def test_amp017_backward_inside_autocast_is_not_a_mismatch() -> None:
     src = COMPILED.replace("    loss.backward()", "        loss.backward()")
     assert lines(src, "AMP017") == []
+
+
+def test_amp011_config_flag_named_skip_is_not_a_skip_check() -> None:
+    src = SCHED.replace("    scheduler.step()\n", "    if not args.skip_lr:\n        scheduler.step()\n")
+    assert lines(src, "AMP011") == [7]
+
+
+def test_amp011_helper_given_the_scaler_is_a_skip_check() -> None:
+    src = SCHED.replace("    scheduler.step()\n", "    if not step_was_skipped_by(scaler):\n        scheduler.step()\n")
+    assert lines(src, "AMP011") == []

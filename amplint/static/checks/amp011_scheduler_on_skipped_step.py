@@ -12,7 +12,7 @@ from amplint.static.semantics import AmpFacts
 CODE = "AMP011"
 
 _SKIP_CHECK = re.compile(
-    r"get_scale|_scale\b|\bscale\b|scale_(before|after)|skip|found_inf|isfinite|isnan|isinf|overflow"
+    r"get_scale|_scale\b|\bscale\b|scale_(before|after)|was_skipped|skipped_step|found_inf|isfinite|isnan|isinf|overflow"
     r"|_step_count|was_run|stepped|step_was|optimizer_was|did_step|is_finite|nonfinite|non_finite"
 )
 
@@ -26,7 +26,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             if event.kind != "sched_step" or id(event.call.node) in reported:
                 continue
             scaler_step = _last_scaler_event(facts, events[:index], event)
-            if scaler_step is None or _gated(facts, event, skip_flags):
+            if scaler_step is None or _gated(facts, event, skip_flags | {scaler_step.scaler.split(".")[-1]}):
                 continue
             reported.add(id(event.call.node))
             yield Hit(
