@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import io
 import re
-from collections.abc import Iterable
+import tokenize
+from collections.abc import Iterable, Iterator
 
 import libcst as cst
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
@@ -16,7 +18,7 @@ from amplint.static.checks import Hit, Insertion, all_checks
 from amplint.static.semantics import AmpFacts
 from amplint.static.slicing import slice_source
 
-_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+\d+(?:[\s,]+[A-Za-z]+\d+)*))?", re.IGNORECASE)
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+\d*(?:[\s,]+[A-Za-z]+\d*)*))?", re.IGNORECASE)
 _FILE_NOQA = re.compile(r"^#\s*amplint:\s*noqa\s*$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -196,13 +198,23 @@ def _finding(code: str, hit: Hit, path: str, positions, lines: list[str]) -> Fin
     )
 
 
+def _comments(text: str) -> Iterator[tuple[int, str]]:
+    """(line, text) of every real comment: a `# noqa` inside a string literal suppresses nothing."""
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:
+                yield token.start[0], token.string
+    except (tokenize.TokenError, SyntaxError):
+        return
+
+
 def _noqa_by_line(text: str) -> dict[int, set[str] | None]:
-    """Line -> codes suppressed there (None: every code)."""
+    """Line -> codes or code prefixes suppressed there (None: every code)."""
     table: dict[int, set[str] | None] = {}
     if "noqa" not in text.lower():
         return table
-    for number, line in enumerate(text.splitlines(), start=1):
-        match = _NOQA.search(line)
+    for number, comment in _comments(text):
+        match = _NOQA.search(comment)
         if match:
             codes = match.group("codes")
             table[number] = None if codes is None else {c.upper() for c in re.split(r"[\s,]+", codes) if c}
@@ -213,6 +225,6 @@ def _suppressed(finding: Finding, suppressions: dict[int, set[str] | None]) -> b
     for line in {finding.line, finding.noqa_line}:
         if line in suppressions:
             codes = suppressions[line]
-            if codes is None or finding.code in codes:
+            if codes is None or any(finding.code.startswith(code) for code in codes):
                 return True
     return False

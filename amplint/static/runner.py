@@ -44,10 +44,10 @@ def all_codes() -> list[str]:
     return sorted(catalogue())
 
 
-def collect_files(arguments: list[str], settings: Settings, force_exclude: bool, result: RunResult) -> list[tuple[SourceFile, bool]]:
-    """Files to check, each with whether it was named explicitly."""
+def collect_files(arguments: list[str], settings: Settings, force_exclude: bool, result: RunResult) -> list[SourceFile]:
+    """Files to check: those named, and the Python files below the folders named."""
     excluder = Excluder(settings.exclude, settings.root)
-    files: list[tuple[SourceFile, bool]] = []
+    files: list[SourceFile] = []
     seen: set[Path] = set()
     for argument in arguments:
         path = Path(argument)
@@ -55,13 +55,13 @@ def collect_files(arguments: list[str], settings: Settings, force_exclude: bool,
             for source in walk(argument, excluder, settings.respect_gitignore):
                 if source.path.resolve() not in seen:
                     seen.add(source.path.resolve())
-                    files.append((source, False))
+                    files.append(source)
         elif path.is_file():
             if force_exclude and excluder.excludes(path):
                 continue
             if path.resolve() not in seen:
                 seen.add(path.resolve())
-                files.append((SourceFile(path, argument), True))
+                files.append(SourceFile(path, argument))
         else:
             reason = "no such file or directory" if not path.exists() and not path.is_symlink() else "not a file or directory"
             result.errors.append(f"{argument}: {reason}")
@@ -81,7 +81,7 @@ def check_paths(
     files = collect_files(arguments, settings, force_exclude, result)
     cache = ResultCache(settings.root / ".amplint_cache", settings.fingerprint()) if use_cache else None
     pending: list[tuple[_Job, str, os.stat_result, str]] = []
-    for source_file, explicit in files:
+    for source_file in files:
         result.files_checked += 1
         result.sources[source_file.display] = source_file
         key = str(source_file.path.resolve())
@@ -100,14 +100,8 @@ def check_paths(
         if cached is not None:
             result.findings.extend(_with_path(cached, source_file.display))
             continue
-        codes = possible_rules(data, enabled)
-        if codes:
-            pending.append((_Job(source_file.display, data, codes | (enabled & {"AMP000"}), settings.min_torch), key, stat, digest))
-            continue
-        found = _syntax_only(data, source_file.display) if explicit and "AMP000" in enabled else []
-        if cache:
-            cache.store(key, stat, digest, [f.to_json() for f in found])
-        result.findings.extend(found)
+        codes = possible_rules(data, enabled) | (enabled & {"AMP000"})
+        pending.append((_Job(source_file.display, data, codes, settings.min_torch), key, stat, digest))
     for (job, key, stat, digest), found in zip(pending, _analyse_all([p[0] for p in pending], jobs)):
         if cache:
             cache.store(key, stat, digest, [f.to_json() for f in found])
@@ -120,8 +114,7 @@ def check_paths(
 
 def check_stdin(source: bytes, display: str, settings: Settings) -> RunResult:
     enabled = settings.enabled_codes(all_codes())
-    codes = possible_rules(source, enabled)
-    found = _analyse(_Job(display, source, codes | (enabled & {"AMP000"}), settings.min_torch)) if codes else _syntax_only(source, display) if "AMP000" in enabled else []
+    found = _analyse(_Job(display, source, possible_rules(source, enabled) | (enabled & {"AMP000"}), settings.min_torch))
     return RunResult(findings=_apply_per_file_ignores(found, settings), files_checked=1)
 
 
@@ -130,6 +123,9 @@ def _with_path(cached: list[dict], display: str) -> list[Finding]:
 
 
 def _analyse(job: _Job) -> list[Finding]:
+    """The selected rules on one file; a file no rule can flag only gets CPython's syntax check."""
+    if not job.codes - {"AMP000"}:
+        return _syntax_only(job.source, job.display) if job.codes else []
     from amplint.static.analyse import analyse_source
 
     return analyse_source(job.source, job.display, job.codes, job.min_torch)
