@@ -284,7 +284,8 @@ def unscale_before(event, scaler: str | None, owner: str | None, events, facts: 
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return None
     step = next((e for e in events if e.kind == "step" and e.optimizer == owner and e.where.order > event.where.order), None)
-    if step is None or _block_of(statement, facts) is not _block_of(step.where.statement, facts):
+    function = event.where.scope.function_scope.node
+    if step is None or _block_of(statement, function) is not _block_of(step.where.statement, function):
         return None
     if any(e.kind == "unscale" for e in events):
         return None  # an unscale_ elsewhere in this step: inserting another could double it
@@ -302,8 +303,8 @@ class _BlockFinder(cst.CSTVisitor):
     visit_Module = visit_IndentedBlock = _look
 
 
-def _block_of(statement: cst.CSTNode, facts: AmpFacts) -> cst.CSTNode | None:
-    """The block whose statement list holds `statement` (None if not found)."""
+def _block_of(statement: cst.CSTNode, function: cst.CSTNode) -> cst.CSTNode | None:
+    """The block whose statement list holds `statement`, searched within its function only."""
     finder = _BlockFinder(statement)
-    facts.module.visit(finder)
+    function.visit(finder)
     return finder.block

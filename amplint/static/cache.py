@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from amplint import __version__
@@ -61,6 +60,8 @@ class ResultCache:
             ignore = self.folder / ".gitignore"
             if not ignore.exists():
                 ignore.write_text("# Created by amplint.\n*\n", encoding="utf-8")
+            import tempfile
+
             handle, temporary = tempfile.mkstemp(dir=self.file.parent, prefix=".tmp-", suffix=".json")
             with os.fdopen(handle, "w", encoding="utf-8") as out:
                 json.dump(self.entries, out, separators=(",", ":"))

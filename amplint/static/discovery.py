@@ -6,8 +6,13 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pathspec
+if TYPE_CHECKING:
+    import pathspec
+
+# pathspec is imported only when a pattern must be matched: a pre-commit run on a couple of
+# named files never needs it.
 
 # Folders that never hold the user's own source (the same defaults as ruff).
 SKIPPED_DIRS = frozenset(
@@ -32,7 +37,11 @@ class Excluder:
 
     def __init__(self, patterns: tuple[str, ...], root: Path) -> None:
         self.root = root.resolve()
-        self.spec = pathspec.GitIgnoreSpec.from_lines(patterns) if patterns else None
+        self.spec = None
+        if patterns:
+            import pathspec
+
+            self.spec = pathspec.GitIgnoreSpec.from_lines(patterns)
 
     def excludes(self, path: Path, is_dir: bool = False) -> bool:
         if self.spec is None:
@@ -49,6 +58,8 @@ def _gitignore(folder: Path) -> pathspec.GitIgnoreSpec | None:
         lines = (folder / ".gitignore").read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return None
+    import pathspec
+
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import ast
-import multiprocessing
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pathspec
 
 from amplint.config import Settings
 from amplint.model import Finding
@@ -138,6 +134,9 @@ def _analyse_all(jobs_to_run: list[_Job], workers: int | None) -> list[list[Find
         return [_analyse(job) for job in jobs_to_run]
     # Biggest files first so one large file does not finish last on its own.
     order = sorted(range(len(jobs_to_run)), key=lambda i: -len(jobs_to_run[i].source))
+    import multiprocessing  # only a run big enough to share out pays for these imports
+    from concurrent.futures import ProcessPoolExecutor
+
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs_to_run)), mp_context=context) as pool:
         results = list(pool.map(_analyse, [jobs_to_run[i] for i in order], chunksize=1))
@@ -167,6 +166,8 @@ def _syntax_only(source: bytes, display: str) -> list[Finding]:
 def _apply_per_file_ignores(findings: list[Finding], settings: Settings) -> list[Finding]:
     if not settings.per_file_ignores:
         return findings
+    import pathspec
+
     specs = [(pathspec.GitIgnoreSpec.from_lines([pattern]), codes) for pattern, codes in settings.per_file_ignores]
     kept = []
     for finding in findings:
