@@ -1,7 +1,8 @@
 """A per-project result cache, like ruff's: one JSON file per (amplint version, configuration).
 
-An entry is keyed by the file's absolute path and checked against its size and mtime, then its
-content hash; any change of the bytes, the configuration or the amplint version misses. Writes
+An entry is keyed by the file's absolute path and checked against its size, mtime and ctime (the
+kernel updates ctime on every write, and no tool can set it back), then its content hash; any
+change of the bytes, the configuration or the amplint version misses. Writes
 go through a temporary file and `os.replace`, so two amplint processes running at once each
 leave a complete cache (the last one wins) and a reader never sees half a file.
 """
@@ -20,6 +21,10 @@ def content_hash(source: bytes) -> str:
     return hashlib.blake2b(source, digest_size=16).hexdigest()
 
 
+def _stat_key(stat: os.stat_result) -> list[int]:
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
+
+
 class ResultCache:
     def __init__(self, folder: Path, fingerprint: str) -> None:
         key = hashlib.blake2b(f"{__version__}\0{fingerprint}".encode(), digest_size=12).hexdigest()
@@ -33,23 +38,23 @@ class ResultCache:
             self.entries = {}
 
     def lookup_stat(self, path: str, stat: os.stat_result) -> list[dict] | None:
-        """Findings (as JSON, without paths) when size and mtime are unchanged."""
+        """Findings (as JSON, without paths) when the file has not been written since."""
         entry = self.entries.get(path)
-        if entry and entry[0] == stat.st_size and entry[1] == stat.st_mtime_ns:
-            return entry[3]
+        if entry and entry[0] == _stat_key(stat):
+            return entry[2]
         return None
 
     def lookup_hash(self, path: str, stat: os.stat_result, digest: str) -> list[dict] | None:
         """Findings when the content is unchanged though the file was touched."""
         entry = self.entries.get(path)
-        if entry and entry[2] == digest:
-            entry[0], entry[1] = stat.st_size, stat.st_mtime_ns
+        if entry and entry[1] == digest:
+            entry[0] = _stat_key(stat)
             self.dirty = True
-            return entry[3]
+            return entry[2]
         return None
 
     def store(self, path: str, stat: os.stat_result, digest: str, findings: list[dict]) -> None:
-        self.entries[path] = [stat.st_size, stat.st_mtime_ns, digest, findings]
+        self.entries[path] = [_stat_key(stat), digest, findings]
         self.dirty = True
 
     def save(self) -> None:
