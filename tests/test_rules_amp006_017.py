@@ -720,3 +720,17 @@ def test_amp011_config_flag_named_skip_is_not_a_skip_check() -> None:
 def test_amp011_helper_given_the_scaler_is_a_skip_check() -> None:
     src = SCHED.replace("    scheduler.step()\n", "    if not step_was_skipped_by(scaler):\n        scheduler.step()\n")
     assert lines(src, "AMP011") == []
+
+
+def test_amp007_helper_with_own_loop_called_twice_is_not_two_steps() -> None:
+    src = """\
+    def run(loader, scaler, opt):
+        for x in loader:
+            scaler.scale(x).backward()
+            scaler.step(opt)
+            scaler.update()
+    def compare(loader, scaler, opt):
+        run(loader, scaler, opt)
+        run(loader, scaler, opt)
+    """
+    assert lines(src, "AMP007") == []

@@ -240,6 +240,12 @@ def events_of(facts: AmpFacts, function: Scope) -> list[Event]:
     return cached(facts, f"events:{id(function)}", build)
 
 
+def iteration_events(facts: AmpFacts, function: Scope) -> list[Event]:
+    """`events_of` without the events of helpers that loop on their own: a helper with its own
+    training loop is a whole run, analysed by itself, and calling it twice is not two steps."""
+    return [e for e in events_of(facts, function) if e.anchor is e.call.where or innermost_loop(e.call.where) is None]
+
+
 def functions_with_events(facts: AmpFacts) -> list[Scope]:
     own = own_events(facts)
     return [f for f in (facts.module_scope, *facts.functions) if own.get(id(f)) or any(

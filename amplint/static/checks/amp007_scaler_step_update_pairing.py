@@ -34,7 +34,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     all_updates = [e for events in own.values() for e in events if e.kind == "update"]
     reported: set[int] = set()
     for function in ts.functions_with_events(facts):
-        events = [e for e in ts.events_of(facts, function) if e.kind in ("step", "update", "unscale")]
+        events = [e for e in ts.iteration_events(facts, function) if e.kind in ("step", "update", "unscale")]
         for key in {_canonical(e.scaler) for e in events}:
             mine = [e for e in events if _canonical(e.scaler) == key]
             for hit in _check_scaler(facts, mine, all_updates):

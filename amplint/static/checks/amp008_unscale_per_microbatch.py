@@ -20,7 +20,7 @@ _AMP_SWITCH = re.compile(r"scaler|amp|fp16|half|mixed|precision|enabled|use_|is 
 def check(facts: AmpFacts) -> Iterator[Hit]:
     reported: set[int] = set()
     for function in ts.functions_with_events(facts):
-        events = [e for e in ts.events_of(facts, function) if e.kind in ("unscale", "step", "update")]
+        events = [e for e in ts.iteration_events(facts, function) if e.kind in ("unscale", "step", "update")]
         for event in events:
             if event.kind != "unscale" or id(event.call.node) in reported:
                 continue

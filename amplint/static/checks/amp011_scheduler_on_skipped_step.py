@@ -20,7 +20,7 @@ _SKIP_CHECK = re.compile(
 def check(facts: AmpFacts) -> Iterator[Hit]:
     reported: set[int] = set()
     for function in ts.functions_with_events(facts):
-        events = ts.events_of(facts, function)
+        events = ts.iteration_events(facts, function)
         skip_flags = _skip_flags(facts, function)
         for index, event in enumerate(events):
             if event.kind != "sched_step" or id(event.call.node) in reported:
