@@ -186,7 +186,7 @@ def _finding(code: str, hit: Hit, path: str, positions, lines: list[str]) -> Fin
     return Finding(
         code,
         info.name,
-        info.severity,
+        hit.severity or info.severity,
         path,
         where.start.line,
         where.start.column + 1,

@@ -30,12 +30,23 @@ def _amp004(source: bytes) -> bool:
     return b"GradScaler" in source
 
 
+# A scaled backward needs a `.scale(...)` call; a scaler is constructed, scales, or is named so.
+_SCALE_CALL = re.compile(rb"\.scale\s*\(")
+_SCALER = re.compile(rb"GradScaler|\.scale\s*\(|unscale_|get_scale|[sS]caler")
+_GRADIENTS = re.compile(rb"clip_grad|\.grad\b|get_total_norm")
+
+
 def _amp005(source: bytes) -> bool:
-    return b"scale" in source and (b"grad" in source)
+    return b"scale" in source and _SCALE_CALL.search(source) is not None and _GRADIENTS.search(source) is not None
 
 
 def _amp006(source: bytes) -> bool:
-    return b"step" in source and b"cale" in source
+    return b"step" in source and _SCALE_CALL.search(source) is not None
+
+
+def _scaler_steps(source: bytes) -> bool:
+    """AMP007 and AMP011: a scaler's step or update."""
+    return (b"step" in source or b"update" in source) and _SCALER.search(source) is not None
 
 
 def _amp008(source: bytes) -> bool:
@@ -55,7 +66,8 @@ def _amp012(source: bytes) -> bool:
 
 
 def _amp013(source: bytes) -> bool:
-    return b"Function" in source
+    amp_aware = b"autocast" in source or b"GradScaler" in source or b"custom_fwd" in source or b"custom_bwd" in source
+    return amp_aware and b"Function" in source
 
 
 _THREADS = re.compile(rb"Thread|submit|Executor|Pool|\.map\(|apply_async|imap|starmap")
@@ -80,11 +92,11 @@ GATES = {
     "AMP004": _amp004,
     "AMP005": _amp005,
     "AMP006": _amp006,
-    "AMP007": _amp006,
+    "AMP007": _scaler_steps,
     "AMP008": _amp008,
     "AMP009": _amp009,
     "AMP010": _amp010,
-    "AMP011": _amp006,
+    "AMP011": _scaler_steps,
     "AMP012": _amp012,
     "AMP013": _amp013,
     "AMP014": _autocast,

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
+_SCALER = r"\.scale\s*\(|unscale_|GradScaler|[sS]caler"
 # Words whose presence makes a function relevant to a rule. Rules not listed disable slicing.
 TRIGGERS: dict[str, str] = {
     "AMP001": r"\bamp\b|_autocast_|is_autocast_",
@@ -31,15 +32,31 @@ TRIGGERS: dict[str, str] = {
     "AMP004": r"GradScaler",
     # `.grad` reads are reached through the helpers a kept function calls.
     "AMP005": r"\.scale\(|unscale_|clip_grad|GradScaler",
+    # The training-step rules: scaler events, followed through in-file calls like AMP005's.
+    "AMP006": _SCALER,
+    "AMP007": _SCALER,
+    "AMP008": _SCALER,
+    "AMP011": _SCALER + r"|sched|lr_|skip",
+    # Module-wide facts: a backward anywhere, a scaler anywhere, a framework that owns the scaler.
+    "AMP009": r"autocast|backward|" + _SCALER + r"|accelerator|fabric|deepspeed|engine|trainer|strategy",
+    "AMP010": r"autocast|bfloat16|" + _SCALER,
+    "AMP012": r"save|state_dict|" + _SCALER,
+    "AMP013": r"custom_fwd|custom_bwd|autocast|forward|backward|\bctx\b|" + _SCALER,
+    "AMP014": r"autocast",
+    "AMP015": r"autocast|Thread|submit|Executor|Pool|\.map\(|apply_async|imap|starmap",
+    "AMP016": r"autocast|is_bf16_supported|binary_cross_entropy|BCELoss|float\d+|half",
+    "AMP017": r"autocast|compile|backward",
 }
 
 # Files smaller than this are analysed whole: slicing would save less than it costs.
 SLICE_MIN_CHARS = 40_000
 _CALL_DEPTH = 3
 # Rules whose facts cross function boundaries: through calls, or through names bound elsewhere.
-_FOLLOW_CALLS = frozenset({"AMP003", "AMP004", "AMP005"})
-_PLAIN_CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\(")
-_SELF_CALL = re.compile(r"\b(?:self|cls)\.([A-Za-z_]\w*)\s*\(")
+_FOLLOW_CALLS = frozenset({"AMP003", "AMP004", "AMP005", "AMP006", "AMP007", "AMP008", "AMP009", "AMP011", "AMP015", "AMP017"})
+# Functions and methods a unit uses: called, or passed on (`Thread(target=worker)`).
+_PLAIN_NAME = re.compile(r"(?<![\w.])([A-Za-z_]\w*)")
+_STRING = re.compile(r"'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'[^'\n]*'|\"[^\"\n]*\"")
+_SELF_ATTRIBUTE = re.compile(r"\b(?:self|cls)\.([A-Za-z_]\w*)")
 
 
 @dataclass(eq=False)
@@ -55,12 +72,13 @@ class _Unit:
 
     @cached_property
     def plain_calls(self) -> set[str]:
-        """`f(...)` as the rules' call graph follows it: a plain call, not `obj.f(...)`."""
-        return set(_PLAIN_CALL.findall(self.text))
+        """Plain names it uses (`f(...)`, `target=f`), as the rules' call graph follows them."""
+        return set(_PLAIN_NAME.findall(self.text))
 
     @cached_property
     def method_calls(self) -> set[str]:
-        return set(_SELF_CALL.findall(self.text))
+        """`self.m` / `cls.m` it uses."""
+        return set(_SELF_ATTRIBUTE.findall(self.text))
 
 
 @dataclass
@@ -132,7 +150,7 @@ def slice_source(text: str, codes: frozenset[str]) -> str | None:
         unit.kept = trigger.search(unit.text) is not None
     # Module-level code is always kept: its plain calls and its AMP bindings count.
     module_level = "".join(lines[i - 1] for i in sorted(skeleton.kept_lines) if i <= len(lines))
-    module_calls = set(_PLAIN_CALL.findall(module_level))
+    module_calls = set(_PLAIN_NAME.findall(_STRING.sub('""', module_level)))  # not `__all__`'s strings
     global_names, _ = _amp_bindings(module_level, trigger)
     functions = {u.name for u in skeleton.units if u.owner is None}
     # The rules follow in-file calls at most this many levels (semantics.region_of, enclosing_loops).

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from amplint.model import Applicability
+from amplint.model import Applicability, Severity
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class Hit:
     fix: FixPlan | None = None
     # Nodes whose line numbers fill the message's `{0}`, `{1}`... once positions are known.
     related: tuple[cst.CSTNode, ...] = ()
+    # A finding less certain than its rule's default (e.g. AMP016's hardware check) says so here.
+    severity: Severity | None = None
 
 
 Check = Callable[["AmpFacts"], Iterable[Hit]]  # noqa: F821 (forward reference for readers)

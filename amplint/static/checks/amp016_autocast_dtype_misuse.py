@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from amplint.model import Severity
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.semantics import AmpFacts, CallSite, dotted_name
@@ -51,6 +52,7 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
                     "module: GPUs before Ampere (V100, T4, RTX 20xx) fail or emulate it slowly; check "
                     "support and fall back to float16 with a GradScaler",
                     call.where.statement,
+                    severity=Severity.INFO,  # right on Ampere and newer: a hint, as research §5 says
                 )
 
 
