@@ -81,8 +81,17 @@ def _amp017(source: bytes) -> bool:
     return b"autocast" in source and b"compile" in source and b"backward" in source
 
 
-def _autocast(source: bytes) -> bool:
-    return b"autocast" in source
+def _amp014(source: bytes) -> bool:
+    """A region switched off by a literal `False` inside another."""
+    return b"autocast" in source and b"False" in source
+
+
+_AMP016_DTYPES = re.compile(rb"float32|float64|double|torch\.float\b|bfloat16|binary_cross_entropy|BCELoss")
+
+
+def _amp016(source: bytes) -> bool:
+    """A dtype autocast ignores, bfloat16 (on CUDA), or binary cross-entropy."""
+    return b"autocast" in source and _AMP016_DTYPES.search(source) is not None
 
 
 GATES = {
@@ -99,9 +108,9 @@ GATES = {
     "AMP011": _scaler_steps,
     "AMP012": _amp012,
     "AMP013": _amp013,
-    "AMP014": _autocast,
+    "AMP014": _amp014,
     "AMP015": _amp015,
-    "AMP016": _autocast,
+    "AMP016": _amp016,
     "AMP017": _amp017,
 }
 
