@@ -15,7 +15,7 @@ from amplint.model import Finding, Severity  # noqa: E402
 from amplint.trace import policy  # noqa: E402
 from amplint.trace.confirm import Facts, confirm_findings  # noqa: E402
 from amplint.trace.report import merge_reports, rank_path  # noqa: E402
-from amplint.trace.state import DeferredValues, ScalerInfo, ScalerStep, TraceState  # noqa: E402
+from amplint.trace.state import DeferredValues, ScalerInfo, ScalerStep, SchedulerStep, TraceState  # noqa: E402
 
 FILE = os.path.abspath("train.py")
 
@@ -90,8 +90,8 @@ def test_scheduler_after_skip_counts_only_skipped_steps() -> None:
 
 
 def test_unknown_rules_are_listed_unchecked_not_given_a_status() -> None:
-    results, unchecked = confirm_findings([finding("AMP013", 5)], {"train.py": FILE}, facts_for(TraceState()))
-    assert results == [] and [u["code"] for u in unchecked] == ["AMP013"]
+    results, unchecked = confirm_findings([finding("AMP018", 5)], {"train.py": FILE}, facts_for(TraceState()))
+    assert results == [] and [u["code"] for u in unchecked] == ["AMP018"]
 
 
 @pytest.mark.parametrize(
@@ -159,3 +159,82 @@ def test_launcher_drops_its_own_frames_from_the_traceback(tmp_path) -> None:
     assert outcome.status == "exception" and outcome.code == 1 and outcome.message == "KeyError: 'k'"
     tb = _user_traceback(outcome.exception.__traceback__)
     assert tb.tb_frame.f_code.co_filename == str(script)
+
+
+# -- AMP007-AMP017 -----------------------------------------------------------------------------------
+def _scaler_with_windows(windows) -> TraceState:
+    state = TraceState()
+    info = ScalerInfo(0, (FILE, 9), None, True, "cpu", 256.0)
+    info.windows = [((FILE, line), tuple(opts)) for line, opts in windows]
+    state.scalers = [info]
+    state.lines_seen = {(FILE, line) for line, _opts in windows}  # the update lines ran
+    return state
+
+
+def test_update_between_optimizers_alternating_is_confirmed_at_the_inner_update() -> None:
+    # GAN: step(d); update (line 19); step(g); update (line 25), three iterations
+    state = _scaler_with_windows([(19, [1]), (25, [2])] * 3)
+    out = statuses([finding("AMP007", 19)], state)
+    assert out == [("AMP007", 19, "static", "confirmed", 3)]
+
+
+def test_update_between_optimizers_not_for_sequential_training_or_one_update_per_iteration() -> None:
+    sequential = _scaler_with_windows([(30, [1])] * 4 + [(40, [2])] * 4)  # model A, then model B
+    assert statuses([finding("AMP007", 30)], sequential) == [("AMP007", 30, "static", "refuted", 0)]
+    together = _scaler_with_windows([(25, [1, 2])] * 4)
+    assert statuses([finding("AMP007", 25)], together) == [("AMP007", 25, "static", "refuted", 0)]
+
+
+def test_update_between_optimizers_critic_loop() -> None:
+    # WGAN: two critic steps with an update each, then a generator step and update
+    state = _scaler_with_windows([(19, [1]), (19, [1]), (25, [2])] * 3)
+    assert statuses([finding("AMP007", 19)], state) == [("AMP007", 19, "static", "confirmed", 3)]
+
+
+def test_missing_update_joins_every_pending_step_line() -> None:
+    state = TraceState()
+    state.scalers = [ScalerInfo(0, (FILE, 9), None, True, "cpu", 256.0)]
+    state.pairing = [{"kind": "missing-update", "sites": [(FILE, 16), (FILE, 22)], "site": (FILE, 22), "again_at": (FILE, 16), "scaler": 0, "step": 2, "enabled": True}]
+    assert statuses([finding("AMP007", 22)], state) == [("AMP007", 22, "static", "confirmed", 1)]
+    assert statuses([finding("AMP007", 16)], state) == [("AMP007", 16, "static", "confirmed", 1)]
+    # no static finding: a runtime-only one at the last step before the missing update
+    assert statuses([], state) == [("AMP007", 22, "runtime", "confirmed", 1)]
+
+
+def test_checkpoint_contents() -> None:
+    from amplint.trace.amp_probes import checkpoint_contents
+
+    optimizer_state = {"state": {}, "param_groups": [{"lr": 0.1}]}
+    scaler_state = {"scale": 256.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 0}
+    assert checkpoint_contents({"model": {}, "optimizer": optimizer_state}) == (True, False)
+    assert checkpoint_contents({"optimizer": optimizer_state, "amp": scaler_state}) == (True, True)
+    assert checkpoint_contents([{"opts": [optimizer_state]}, scaler_state]) == (True, True)
+    assert checkpoint_contents({"model": {"weight": 1}}) == (False, False)
+    assert checkpoint_contents("not a mapping") == (False, False)
+
+
+def test_scheduler_after_skip_upgrades_amp011_severity() -> None:
+    state = TraceState()
+    skipped = ScalerStep(0, 1, 2, (FILE, 20), applied=False)
+    state.scheduler_steps = [SchedulerStep((FILE, 22), 1, 3, skipped)]
+    facts = facts_for(state)
+    facts.applied[id(skipped)] = False
+    info = Finding("AMP011", "scheduler-on-skipped-step", Severity.INFO, "train.py", 22, 1, 22, 10, "static message")
+    results, _ = confirm_findings([info], {"train.py": FILE}, facts)
+    assert results[0]["severity"] == "warning" and results[0]["evidence"]["severity_upgraded"] is True
+    state.scheduler_steps = [SchedulerStep((FILE, 22), 1, 3, None)]
+    results, _ = confirm_findings([info], {"train.py": FILE}, facts_for(state))
+    assert results[0]["severity"] == "info" and results[0]["status"] == "refuted"
+
+
+def test_custom_function_joins_any_line_of_its_class() -> None:
+    state = TraceState()
+    state.custom_functions = {
+        object: {
+            "class": "Fn", "kind": "fwd-without-bwd", "defined_at": (FILE, 7), "span": (FILE, 7, 16),
+            "forward_at": (FILE, 8), "calls_under_autocast": 2, "mixed_calls": 0, "sites": {(FILE, 30): 2},
+        }
+    }
+    state.backward_calls[(FILE, 32)] = [0, 2]  # backward ran outside autocast
+    assert statuses([finding("AMP013", 14)], state) == [("AMP013", 14, "static", "confirmed", 2)]
+    assert statuses([finding("AMP013", 20)], state) == [("AMP013", 7, "runtime", "confirmed", 2), ("AMP013", 20, "static", "not-reached", 0)]

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from amplint.trace.callsite import Callsite
 from amplint.trace.probes import deprecated_api_of
+from amplint.trace.rule_events import RuleEvent, rule_events
 from amplint.trace.state import TraceState
 
-CHECKED_CODES = ("AMP001", "AMP002", "AMP003", "AMP004", "AMP005", "AMP006", "AMP011")
+CHECKED_CODES = tuple(f"AMP{n:03d}" for n in range(1, 18))
 RUNTIME_NAMES = {
     "AMP001": "deprecated-amp-api",
     "AMP002": "half-with-autocast",
@@ -25,7 +26,17 @@ RUNTIME_NAMES = {
     "AMP004": "scaler-per-iteration",
     "AMP005": "clip-without-unscale",
     "AMP006": "optimizer-step-bypasses-scaler",
+    "AMP007": "scaler-step-update-pairing",
+    "AMP008": "unscale-per-microbatch",
+    "AMP009": "fp16-autocast-without-scaler",
+    "AMP010": "scaler-with-bf16",
     "AMP011": "scheduler-on-skipped-step",
+    "AMP012": "checkpoint-without-scaler-state",
+    "AMP013": "custom-function-without-custom_fwd",
+    "AMP014": "disabled-region-uncast-inputs",
+    "AMP015": "autocast-not-in-thread",
+    "AMP016": "autocast-dtype-misuse",
+    "AMP017": "compile-backward-autocast-mismatch",
 }
 _API_NAMES = ("autocast", "GradScaler", "custom_fwd", "custom_bwd")
 
@@ -38,6 +49,7 @@ class Facts:
     values: list  # DeferredValues.resolve()
     applied: dict = field(default_factory=dict)  # id(ScalerStep) -> bool
     display: callable = str  # absolute filename -> report path
+    events: dict = field(default_factory=dict)  # code -> [RuleEvent] (rule_events, built by confirm_findings)
 
     def where(self, site: Callsite | None) -> str | None:
         return None if site is None else f"{self.display(site[0])}:{site[1]}"
@@ -52,6 +64,13 @@ class _Site:
 
     def matches(self, site: Callsite | None) -> bool:
         return site is not None and site[1] in self.lines and os.path.normcase(os.path.abspath(site[0])) == self.filename
+
+    def overlaps(self, span: tuple) -> bool:
+        filename, first, last = span
+        return first <= self.lines[-1] and self.lines[0] <= last and os.path.normcase(os.path.abspath(filename)) == self.filename
+
+    def joins(self, event: RuleEvent) -> bool:
+        return any(self.matches(s) for s in event.sites) or any(self.overlaps(span) for span in event.spans)
 
 
 def _sum_where(site: _Site, table: dict, index: int | None = None) -> int:
@@ -216,6 +235,21 @@ def _amp011(site: _Site, facts: Facts):
     return len(after_skip), bool(steps) or _reached(site, facts), evidence
 
 
+def _event_check(code: str):
+    """AMP007-AMP010, AMP012-AMP017: the events joined with the finding's lines."""
+
+    def check(site: _Site, facts: Facts):
+        events = [e for e in facts.events.get(code, ()) if site.joins(e)]
+        count = sum(e.count for e in events)
+        hit = next((e for e in events if e.count), None) or (events[0] if events else None)
+        evidence = dict(hit.evidence) if hit else {}
+        if len(events) > 1:
+            evidence["places"] = len(events)
+        return count, bool(events) or _reached(site, facts), evidence
+
+    return check
+
+
 _CHECKS = {
     "AMP001": _amp001,
     "AMP002": _amp002,
@@ -224,6 +258,7 @@ _CHECKS = {
     "AMP005": _amp005,
     "AMP006": _amp006,
     "AMP011": _amp011,
+    **{code: _event_check(code) for code in ("AMP007", "AMP008", "AMP009", "AMP010", "AMP012", "AMP013", "AMP014", "AMP015", "AMP016", "AMP017")},
 }
 
 
@@ -244,6 +279,8 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
     unchecked: list[dict] = []
     claimed: dict[str, list[_Site]] = defaultdict(list)
     sources: dict = {}
+    if not facts.events:
+        facts.events = rule_events(facts)
     for finding in static_findings:
         filename = absolute_of.get(finding.path, finding.path)
         site = _Site(filename, finding.line, finding.end_line or finding.line)
@@ -256,6 +293,10 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
             count, reached, evidence = check(site, facts, _source_line(filename, finding.line, sources))
         else:
             count, reached, evidence = check(site, facts)
+        severity = getattr(getattr(finding, "severity", None), "value", None)
+        if finding.code == "AMP011" and count and severity == "info":
+            severity = "warning"  # the rule's upgrade: a skip really happened before the scheduler step
+            evidence["severity_upgraded"] = True
         results.append(
             {
                 "code": finding.code,
@@ -265,6 +306,7 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
                 "source": "static",
                 "status": _status(count, reached),
                 "count": count,
+                "severity": severity,
                 "evidence": evidence,
                 "message": finding.message,
             }
@@ -278,7 +320,19 @@ def _claimed(claimed: dict, code: str, site: Callsite | None) -> bool:
     return any(s.matches(site) for s in claimed.get(code, ()))
 
 
+def _severity(code: str) -> str | None:
+    try:
+        from amplint.catalogue import rule_info
+
+        return rule_info(code).severity.value
+    except Exception:  # noqa: BLE001 - a missing rule doc must not cost the report
+        return None
+
+
 def _runtime(code: str, site: Callsite, facts: Facts, count: int, evidence: dict, message: str) -> dict:
+    severity = _severity(code)
+    if code == "AMP011" and severity == "info":
+        severity = "warning"
     return {
         "code": code,
         "name": RUNTIME_NAMES[code],
@@ -287,6 +341,7 @@ def _runtime(code: str, site: Callsite, facts: Facts, count: int, evidence: dict
         "source": "runtime",
         "status": "confirmed",
         "count": count,
+        "severity": severity,
         "evidence": evidence,
         "message": message,
     }
@@ -378,5 +433,15 @@ def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
             found.append(
                 _runtime("AMP006", site, facts, count, {"steps_bypassing_scaler": count}, "optimizer.step() ran on gradients still multiplied by the GradScaler scale; use scaler.step(optimizer)")
             )
+
+    # AMP007-AMP010, AMP012-AMP017: events at places no static finding joined.
+    for code, events in facts.events.items():
+        joined = claimed.get(code, ())
+        for event in events:
+            if not event.count or event.anchor is None or not event.runtime_only:
+                continue
+            if any(site.joins(event) for site in joined):
+                continue
+            found.append(_runtime(code, event.anchor, facts, event.count, event.evidence, event.message))
 
     return found

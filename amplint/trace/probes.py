@@ -17,6 +17,7 @@ import functools
 import os
 import re
 import sys
+import time
 import warnings
 import weakref
 
@@ -92,6 +93,9 @@ class Probes:
         self._install_schedulers()
         self._install_conversions()
         self._install_warnings()
+        from amplint.trace.amp_probes import RuleProbes
+
+        RuleProbes(self).install()
 
     def remove(self) -> None:
         while self._undo:
@@ -132,9 +136,19 @@ class Probes:
         def wrap_init(real):
             @functools.wraps(real)
             def __init__(self_, *args, **kwargs):
-                real(self_, *args, **kwargs)
+                try:
+                    real(self_, *args, **kwargs)
+                except RuntimeError as exc:
+                    if "does not support bfloat16" in str(exc):  # AMP016, bf16 on an old GPU
+                        probes.autocast_construction(probes._callsite(), "bfloat16-unsupported", "bfloat16", str(exc))
+                    raise
                 # where the object was made: a helper in another module, for runtime-only AMP003
-                self_._amplint_created_at = probes._callsite()
+                self_._amplint_created_at = site = probes._callsite()
+                requested = kwargs.get("enabled", args[2] if len(args) > 2 else True)
+                dtype = getattr(self_, "fast_dtype", None)
+                if requested and not getattr(self_, "_enabled", True) and dtype not in _LOW_PRECISION and not probes.state.paused:
+                    # AMP016: the constructor warned "target dtype is not supported. Disabling autocast"
+                    probes.autocast_construction(site, "dtype-disabled", _dtype_name(dtype), None, getattr(self_, "device", None))
 
             return __init__
 
@@ -147,7 +161,17 @@ class Probes:
                 if enabled:
                     probes.state.autocast_entries[site] += 1
                 created = getattr(self_, "_amplint_created_at", None)
-                probes.state.mirror.entered.append((site, created) if enabled else None)
+                mirror = probes.state.mirror
+                mirror.entered.append((site, created) if enabled else None)
+                device = getattr(self_, "device", None)
+                dtype = _dtype_name(getattr(self_, "fast_dtype", None))
+                mirror.regions.append((device, bool(enabled), dtype, site))
+                if enabled:
+                    probes.state.last_region = (device, dtype, site)
+                    if dtype == "float16":  # AMP009: a loss from here needs scaling
+                        probes.state.fp16_region = (device, site)
+                if mirror.suppressed or (not enabled and len(mirror.regions) > 1):
+                    probes._refresh_suppressed()
                 # A CUDA region a CPU-only machine disabled: --simulate cuda shadows it anyway.
                 wanted_cuda = not enabled and getattr(self_, "device", None) == "cuda" and not torch.cuda.is_available()
                 probes.state.mirror.requested.append(getattr(self_, "fast_dtype", None) if wanted_cuda else None)
@@ -163,8 +187,13 @@ class Probes:
                 finally:
                     if probes.state.mirror.entered:
                         probes.state.mirror.entered.pop()
-                    if probes.state.mirror.requested:
-                        probes.state.mirror.requested.pop()
+                    mirror = probes.state.mirror
+                    if mirror.requested:
+                        mirror.requested.pop()
+                    if mirror.regions:
+                        mirror.regions.pop()
+                        if mirror.suppressed:
+                            probes._refresh_suppressed()
 
             return __exit__
 
@@ -183,6 +212,29 @@ class Probes:
                 except RuntimeError:
                     active.append((device, None))
         mirror.active = tuple(active)
+
+    def _refresh_suppressed(self) -> None:
+        """AMP014: devices whose innermost open region disables autocast inside an enabled one."""
+        mirror = self.state.mirror
+        innermost: dict = {}
+        outer_enabled: dict = {}
+        for device, enabled, dtype, site in mirror.regions:
+            if enabled:
+                outer_enabled[device] = (dtype, site)
+            innermost[device] = (enabled, site)
+        mirror.suppressed = tuple(
+            (device, outer_enabled[device][0], outer_enabled[device][1], site)
+            for device, (enabled, site) in innermost.items()
+            if not enabled and device in outer_enabled
+        )
+
+    def autocast_construction(self, site, kind: str, dtype, message, device=None) -> None:
+        record = self.state.autocast_constructions.get((site, kind))
+        if record is None:
+            record = self.state.autocast_constructions[(site, kind)] = {"kind": kind, "site": site, "dtype": dtype, "device": device, "count": 0}
+            if message:
+                record["error"] = message
+        record["count"] += 1
 
     def autocast_evidence(self) -> dict | None:
         mirror = self.state.mirror
@@ -208,6 +260,9 @@ class Probes:
                 if evidence and site not in state.backward_autocast:
                     state.backward_autocast[site] = dict(evidence, step=state.step)
                 monitor.check_loss(tensors, site)
+                if state.fp16_region is not None or state.compiled_pending is not None:
+                    probes._backward_events(site, evidence)
+                state.scaled_since_backward = False
                 outer = state.backward_callsite
                 state.backward_callsite = site
                 try:
@@ -241,6 +296,37 @@ class Probes:
         self._patch(torch.autograd, "backward", wrap_backward)
         self._patch(torch.autograd, "grad", wrap_grad)
 
+    def _backward_events(self, site, evidence) -> None:
+        state = self.state
+        region = state.fp16_region
+        if region is not None:
+            state.fp16_region = None
+            if not state.scaled_since_backward:  # AMP009: an fp16 loss, unscaled
+                record = state.unscaled_fp16_backward.get(site)
+                if record is None:
+                    record = state.unscaled_fp16_backward[site] = {
+                        "site": site, "count": 0, "device": region[0], "region": region[1], "first_step": state.step
+                    }
+                    if state.zero_grad_pending is None:
+                        state.zero_grad_pending = record
+                record["count"] += 1
+        pending = state.compiled_pending
+        if pending is not None:
+            state.compiled_pending = None
+            if evidence is None:  # AMP017: compiled forward under autocast, eager backward outside it
+                try:
+                    import torch._functorch.config as functorch_config
+
+                    setting = getattr(functorch_config, "backward_pass_autocast", None)
+                except ImportError:
+                    setting = None
+                record, autocast = pending
+                key = "mismatched_backwards" if setting in (None, "same_as_forward") else "backwards_with_setting"
+                record[key] += 1
+                record.setdefault("backward_at", site)
+                record.setdefault("autocast", autocast)
+                record["setting"] = setting if isinstance(setting, str) else repr(setting)
+
     # -- optimizers ----------------------------------------------------------------------------
     def _install_optimizer(self) -> None:
         state, monitor, probes = self.state, self.monitor, self
@@ -261,6 +347,7 @@ class Probes:
                 return None
             current = state.in_scaler_step
             if current is not None and current.optimizer == id(optimizer):
+                current.optimizer_seconds = -time.perf_counter()
                 current.applied = True
                 found_inf = getattr(optimizer, "found_inf", None)  # fused optimizers skip inside
                 if isinstance(found_inf, torch.Tensor):
@@ -277,6 +364,9 @@ class Probes:
                 if probes.still_scaled([p for g in optimizer.param_groups for p in g["params"]]) is not None:
                     state.bypass_steps[site] += 1
                 monitor.check_gradients(optimizer, site, handled=False)
+                pending = state.zero_grad_pending
+                if pending is not None and "zero_grad_fraction" not in pending:
+                    probes._zero_grad_fraction(optimizer, pending)
             state.in_optimizer += 1
             return None
 
@@ -285,6 +375,8 @@ class Probes:
                 return
             state.in_optimizer = max(0, state.in_optimizer - 1)
             current = state.in_scaler_step
+            if current is not None and current.optimizer == id(optimizer) and current.optimizer_seconds < 0:
+                current.optimizer_seconds += time.perf_counter()
             if current is None or current.optimizer != id(optimizer):
                 record = ScalerStep(-1, id(optimizer), state.step, None, True)
                 state.last_step_of_optimizer[id(optimizer)] = record
@@ -294,6 +386,15 @@ class Probes:
         post = register_optimizer_step_post_hook(post_hook)
         self._undo.append(pre.remove)
         self._undo.append(post.remove)
+
+    def _zero_grad_fraction(self, optimizer, record: dict) -> None:
+        """AMP009 evidence, once per run: the share of gradient elements that are exactly zero."""
+        with self.state.pause(), torch.no_grad():
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            total = sum(g.numel() for g in grads)
+            if total:
+                zeros = sum(int((g == 0).sum()) for g in grads)
+                record["zero_grad_fraction"] = round(zeros / total, 4)
 
     def owners_of(self, params: list) -> list:
         ids = {id(p) for p in params}
@@ -353,24 +454,66 @@ class Probes:
 
             return __init__
 
+        clock = time.perf_counter
+
         def wrap_scale(real):
             @functools.wraps(real)
             def scale(self_, outputs):
+                started = clock()
                 info = probes.scaler_info(self_)
                 if info.enabled:
                     info.scaled = True
+                    state.scaled_since_backward = True
+                if not state.paused:
+                    info.scale_calls += 1
+                    region = state.last_region
+                    key = region[1] if region is not None else None
+                    info.scale_dtypes[key] = info.scale_dtypes.get(key, 0) + 1
                 with state.pause():
-                    return real(self_, outputs)
+                    result = real(self_, outputs)
+                info.seconds += clock() - started
+                return result
 
             return scale
 
         def wrap_unscale(real):
             @functools.wraps(real)
             def unscale_(self_, optimizer):
+                if state.in_scaler_step is not None or state.paused:  # step() unscales internally
+                    with state.pause():
+                        result = real(self_, optimizer)
+                    probes.scaler_info(self_).unscaled.add(id(optimizer))
+                    return result
+                started = clock()
                 info = probes.scaler_info(self_)
-                with state.pause():
-                    result = real(self_, optimizer)
-                info.unscaled.add(id(optimizer))
+                site = probes._callsite()
+                key = id(optimizer)
+                event = None
+                if info.stage.get(key) == "UNSCALED":  # AMP008: torch raises below (enabled scalers)
+                    previous, scales_then = info.last_unscale.get(key, (None, info.scale_calls))
+                    event = {
+                        "kind": "unscale-twice",
+                        "site": previous or site,
+                        "again_at": site,
+                        "scaler": info.index,
+                        "step": state.step,
+                        "scale_calls_between": info.scale_calls - scales_then,
+                        "enabled": info.enabled,
+                    }
+                    state.unscales.append(event)
+                try:
+                    with state.pause():
+                        result = real(self_, optimizer)
+                except Exception as exc:
+                    if event is not None:
+                        event["torch_raised"] = f"{type(exc).__name__}: {exc}"
+                    raise
+                finally:
+                    info.seconds += clock() - started
+                info.unscaled.add(key)
+                if info.stage.get(key) != "STEPPED":
+                    info.stage[key] = "UNSCALED"
+                info.last_unscale[key] = (site, info.scale_calls)
                 return result
 
             return unscale_
@@ -380,20 +523,41 @@ class Probes:
             def step(self_, optimizer, *args, **kwargs):
                 if state.in_scaler_step is not None:  # a subclass calling super().step()
                     return real(self_, optimizer, *args, **kwargs)
+                started = clock()
                 info = probes.scaler_info(self_)
                 site = probes._callsite()
                 evidence = probes.autocast_evidence()
                 state.step_calls[site][0 if evidence else 1] += 1
                 if evidence and site not in state.step_autocast:
                     state.step_autocast[site] = dict(evidence, step=state.step, function="scaler.step()")
+                event = None
+                if info.stage.get(id(optimizer)) == "STEPPED":  # AMP007: torch raises below (enabled)
+                    pending = [s for opt, s in info.window]
+                    event = {
+                        "kind": "missing-update",
+                        "sites": pending,
+                        "site": pending[-1] if pending else site,
+                        "again_at": site,
+                        "scaler": info.index,
+                        "step": state.step,
+                        "enabled": info.enabled,
+                    }
+                    state.pairing.append(event)
                 monitor.check_gradients(optimizer, site, handled=info.enabled and info.scaled)
                 record = ScalerStep(info.index, id(optimizer), state.step, site, applied=False)
                 state.in_scaler_step = record
                 try:
                     result = real(self_, optimizer, *args, **kwargs)
+                except Exception as exc:
+                    if event is not None:
+                        event["torch_raised"] = f"{type(exc).__name__}: {exc}"
+                    raise
                 finally:
                     state.in_scaler_step = None
+                    info.seconds += clock() - started - max(0.0, record.optimizer_seconds)
                 info.steps += 1
+                info.stage[id(optimizer)] = "STEPPED"
+                info.window.append((id(optimizer), site))
                 state.scaler_steps.append(record)
                 state.last_step_of_optimizer[id(optimizer)] = record
                 state.step += 1
@@ -404,15 +568,39 @@ class Probes:
         def wrap_update(real):
             @functools.wraps(real)
             def update(self_, new_scale=None):
+                started = clock()
                 info = probes.scaler_info(self_)
-                with state.pause():
-                    result = real(self_, new_scale)
-                    if info.enabled and getattr(self_, "_scale", None) is not None:
-                        slot = state.deferred.add(self_._scale)
-                        state.updates.append(Update(info.index, state.step, slot))
+                site = probes._callsite() if not state.paused else None
+                event = None
+                if site is not None:
+                    if not info.window and "UNSCALED" not in info.stage.values():
+                        # AMP007: no step since the last update (torch: "No inf checks were recorded")
+                        event = {"kind": "update-without-step", "site": site, "scaler": info.index, "step": state.step, "enabled": info.enabled}
+                        state.pairing.append(event)
+                    for key, stage in info.stage.items():
+                        if stage == "UNSCALED":  # AMP008: unscale_ on an iteration with no step
+                            unscale_site = info.last_unscale.get(key, (site, 0))[0]
+                            state.unscales.append(
+                                {"kind": "unscale-without-step", "site": unscale_site, "update_at": site, "scaler": info.index, "step": state.step, "enabled": info.enabled}
+                            )
+                    info.windows.append((site, tuple(opt for opt, _ in info.window)))
+                try:
+                    with state.pause():
+                        result = real(self_, new_scale)
+                        if info.enabled and getattr(self_, "_scale", None) is not None:
+                            slot = state.deferred.add(self_._scale)
+                            state.updates.append(Update(info.index, state.step, slot))
+                except Exception as exc:
+                    if event is not None:
+                        event["torch_raised"] = f"{type(exc).__name__}: {exc}"
+                    raise
+                finally:
+                    info.seconds += clock() - started
                 info.updates += 1
                 info.scaled = False
                 info.unscaled.clear()
+                info.stage.clear()
+                info.window.clear()
                 return result
 
             return update

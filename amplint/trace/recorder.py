@@ -16,12 +16,18 @@ from amplint.trace.nonfinite import UNINITIALISED_OPS, NonFiniteMonitor
 from amplint.trace.state import TraceState
 
 _Tensor = torch.Tensor
+_LOW = (torch.float16, torch.bfloat16)
+_PASSIVE_OPS = frozenset(
+    {"_to_copy", "to", "copy_", "clone", "contiguous", "empty_like", "zeros_like", "ones_like", "full_like",
+     "rand_like", "randn_like", "fill_", "zero_", "eq", "ne", "isfinite", "isnan", "isinf", "_local_scalar_dense",
+     "_has_compatible_shallow_copy_type", "set_", "resize_"}
+)
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
 
 
 class OpInfo:
-    __slots__ = ("name", "skip", "mutated", "uninitialised", "constant_source")
+    __slots__ = ("name", "skip", "mutated", "uninitialised", "constant_source", "passive")
 
     def __init__(self, func):
         schema = func._schema
@@ -33,6 +39,8 @@ class OpInfo:
         self.uninitialised = base in UNINITIALISED_OPS
         # Python constants becoming tensors (`g[0] = float("inf")`): a source, not a culprit.
         self.constant_source = base in ("lift_fresh", "lift", "lift_fresh_copy", "scalar_tensor")
+        # Casts, copies and allocations in a disabled region are the fix, not the problem (AMP014).
+        self.passive = base in _PASSIVE_OPS
         # Views and aliasing ops keep their input's dtype: nothing to learn, and they are many.
         self.skip = (
             bool(func.is_view)
@@ -121,6 +129,10 @@ class DispatchRecorder(TorchDispatchMode):
                 if template_key not in state.op_templates:
                     state.op_templates[template_key] = _template(func, args, kwargs)
 
+        suppressed = state.mirror.suppressed
+        if suppressed and phase == "forward" and not info.passive:
+            self._disabled_region_op(suppressed, info, args, site)
+
         watch = state.watch
         if watch and site in watch:
             state.paused += 1
@@ -131,6 +143,20 @@ class DispatchRecorder(TorchDispatchMode):
         if self.check_ops and self.monitor.searching:
             self.monitor.check_op(info, args, kwargs, out, site, phase, node)
         return out
+
+
+    def _disabled_region_op(self, suppressed, info, args, site) -> None:
+        """AMP014: an op in a region that disables autocast inside an enabled one, receiving
+        float16/bfloat16 tensors (the outer region made them; nothing casts them back)."""
+        device = _first_device(args)
+        for entry in suppressed:
+            if entry[0] == device:
+                in_dtypes = _dtypes(args)
+                if any(d in _LOW for d in in_dtypes):
+                    key = (entry[3], site, info.name, tuple(str(d).replace("torch.", "") for d in in_dtypes), entry[1], entry[2], device)
+                    table = self.state.disabled_region_ops
+                    table[key] = table.get(key, 0) + 1
+                return
 
 
 def _template(func, args, kwargs):

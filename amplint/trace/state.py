@@ -71,6 +71,15 @@ class ScalerInfo:
     unscaled: set = field(default_factory=set)
     steps: int = 0
     updates: int = 0
+    # AMP007/AMP008: GradScaler's per-optimizer stage since the last update() (UNSCALED/STEPPED)
+    stage: dict = field(default_factory=dict)  # id(optimizer) -> "UNSCALED" | "STEPPED"
+    window: list = field(default_factory=list)  # (id(optimizer), step callsite) since the last update()
+    last_unscale: dict = field(default_factory=dict)  # id(optimizer) -> (callsite, scale_calls then)
+    windows: list = field(default_factory=list)  # per update(): (callsite, optimizer ids stepped before it)
+    # AMP010: where the scaled losses came from, and the time spent in the scaler's own calls
+    scale_calls: int = 0
+    scale_dtypes: dict = field(default_factory=dict)  # autocast dtype of the last region entered -> count
+    seconds: float = 0.0
 
 
 @dataclass
@@ -81,6 +90,7 @@ class ScalerStep:
     callsite: Callsite | None
     applied: bool | None  # None: decided by a deferred found_inf (fused optimizers)
     found_inf_slot: int | None = None
+    optimizer_seconds: float = 0.0  # inside optimizer.step() (AMP010 counts the scaler's own time)
 
 
 @dataclass
@@ -152,6 +162,11 @@ class AutocastMirror(threading.local):
         self.active: tuple = ()  # ((device, dtype), ...) of the enabled devices
         self.entered: list = []  # (entered at, created at) of open enabled `with autocast` blocks
         self.requested: list = []  # dtype of open CUDA blocks disabled for want of a GPU
+        self.regions: list = []  # (device, enabled, dtype name, entered at) of every open `with autocast`
+        # AMP014: ((device, outer dtype, outer entered at, disabled entered at), ...) while a region
+        # disables autocast on a device an outer region enabled
+        self.suppressed: tuple = ()
+        self.parent: tuple | None = None  # AMP015: in a worker thread, (parent's active autocast, record)
 
 
 class TraceState:
@@ -201,6 +216,23 @@ class TraceState:
         self.lines_seen: set[Callsite] = set()  # user lines that ran torch ops or probes
         self.files_seen: set[str] = set()
         self.notes: list[str] = []
+
+        # AMP007-AMP017 (events keyed by rule; see confirm.rule_events for how each is joined)
+        self.pairing: list[dict] = []  # AMP007: missing update / update without step
+        self.unscales: list[dict] = []  # AMP008: unscale_ again before step/update, unscale_ with no step
+        self.last_region: tuple | None = None  # (device, dtype, entered at) of the last enabled region entered
+        self.fp16_region: tuple | None = None  # AMP009: an fp16 region entered since the last backward
+        self.scaled_since_backward = False
+        self.unscaled_fp16_backward: dict = {}  # AMP009: backward callsite -> record
+        self.zero_grad_pending: dict | None = None
+        self.saves: dict = {}  # AMP012: torch.save callsite -> record
+        self.custom_functions: dict = {}  # AMP013: class -> record (None: not a user class)
+        self.disabled_region_ops: Counter = Counter()  # AMP014: (disabled at, op line, op, in dtypes, outer dtype)
+        self.threads: dict = {}  # AMP015: creation callsite -> record
+        self.autocast_constructions: dict = {}  # AMP016: callsite -> record
+        self.bce_errors: dict = {}  # AMP016: callsite -> record
+        self.compiled: list = []  # AMP017: records of torch.compile results
+        self.compiled_pending = None  # a compiled call under autocast since the last backward
 
     @property
     def active(self) -> bool:

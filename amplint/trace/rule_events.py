@@ -1,0 +1,313 @@
+"""The runtime evidence of AMP007-AMP010 and AMP012-AMP017, as events a static finding joins with.
+
+An event has the places it can be matched against (callsites, or a span of lines such as a class
+body), the place a runtime-only finding is reported at (`anchor`), a count (0: the code ran and the
+problem did not happen there, which refutes a finding) and its evidence. Built after the run from
+the records in `TraceState` (see probes.py and amp_probes.py for what records them).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from amplint.trace.callsite import Callsite
+
+
+@dataclass
+class RuleEvent:
+    code: str
+    anchor: Callsite | None
+    count: int
+    evidence: dict
+    message: str
+    sites: tuple = ()
+    spans: tuple = ()  # (filename, first line, last line)
+    runtime_only: bool = True  # may stand as a finding of its own where no static finding points
+
+
+def _first(items):
+    return next(iter(items), None)
+
+
+def _amp007(facts) -> list[RuleEvent]:
+    state = facts.state
+    events: list[RuleEvent] = []
+    groups: dict = defaultdict(list)
+    for event in state.pairing:
+        groups[(event["kind"], event["site"])].append(event)
+    for (kind, site), group in groups.items():
+        first = group[0]
+        evidence: dict = {"kind": kind, "first_step": first["step"], "scaler_enabled": first["enabled"]}
+        if kind == "missing-update":
+            evidence["steps_without_update"] = len(group)
+            evidence["next_step_at"] = facts.where(first["again_at"])
+            sites = tuple({s for e in group for s in e["sites"]} | {site})
+            message = "scaler.step() ran again with no scaler.update() since the previous step; call update() once per iteration, after the last step()"
+        else:
+            evidence["updates_without_step"] = len(group)
+            sites = (site,)
+            message = "scaler.update() ran with no scaler.step() since the previous update()"
+        raised = _first(e["torch_raised"] for e in group if "torch_raised" in e)
+        if raised:
+            evidence["torch_raised"] = raised
+        if not first["enabled"]:
+            message += " (the scaler was disabled in this run; enabled, torch raises here)"
+        events.append(RuleEvent("AMP007", site, len(group), evidence, message, sites))
+
+    # update() between the steps of several optimizers: an update after which the next window
+    # steps other optimizers, before the scaler's first optimizer steps again (a new iteration).
+    for info in state.scalers:
+        windows = info.windows
+        first_optimizer = _first(opts[0] for _site, opts in windows if opts)
+        if first_optimizer is None:
+            continue
+        optimizers = {o for _site, opts in windows for o in opts}
+        if len(optimizers) < 2:
+            continue
+        last_with_first = max(i for i, (_s, opts) in enumerate(windows) if first_optimizer in opts)
+        between: dict = defaultdict(int)
+        for i in range(len(windows) - 1):
+            site, opts = windows[i]
+            following = windows[i + 1][1]
+            # (the run's last window counts too: its update closed an iteration's second half)
+            later = i + 1 < last_with_first or (i + 1 == len(windows) - 1 and last_with_first == i)
+            if opts and following and first_optimizer not in following and later:
+                between[site] += 1
+        for site, count in between.items():
+            evidence = {"kind": "update-between-optimizers", "updates_between_steps": count, "optimizers": len(optimizers), "scaler_enabled": info.enabled}
+            events.append(
+                RuleEvent("AMP007", site, count, evidence, f"scaler.update() ran between the steps of {len(optimizers)} optimizers {count} time(s); call it once per iteration, after the last scaler.step()", (site,))
+            )
+    return events
+
+
+def _amp008(facts) -> list[RuleEvent]:
+    groups: dict = defaultdict(list)
+    for event in facts.state.unscales:
+        groups[(event["kind"], event["site"])].append(event)
+    events = []
+    for (kind, site), group in groups.items():
+        first = group[0]
+        evidence: dict = {"kind": kind, "first_step": first["step"], "scaler_enabled": first["enabled"]}
+        if kind == "unscale-twice":
+            evidence["unscale_again"] = len(group)
+            evidence["again_at"] = facts.where(first["again_at"])
+            evidence["micro_batches_between"] = first["scale_calls_between"]
+            sites = tuple({site} | {e["again_at"] for e in group})
+            message = f"scaler.unscale_() ran again for the same optimizer after {first['scale_calls_between']} more scaled micro-batch(es), before step()/update()"
+        else:
+            evidence["iterations_without_step"] = len(group)
+            evidence["update_at"] = facts.where(first["update_at"])
+            sites = (site,)
+            message = "scaler.unscale_() ran on iterations where no scaler.step() followed before update()"
+        raised = _first(e["torch_raised"] for e in group if "torch_raised" in e)
+        if raised:
+            evidence["torch_raised"] = raised
+        events.append(RuleEvent("AMP008", site, len(group), evidence, message, sites))
+    return events
+
+
+def _amp009(facts) -> list[RuleEvent]:
+    events = []
+    for site, record in facts.state.unscaled_fp16_backward.items():
+        evidence = {
+            "backward_calls_unscaled": record["count"],
+            "autocast": {"device": record["device"], "dtype": "float16"},
+            "autocast_entered_at": facts.where(record["region"]),
+            "first_step": record["first_step"],
+        }
+        if "zero_grad_fraction" in record:
+            evidence["zero_grad_fraction"] = record["zero_grad_fraction"]
+        message = f"backward() ran on a loss computed under float16 autocast (entered at {evidence['autocast_entered_at']}) with no GradScaler.scale()"
+        events.append(RuleEvent("AMP009", site, record["count"], evidence, message, (site, record["region"])))
+    return events
+
+
+def _amp010(facts) -> list[RuleEvent]:
+    state = facts.state
+    events = []
+    for info in state.scalers:
+        if info.callsite is None:
+            continue
+        steps = [s for s in state.scaler_steps if s.scaler == info.index]
+        skipped = sum(1 for s in steps if facts.applied.get(id(s)) is False)
+        dtypes = {str(k): v for k, v in info.scale_dtypes.items()}
+        evidence = {
+            "scaler_enabled": info.enabled,
+            "scale_calls": info.scale_calls,
+            "scaled_losses_by_autocast_dtype": dtypes,
+            "steps": len(steps),
+            "steps_skipped": skipped,
+        }
+        wasted = info.enabled and info.scale_calls > 0 and set(info.scale_dtypes) == {"bfloat16"} and skipped == 0
+        if wasted:
+            evidence["scaler_seconds"] = round(info.seconds, 6)
+            evidence["scaler_ms_per_step"] = round(1000 * info.seconds / max(1, len(steps)), 4)
+        count = info.scale_calls if wasted else 0
+        message = (
+            f"every scaler.scale() of the run ({info.scale_calls}) came from bfloat16 autocast and no step was skipped: "
+            f"the scaler cost {1000 * info.seconds:.2f} ms for nothing; build it with enabled=(dtype == torch.float16)"
+        )
+        events.append(RuleEvent("AMP010", info.callsite, count, evidence, message, (info.callsite,)))
+    return events
+
+
+def _amp012(facts) -> list[RuleEvent]:
+    events = []
+    for site, record in facts.state.saves.items():
+        evidence = {k: v for k, v in record.items() if k not in ("site", "live_scaler")}
+        if record.get("live_scaler"):
+            evidence["live_scaler_built_at"] = facts.where(record["live_scaler"])
+        count = record["missing_scaler_state"]
+        message = "torch.save() wrote an optimizer state without the GradScaler's state while an enabled scaler was training; add scaler.state_dict()"
+        events.append(RuleEvent("AMP012", site, count, evidence, message, (site,)))
+    return events
+
+
+def _amp013(facts) -> list[RuleEvent]:
+    state = facts.state
+    backward_outside = sum(calls[1] for calls in state.backward_calls.values())
+    events = []
+    for record in state.custom_functions.values():
+        if record is None:
+            continue
+        evidence: dict = {"class": record["class"], "calls_under_autocast": record["calls_under_autocast"]}
+        spans = []
+        if record.get("span"):
+            spans.append(record["span"])
+        if record["kind"] == "undecorated":
+            count = record["mixed_calls"]
+            evidence["mixed_dtype_calls"] = count
+            if count:
+                evidence["input_dtypes"] = record["input_dtypes"]
+                device, dtype = record["autocast"]
+                evidence["autocast"] = {"device": device, "dtype": dtype}
+                evidence["first_step"] = record["first_step"]
+            message = f"{record['class']}.forward (no custom_fwd) received {', '.join(record.get('input_dtypes', []))} tensors together under autocast {count} time(s)"
+        else:
+            count = record["calls_under_autocast"] if backward_outside else 0
+            evidence["kind"] = "custom_fwd-without-custom_bwd"
+            message = f"{record['class']}.forward ran under autocast with custom_fwd but backward has no custom_bwd: backward ran with autocast off"
+        sites = tuple(record["sites"]) + tuple(s for s in (record["defined_at"], record["forward_at"]) if s)
+        evidence["called_at"] = sorted(filter(None, (facts.where(s) for s in record["sites"])))[:5]
+        anchor = record["defined_at"] or record["forward_at"]
+        events.append(RuleEvent("AMP013", anchor, count, evidence, message, sites, tuple(spans)))
+    return events
+
+
+def _amp014(facts) -> list[RuleEvent]:
+    groups: dict = defaultdict(list)
+    for key, count in facts.state.disabled_region_ops.items():
+        groups[key[0]].append((key, count))
+    events = []
+    for inner, rows in groups.items():
+        total = sum(c for _k, c in rows)
+        first = rows[0][0]
+        ops = [
+            {"op": key[2], "line": facts.where(key[1]), "input_dtypes": list(key[3]), "count": count}
+            for key, count in sorted(rows, key=lambda r: -r[1])[:10]
+        ]
+        evidence = {
+            "ops_with_low_precision_inputs": total,
+            "ops": ops,
+            "outer_autocast": {"device": first[6], "dtype": first[4]},
+            "outer_entered_at": facts.where(first[5]),
+        }
+        message = f"ops in this autocast-disabled region received float16/bfloat16 tensors made in the enclosing region ({total} op call(s)); cast them with .float() first"
+        sites = (inner, *{key[1] for key, _c in rows})
+        events.append(RuleEvent("AMP014", inner, total, evidence, message, sites))
+    return events
+
+
+def _amp015(facts) -> list[RuleEvent]:
+    events = []
+    for site, record in facts.state.threads.items():
+        device, dtype = record["parent_autocast"]
+        evidence = {
+            "workers": record["workers"],
+            "workers_with_fp32_matmuls": record["workers_with_fp32_matmuls"],
+            "fp32_matmuls": record["fp32_matmuls"],
+            "ops": dict(sorted(record["ops"].items())),
+            "parent_autocast": {"device": device, "dtype": dtype},
+        }
+        if record.get("first_op_at"):
+            evidence["first_op_at"] = facts.where(record["first_op_at"])
+        count = record["workers_with_fp32_matmuls"]
+        message = f"work started here while autocast ({dtype}) was on ran {record['fp32_matmuls']} matmul-class op(s) in float32 in its thread: autocast state is thread-local"
+        events.append(RuleEvent("AMP015", site, count, evidence, message, (site, record["started_at"])))
+    return events
+
+
+def _amp016(facts) -> list[RuleEvent]:
+    state = facts.state
+    events = []
+    for record in state.autocast_constructions.values():
+        evidence = {"kind": record["kind"], "dtype": record["dtype"], "constructions": record["count"]}
+        if record.get("device"):
+            evidence["device"] = record["device"]
+        if record.get("error"):
+            evidence["error"] = record["error"]
+            message = f"autocast raised: {record['error']}"
+        else:
+            message = f"autocast({record.get('device')!r}, dtype={record['dtype']}) disabled itself (unsupported dtype): the region ran without autocast"
+        events.append(RuleEvent("AMP016", record["site"], record["count"], evidence, message, (record["site"],)))
+    for site, record in state.bce_errors.items():
+        evidence = {"kind": "bce-under-autocast", "errors": record["count"], "error": record["error"]}
+        if record["autocast"]:
+            evidence["autocast"] = {"device": record["autocast"][0], "dtype": record["autocast"][1]}
+        events.append(RuleEvent("AMP016", site, record["count"], evidence, "binary_cross_entropy raised under autocast; use binary_cross_entropy_with_logits", (site,)))
+    return events
+
+
+def _amp017(facts) -> list[RuleEvent]:
+    events = []
+    try:
+        import torch._functorch.config as functorch_config
+
+        mismatch_option = hasattr(functorch_config, "on_backward_autocast_mismatch")
+        setting_now = getattr(functorch_config, "backward_pass_autocast", None)
+    except ImportError:
+        mismatch_option, setting_now = False, None
+    for record in facts.state.compiled:
+        if not record["calls"]:
+            continue
+        setting = record.get("setting", setting_now if isinstance(setting_now, str) else repr(setting_now))
+        evidence = {
+            "compiled_calls": record["calls"],
+            "calls_under_autocast": record["calls_under_autocast"],
+            "backwards_outside_autocast": record["mismatched_backwards"] + record["backwards_with_setting"],
+            "backward_pass_autocast": setting,
+            "on_backward_autocast_mismatch_available": mismatch_option,
+        }
+        if record.get("autocast"):
+            evidence["autocast"] = {"device": record["autocast"][0], "dtype": record["autocast"][1]}
+        if record.get("backward_at"):
+            evidence["backward_at"] = facts.where(record["backward_at"])
+        count = record["mismatched_backwards"]
+        message = (
+            f"the compiled model ran under autocast and backward ran outside it {count} time(s) with "
+            f'backward_pass_autocast="{setting}": the compiled backward re-enters autocast, unlike eager; '
+            'set torch._functorch.config.backward_pass_autocast = "off"'
+        )
+        sites = (record["site"],) + ((record["backward_at"],) if record.get("backward_at") else ())
+        events.append(RuleEvent("AMP017", record["site"], count, evidence, message, sites))
+    return events
+
+
+BUILDERS = {
+    "AMP007": _amp007,
+    "AMP008": _amp008,
+    "AMP009": _amp009,
+    "AMP010": _amp010,
+    "AMP012": _amp012,
+    "AMP013": _amp013,
+    "AMP014": _amp014,
+    "AMP015": _amp015,
+    "AMP016": _amp016,
+    "AMP017": _amp017,
+}
+
+
+def rule_events(facts) -> dict[str, list[RuleEvent]]:
+    return {code: build(facts) for code, build in BUILDERS.items()}
