@@ -391,29 +391,14 @@ class _Recorder(cst.CSTVisitor):
         words = f"{identifiers(for_in.target)} {identifiers(for_in.iter)}"
         self.loops.append(Loop(node, "comprehension", source_text(for_in.target), source_text(for_in.iter), words))
 
-    def visit_ListComp(self, node: cst.ListComp) -> None:
+    def _visit_comprehension(self, node: cst.ListComp | cst.SetComp | cst.DictComp | cst.GeneratorExp) -> None:
         self._comprehension(node, node.for_in)
 
-    def leave_ListComp(self, node: cst.ListComp) -> None:
+    def _leave_comprehension(self, node: cst.CSTNode) -> None:
         self.loops.pop()
 
-    def visit_SetComp(self, node: cst.SetComp) -> None:
-        self._comprehension(node, node.for_in)
-
-    def leave_SetComp(self, node: cst.SetComp) -> None:
-        self.loops.pop()
-
-    def visit_DictComp(self, node: cst.DictComp) -> None:
-        self._comprehension(node, node.for_in)
-
-    def leave_DictComp(self, node: cst.DictComp) -> None:
-        self.loops.pop()
-
-    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> None:
-        self._comprehension(node, node.for_in)
-
-    def leave_GeneratorExp(self, node: cst.GeneratorExp) -> None:
-        self.loops.pop()
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _visit_comprehension
+    leave_ListComp = leave_SetComp = leave_DictComp = leave_GeneratorExp = _leave_comprehension
 
     def visit_With(self, node: cst.With) -> None:
         self.statements.append(node)

@@ -6,6 +6,9 @@ documentation come from the rule's Markdown file in `rules/`, so they are writte
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -53,43 +56,14 @@ Check = Callable[["AmpFacts"], Iterable[Hit]]  # noqa: F821 (forward reference f
 
 
 def all_checks() -> dict[str, Check]:
-    from amplint.static.checks import (
-        amp001_deprecated_api,
-        amp002_half_with_autocast,
-        amp003_backward_in_autocast,
-        amp004_scaler_per_iteration,
-        amp005_clip_without_unscale,
-        amp006_optimizer_step_bypasses_scaler,
-        amp007_scaler_step_update_pairing,
-        amp008_unscale_per_microbatch,
-        amp009_fp16_autocast_without_scaler,
-        amp010_scaler_with_bf16,
-        amp011_scheduler_on_skipped_step,
-        amp012_checkpoint_without_scaler_state,
-        amp013_custom_function_without_custom_fwd,
-        amp014_disabled_region_uncast_inputs,
-        amp015_autocast_not_in_thread,
-        amp016_autocast_dtype_misuse,
-        amp017_compile_backward_autocast_mismatch,
-    )
+    """Every rule module in this package (`ampNNN_name.py`), by code."""
+    global _CHECKS
+    if _CHECKS is None:
+        modules = sorted(info.name for info in pkgutil.iter_modules(__path__) if _RULE_MODULE.match(info.name))
+        loaded = [importlib.import_module(f"{__name__}.{name}") for name in modules]
+        _CHECKS = {module.CODE: module.check for module in loaded}
+    return _CHECKS
 
-    modules = (
-        amp001_deprecated_api,
-        amp002_half_with_autocast,
-        amp003_backward_in_autocast,
-        amp004_scaler_per_iteration,
-        amp005_clip_without_unscale,
-        amp006_optimizer_step_bypasses_scaler,
-        amp007_scaler_step_update_pairing,
-        amp008_unscale_per_microbatch,
-        amp009_fp16_autocast_without_scaler,
-        amp010_scaler_with_bf16,
-        amp011_scheduler_on_skipped_step,
-        amp012_checkpoint_without_scaler_state,
-        amp013_custom_function_without_custom_fwd,
-        amp014_disabled_region_uncast_inputs,
-        amp015_autocast_not_in_thread,
-        amp016_autocast_dtype_misuse,
-        amp017_compile_backward_autocast_mismatch,
-    )
-    return {module.CODE: module.check for module in modules}
+
+_RULE_MODULE = re.compile(r"amp\d{3}_")
+_CHECKS: dict[str, Check] | None = None
