@@ -108,8 +108,9 @@ class DispatchRecorder(TorchDispatchMode):
             current = _current_node()
             node = current.name() if current is not None else None
 
+        mirror = state.mirror
         if self.record and phase != "optimizer":
-            active = state.mirror.active
+            active = mirror.active
             autocast = None
             if active:
                 device = _first_device(args)
@@ -129,7 +130,7 @@ class DispatchRecorder(TorchDispatchMode):
                 if template_key not in state.op_templates:
                     state.op_templates[template_key] = _template(func, args, kwargs)
 
-        suppressed = state.mirror.suppressed
+        suppressed = mirror.suppressed
         if suppressed and phase == "forward" and not info.passive:
             self._disabled_region_op(suppressed, info, args, site)
 
