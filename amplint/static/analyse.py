@@ -80,7 +80,7 @@ def analyse_module(
     codes = [code for code in checks if select is None or code in set(select)]
     if not codes:
         return []
-    facts = AmpFacts(module, min_torch)
+    facts = AmpFacts(module, min_torch, text)
     hits: list[tuple[str, Hit]] = []
     seen: set[tuple[str, int]] = set()
     for code in codes:

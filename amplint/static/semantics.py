@@ -521,8 +521,9 @@ _STEP_FUNCTION = re.compile(
 class AmpFacts:
     """Everything one walk recorded about a module, with the shared queries over it."""
 
-    def __init__(self, module: cst.Module, min_torch: tuple[int, ...] | None = None) -> None:
+    def __init__(self, module: cst.Module, min_torch: tuple[int, ...] | None = None, text: str | None = None) -> None:
         self.module = module
+        self._text = text  # the source that was parsed, when the caller has it
         self.min_torch = min_torch  # the oldest torch the code must keep running on (fixes honour it)
         self.top_level: dict[int, int] = {}  # id(node) -> index of its top-level statement
         self.module_scope = Scope("module", "<module>", module, None)
@@ -539,6 +540,11 @@ class AmpFacts:
         module.visit(_Recorder(self))
         for call in self.calls:
             call.qualname = self.callee_qualname(call)
+
+    @cached_property
+    def text(self) -> str:
+        """The module's source; regenerating it with `module.code` costs a pass over the tree."""
+        return self._text if self._text is not None else self.module.code
 
     # -- names --------------------------------------------------------------------------------
     def qualname(self, expr: cst.BaseExpression | None, scope: Scope, depth: int = 0) -> str | None:

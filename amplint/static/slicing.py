@@ -44,7 +44,7 @@ TRIGGERS: dict[str, str] = {
     "AMP013": r"custom_fwd|custom_bwd|autocast|forward|backward|\bctx\b|" + _SCALER,
     "AMP014": r"autocast",
     "AMP015": r"autocast|Thread|submit|Executor|Pool|\.map\(|apply_async|imap|starmap",
-    "AMP016": r"autocast|is_bf16_supported|binary_cross_entropy|BCELoss|float\d+|half",
+    "AMP016": r"autocast|bf16_supported|capability|is_ampere|sm_?8\d|binary_cross_entropy|BCELoss|float\d+|half",
     "AMP017": r"autocast|compile|backward",
 }
 

@@ -44,7 +44,7 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
             )
         elif dtype in rg.BFLOAT16 and region.device == "cuda":
             if guarded is None:
-                guarded = bool(_BF16_GUARD.search(facts.module.code))
+                guarded = bool(_BF16_GUARD.search(facts.text))
             if not guarded:
                 yield Hit(
                     call.node,

@@ -77,7 +77,7 @@ def _region_inference_only(facts: AmpFacts, region) -> bool:
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
-    if not facts.has_autocast or _SETTING in facts.module.code:
+    if not facts.has_autocast or _SETTING in facts.text:
         return
     outside = [b for b in rg.backwards(facts) if facts.region_of(b.where) is None]
     if not outside:
