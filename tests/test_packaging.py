@@ -1,0 +1,40 @@
+"""The wheel: the rule catalogue ships inside it, and torch is only an extra."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if built.returncode != 0:
+        pytest.skip(f"cannot build a wheel here: {built.stderr.strip().splitlines()[-1:]}")
+    return next(out.glob("amplint-*.whl"))
+
+
+def test_wheel_ships_every_rule_document(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for document in (ROOT / "rules").glob("AMP*.md"):
+        assert f"amplint/_rules/{document.name}" in names
+
+
+def test_torch_is_only_an_optional_dependency(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(archive.read(n).decode() for n in archive.namelist() if n.endswith("METADATA"))
+    requirements = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    torch = [line for line in requirements if "torch" in line.split(";")[0]]
+    assert torch and all("extra ==" in line for line in torch)
