@@ -38,3 +38,15 @@ def test_torch_is_only_an_optional_dependency(wheel: Path) -> None:
     requirements = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     torch = [line for line in requirements if "torch" in line.split(";")[0]]
     assert torch and all("extra ==" in line for line in torch)
+
+
+def test_the_static_checker_never_imports_torch() -> None:
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['amplint', '--no-cache', '-q', 'examples/']\n"
+        "try:\n    runpy.run_module('amplint', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
