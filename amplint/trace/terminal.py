@@ -59,6 +59,54 @@ def _evidence_text(finding: dict) -> str:
         return f"{finding['count']} optimizer step(s) on scaled gradients"
     if code == "AMP011":
         return f"{finding['count']} scheduler step(s) right after a skipped step"
+    return _evidence_text_amp007_017(code, finding["count"], ev)
+
+
+def _evidence_text_amp007_017(code: str, count: int, ev: dict) -> str:
+    kind = ev.get("kind")
+    if code == "AMP007":
+        if not count:
+            return "step() and update() paired correctly"
+        text = {
+            "missing-update": f"{count} step(s) with no update() before the next step",
+            "update-without-step": f"{count} update() call(s) with no step since the last",
+            "update-between-optimizers": f"{count} update() call(s) between the steps of {ev.get('optimizers')} optimizers",
+        }.get(kind, f"{count} pairing error(s)")
+        return text + ("; torch then raised" if ev.get("torch_raised") else "")
+    if code == "AMP008":
+        if not count:
+            return "unscale_ once per step"
+        if kind == "unscale-twice":
+            return f"unscale_ again after {ev.get('micro_batches_between')} micro-batch(es)" + ("; torch then raised" if ev.get("torch_raised") else "")
+        return f"{count} unscale_ call(s) with no step before update()"
+    if code == "AMP009":
+        if not count:
+            return "every float16 loss was scaled"
+        zero = f"; {100 * ev['zero_grad_fraction']:.1f}% zero grads" if "zero_grad_fraction" in ev else ""
+        return f"{count} backward() on unscaled float16 loss(es){zero}"
+    if code == "AMP010":
+        if not count:
+            dtypes = ", ".join(f"{k}: {v}" for k, v in (ev.get("scaled_losses_by_autocast_dtype") or {}).items())
+            return f"scaler needed or off: enabled={ev.get('scaler_enabled')}, {ev.get('steps_skipped', 0)} skip(s), scaled losses {dtypes or 'none'}"
+        return f"{count} scale() calls, all from bfloat16, no skip; {1000 * ev.get('scaler_seconds', 0):.1f} ms in the scaler"
+    if code == "AMP012":
+        return f"{ev.get('missing_scaler_state', 0)}/{ev.get('saves', 0)} save(s) with optimizer state and no scaler state"
+    if code == "AMP013":
+        if kind:
+            return f"{count} forward(s) under autocast with custom_fwd, backward outside it"
+        return f"{ev.get('mixed_dtype_calls', 0)}/{ev.get('calls_under_autocast', 0)} call(s) under autocast got {', '.join(ev.get('input_dtypes', [])) or 'one dtype'}"
+    if code == "AMP014":
+        return f"{count} op call(s) got float16/bfloat16 inputs with autocast disabled" if count else "inputs were float32"
+    if code == "AMP015":
+        return f"{ev.get('fp32_matmuls', 0)} float32 matmul(s) in {ev.get('workers_with_fp32_matmuls', 0)}/{ev.get('workers', 0)} worker(s)"
+    if code == "AMP016":
+        if kind == "dtype-disabled":
+            return f"autocast disabled itself for {ev.get('dtype')} ({count}x)"
+        return ev.get("error", "") if count else "autocast dtype accepted"
+    if code == "AMP017":
+        if not count:
+            return f"{ev.get('calls_under_autocast', 0)} compiled call(s) under autocast; backward_pass_autocast={ev.get('backward_pass_autocast')}"
+        return f"{count} backward(s) outside autocast after compiled forward under autocast (backward_pass_autocast={ev.get('backward_pass_autocast')})"
     return ""
 
 
