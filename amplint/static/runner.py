@@ -98,7 +98,7 @@ def check_paths(
             continue
         codes = possible_rules(data, enabled) | (enabled & {"AMP000"})
         pending.append((_Job(source_file.display, data, codes, settings.min_torch), key, stat, digest))
-    for (job, key, stat, digest), found in zip(pending, _analyse_all([p[0] for p in pending], jobs)):
+    for (_job, key, stat, digest), found in zip(pending, _analyse_all([p[0] for p in pending], jobs)):
         if cache:
             cache.store(key, stat, digest, [f.to_json() for f in found])
         result.findings.extend(found)

@@ -44,7 +44,7 @@ class FixPlan:
 class Hit:
     node: cst.CSTNode  # what the finding points at
     message: str
-    statement: cst.CSTNode | None = None  # whose first line may carry the `# noqa`
+    statement: cst.CSTNode | None = None  # whose first line may carry a suppression comment
     fix: FixPlan | None = None
     # Nodes whose line numbers fill the message's `{0}`, `{1}`... once positions are known.
     related: tuple[cst.CSTNode, ...] = ()

@@ -101,7 +101,7 @@ def _update_outside_loop(facts: AmpFacts, steps, updates, scaler: str) -> Iterat
 
 def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> Iterator[Hit]:
     """`update()` between the steps of several optimizers, twice, or where no step ran."""
-    for index, event in enumerate(events):
+    for event in events:
         if event.kind != "update":
             continue
         loop = _iteration_loop(event)

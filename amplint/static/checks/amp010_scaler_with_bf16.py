@@ -10,7 +10,7 @@ import libcst as cst
 from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
-from amplint.static.semantics import AmpFacts, CallSite, argument, dotted_name
+from amplint.static.semantics import AmpFacts, CallSite, argument
 
 CODE = "AMP010"
 
