@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.semantics import AmpFacts, CallSite, dotted_name
 
@@ -47,6 +48,16 @@ def _target_does_no_tensor_work(facts: AmpFacts, target: cst.BaseExpression | No
     return bool(_IO_WORK.search(text)) and not _TENSOR_WORK.search(text)
 
 
+def _target_enters_autocast(facts: AmpFacts, target: cst.BaseExpression | None, call: CallSite) -> bool:
+    """A worker that opens its own autocast region gets the autocast state it needs."""
+    function = facts._function_named(target, call.scope) if target is not None else None
+    if function is None:
+        return False
+    if any(facts.decorator_autocast(d, function.parent or function) for d in function.decorators):
+        return True
+    return any(c.qualname in names.AUTOCAST for c in facts.calls if c.scope.function_scope is function)
+
+
 def _started_work(facts: AmpFacts, call: CallSite) -> tuple[str, cst.BaseExpression | None] | None:
     if call.qualname in _THREAD:
         return "a `threading.Thread`", call.arg(None, "target") or call.arg(1, None)
@@ -67,7 +78,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             continue
         what, target = started
         region = facts.region_of(call.where)
-        if region is None or _target_does_no_tensor_work(facts, target, call):
+        if region is None or _target_does_no_tensor_work(facts, target, call) or _target_enters_autocast(facts, target, call):
             continue
         autocast, via = region
         yield Hit(

@@ -76,8 +76,27 @@ def _region_inference_only(facts: AmpFacts, region) -> bool:
     return False
 
 
+def _sets_backward_autocast(facts: AmpFacts) -> bool:
+    """The config is set in code (an assignment, `config.patch(backward_pass_autocast=...)` or a
+    string key), not merely mentioned in a comment or a docstring."""
+    if any(a.key.endswith(_SETTING) for a in facts.assignments):
+        return True
+    for call in facts.calls:
+        for arg in call.node.args:
+            if arg.keyword is not None and arg.keyword.value == _SETTING:
+                return True
+            if isinstance(arg.value, cst.SimpleString) and arg.value.evaluated_value == _SETTING:
+                return True
+            if isinstance(arg.value, cst.Dict) and any(
+                isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString) and e.key.evaluated_value == _SETTING
+                for e in arg.value.elements
+            ):
+                return True
+    return False
+
+
 def check(facts: AmpFacts) -> Iterator[Hit]:
-    if not facts.has_autocast or _SETTING in facts.text:
+    if not facts.has_autocast or _sets_backward_autocast(facts):
         return
     outside = [b for b in rg.backwards(facts) if facts.region_of(b.where) is None]
     if not outside:
