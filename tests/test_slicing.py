@@ -51,7 +51,8 @@ def test_slicing_a_fixture_buried_in_a_large_module_keeps_its_findings(path: Pat
 
 def test_slicing_blanks_functions_that_no_rule_can_see() -> None:
     source = "import torch\n\n\ndef train():\n    with torch.autocast('cuda'):\n        loss.backward()\n" + FILLER
-    sliced = slicing.slice_source(source, frozenset({"AMP003"}))
+    codes, sliced = slicing.prepare(source, frozenset({"AMP003"}))
+    assert codes == {"AMP003"}
     assert sliced is not None
     assert "unrelated_helper_7" not in sliced
     assert sliced.count("\n") == source.count("\n")
@@ -59,4 +60,11 @@ def test_slicing_blanks_functions_that_no_rule_can_see() -> None:
 
 def test_a_rule_without_triggers_turns_slicing_off() -> None:
     source = "import torch\n" + FILLER
-    assert slicing.slice_source(source, frozenset({"AMP999"})) is None
+    assert slicing.prepare(source, frozenset({"AMP999"}))[1] is None
+
+
+def test_rules_mentioned_only_in_strings_are_set_aside_for_a_large_file() -> None:
+    docstring = '"""Call loss.backward() outside torch.autocast, and build one GradScaler."""\n'
+    source = docstring + "import torch\n" + FILLER
+    codes, _ = slicing.prepare(source, frozenset({"AMP000", "AMP003", "AMP004", "AMP010"}))
+    assert codes == {"AMP000", "AMP010"}  # AMP010's gate reads string contents: kept

@@ -16,7 +16,7 @@ from amplint.model import Edit, Finding, Fix
 from amplint.static.source import SourceError, decode_source, parse_error_finding
 from amplint.static.checks import Hit, Insertion, all_checks
 from amplint.static.semantics import AmpFacts
-from amplint.static.slicing import slice_source
+from amplint.static.slicing import prepare
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+\d*(?:[\s,]+[A-Za-z]+\d*)*))?", re.IGNORECASE)
 _FILE_NOQA = re.compile(r"^#\s*amplint:\s*noqa\s*$", re.IGNORECASE | re.MULTILINE)
@@ -57,7 +57,11 @@ def analyse_source(
         return [parse_error_finding(path, error)] if "AMP000" in wanted else []
     if _FILE_NOQA.search(text):
         return []
-    sliced = slice_source(text, wanted) if slicing else None
+    sliced = None
+    if slicing:
+        wanted, sliced = prepare(text, wanted)
+        if not wanted - {"AMP000"}:
+            return []  # parsed by CPython already, and no rule is left that could fire
     try:
         module = parse(sliced if sliced is not None else text)
     except SourceError as error:

@@ -32,7 +32,8 @@ def _amp004(source: bytes) -> bool:
 
 # A scaled backward needs a `.scale(...)` call; a scaler is constructed, scales, or is named so.
 _SCALE_CALL = re.compile(rb"\.scale\s*\(")
-_SCALER = re.compile(rb"GradScaler|\.scale\s*\(|unscale_|get_scale|[sS]caler")
+# Mirrors AmpFacts.is_scaler: constructed, scaling a backward, unscaling, or a `*scaler*.step(`.
+_SCALER = re.compile(rb"GradScaler|\.scale\s*\(|unscale_|get_scale|(?i:scaler)\w*\s*\.\s*(?:step|update|scale)\b")
 _GRADIENTS = re.compile(rb"clip_grad|\.grad\b|get_total_norm")
 
 

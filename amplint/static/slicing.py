@@ -48,6 +48,8 @@ TRIGGERS: dict[str, str] = {
     "AMP017": r"autocast|compile|backward",
 }
 
+# Rules whose gate reads string contents (a device literal such as "cpu"): never re-gated on code.
+STRING_SENSITIVE = frozenset({"AMP010"})
 # Files smaller than this are analysed whole: slicing would save less than it costs.
 SLICE_MIN_CHARS = 40_000
 _CALL_DEPTH = 3
@@ -133,14 +135,51 @@ def _amp_bindings(code: str, trigger: re.Pattern[str]) -> tuple[set[str], set[st
     return names, attributes
 
 
-def slice_source(text: str, codes: frozenset[str]) -> str | None:
-    """The text with irrelevant functions blanked, or None to analyse the whole file."""
-    if len(text) < SLICE_MIN_CHARS or any(code not in TRIGGERS for code in codes if code != "AMP000"):
-        return None
+def prepare(text: str, codes: frozenset[str]) -> tuple[frozenset[str], str | None]:
+    """For a large file: the rules still possible once strings are set aside, and the slice.
+
+    The byte gate saw docstrings and messages too ("call backward() outside autocast"); with
+    CPython's tree at hand, the gates run again on the code alone, which often leaves no rule at
+    all for a large module that only talks about AMP. Small files are returned as they are.
+    """
+    if len(text) < SLICE_MIN_CHARS:
+        return codes, None
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None  # the whole-file analysis reports AMP000 with libcst's message
+        return codes, None  # the whole-file analysis reports AMP000 with libcst's message
+    from amplint.static.gate import possible_rules
+
+    string_blind = codes - STRING_SENSITIVE - {"AMP000"}
+    kept = possible_rules(_code_view(text, tree), string_blind) | (codes & (STRING_SENSITIVE | {"AMP000"}))
+    return kept, _slice(text, tree, kept)
+
+
+def _code_view(text: str, tree: ast.Module) -> bytes:
+    """The source as bytes with every plain string literal (docstrings included) blanked."""
+    data = bytearray(text.encode("utf-8"))
+    starts = [0]
+    for line in data.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    formatted = set()
+    strings = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):  # before 3.12 its parts carry the f-string's span
+            formatted.update(id(value) for value in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and node.end_lineno:
+            strings.append(node)
+    for node in strings:
+        if id(node) not in formatted:
+            start = starts[node.lineno - 1] + node.col_offset
+            end = starts[node.end_lineno - 1] + node.end_col_offset
+            data[start:end] = bytes(b if b == 10 else 32 for b in data[start:end])
+    return bytes(data)
+
+
+def _slice(text: str, tree: ast.Module, codes: frozenset[str]) -> str | None:
+    """The text with irrelevant functions blanked, or None to analyse the whole file."""
+    if any(code not in TRIGGERS for code in codes if code != "AMP000"):
+        return None
     lines = text.splitlines(keepends=True)
     skeleton = _skeleton(tree, lines)
     if not skeleton.units:
