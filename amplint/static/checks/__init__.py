@@ -6,6 +6,7 @@ documentation come from the rule's Markdown file in `rules/`, so they are writte
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 import re
@@ -57,13 +58,10 @@ Check = Callable[["AmpFacts"], Iterable[Hit]]  # noqa: F821 (forward reference f
 
 def all_checks() -> dict[str, Check]:
     """Every rule module in this package (`ampNNN_name.py`), by code."""
-    global _CHECKS
-    if _CHECKS is None:
-        modules = sorted(info.name for info in pkgutil.iter_modules(__path__) if _RULE_MODULE.match(info.name))
-        loaded = [importlib.import_module(f"{__name__}.{name}") for name in modules]
-        _CHECKS = {module.CODE: module.check for module in loaded}
-    return _CHECKS
+    return {module.CODE: module.check for module in _rule_modules()}
 
 
-_RULE_MODULE = re.compile(r"amp\d{3}_")
-_CHECKS: dict[str, Check] | None = None
+@functools.cache
+def _rule_modules() -> tuple:
+    names = sorted(info.name for info in pkgutil.iter_modules(__path__) if re.match(r"amp\d{3}_", info.name))
+    return tuple(importlib.import_module(f"{__name__}.{name}") for name in names)
