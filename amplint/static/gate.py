@@ -10,6 +10,16 @@ from __future__ import annotations
 
 import re
 
+# Whole words: every spelling that reaches torch's autocast names `autocast` itself somewhere
+# (`torch.autocast`, `autocast_mode.autocast`, an import), unlike `_autocast_to_full_precision`.
+_AUTOCAST = re.compile(rb"\bautocast\b")
+_UNSCALE = re.compile(rb"\bunscale_\b")
+
+
+def _autocast(source: bytes) -> bool:
+    return b"autocast" in source and _AUTOCAST.search(source) is not None
+
+
 _AMP_WORD = re.compile(rb"\bamp\b|autocast_(?:gpu|cpu|xla|ipu)_")
 _CONVERSION = re.compile(rb"half|float16", re.IGNORECASE)
 
@@ -19,11 +29,11 @@ def _amp001(source: bytes) -> bool:
 
 
 def _amp002(source: bytes) -> bool:
-    return (b"autocast" in source or b"GradScaler" in source) and _CONVERSION.search(source) is not None
+    return (_autocast(source) or b"GradScaler" in source) and _CONVERSION.search(source) is not None
 
 
 def _amp003(source: bytes) -> bool:
-    return b"autocast" in source and (b"backward" in source or b"step" in source)
+    return _autocast(source) and (b"backward" in source or b"step" in source)
 
 
 def _amp004(source: bytes) -> bool:
@@ -33,7 +43,7 @@ def _amp004(source: bytes) -> bool:
 # A scaled backward needs a `.scale(...)` call; a scaler is constructed, scales, or is named so.
 _SCALE_CALL = re.compile(rb"\.scale\s*\(")
 # Mirrors AmpFacts.is_scaler: constructed, scaling a backward, unscaling, or a `*scaler*.step(`.
-_SCALER = re.compile(rb"GradScaler|\.scale\s*\(|unscale_|get_scale|(?i:scaler)\w*\s*\.\s*(?:step|update|scale)\b")
+_SCALER = re.compile(rb"GradScaler|\.scale\s*\(|\bunscale_\b|get_scale|(?i:scaler)\w*\s*\.\s*(?:step|update|scale)\b")
 _GRADIENTS = re.compile(rb"clip_grad|\.grad\b|get_total_norm")
 
 
@@ -51,11 +61,11 @@ def _scaler_steps(source: bytes) -> bool:
 
 
 def _amp008(source: bytes) -> bool:
-    return b"unscale_" in source
+    return b"unscale_" in source and _UNSCALE.search(source) is not None
 
 
 def _amp009(source: bytes) -> bool:
-    return b"autocast" in source and b"backward" in source
+    return _autocast(source) and b"backward" in source
 
 
 def _amp010(source: bytes) -> bool:
@@ -67,7 +77,7 @@ def _amp012(source: bytes) -> bool:
 
 
 def _amp013(source: bytes) -> bool:
-    amp_aware = b"autocast" in source or b"GradScaler" in source or b"custom_fwd" in source or b"custom_bwd" in source
+    amp_aware = _autocast(source) or b"GradScaler" in source or b"custom_fwd" in source or b"custom_bwd" in source
     return amp_aware and b"Function" in source
 
 
@@ -75,16 +85,16 @@ _THREADS = re.compile(rb"Thread|submit|Executor|Pool|\.map\(|apply_async|imap|st
 
 
 def _amp015(source: bytes) -> bool:
-    return b"autocast" in source and _THREADS.search(source) is not None
+    return _autocast(source) and _THREADS.search(source) is not None
 
 
 def _amp017(source: bytes) -> bool:
-    return b"autocast" in source and b"compile" in source and b"backward" in source
+    return _autocast(source) and b"compile" in source and b"backward" in source
 
 
 def _amp014(source: bytes) -> bool:
     """A region switched off by a literal `False` inside another."""
-    return b"autocast" in source and b"False" in source
+    return _autocast(source) and b"False" in source
 
 
 _AMP016_DTYPES = re.compile(rb"float32|float64|double|torch\.float\b|bfloat16|binary_cross_entropy|BCELoss")
@@ -92,7 +102,7 @@ _AMP016_DTYPES = re.compile(rb"float32|float64|double|torch\.float\b|bfloat16|bi
 
 def _amp016(source: bytes) -> bool:
     """A dtype autocast ignores, bfloat16 (on CUDA), or binary cross-entropy."""
-    return b"autocast" in source and _AMP016_DTYPES.search(source) is not None
+    return _autocast(source) and _AMP016_DTYPES.search(source) is not None
 
 
 GATES = {
