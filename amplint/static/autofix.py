@@ -72,19 +72,6 @@ def migrated_arguments(call: cst.Call, kind: str, device: str) -> list[cst.Arg] 
     return _with_commas([*args, _keyword("device_type", _string(device))])
 
 
-def _torch_head(scope: Scope) -> str | None:
-    """A name bound to the torch module in this scope (`torch`, or `t` after `import torch as t`)."""
-    if scope.resolve_head("torch") == "torch":
-        return "torch"
-    current: Scope | None = scope
-    while current is not None:
-        for alias, target in current.imports.items():
-            if target == "torch":
-                return alias
-        current = current.parent
-    return None
-
-
 def _rooted_at_torch(expr: cst.BaseExpression, scope: Scope) -> str | None:
     """For `torch.cuda.amp.X` spelled through the torch module itself, the torch alias used."""
     dotted = dotted_name(expr)

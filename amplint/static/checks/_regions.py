@@ -58,10 +58,6 @@ def has_dtype_argument(region: Autocast, call: CallSite) -> bool:
     return argument(call.node, positions.index("dtype"), "dtype") is not None
 
 
-def device_of(region: Autocast) -> str | None:
-    return region.device
-
-
 def in_no_grad(facts: AmpFacts, call: CallSite) -> bool:
     items = list(call.where.withs)
     parent = ts.parents(facts).get(id(call.node))

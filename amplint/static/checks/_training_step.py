@@ -273,10 +273,6 @@ def mentions(facts: AmpFacts, node: cst.CSTNode, pattern: re.Pattern) -> bool:
     return bool(pattern.search(facts.module.code_for_node(node)))
 
 
-def function_of_call(call: CallSite) -> Scope:
-    return call.scope.function_scope
-
-
 def whole_statement_call(call: CallSite) -> bool:
     """`opt.step()` alone on its line: the call is the statement's only expression."""
     statement = call.where.statement
