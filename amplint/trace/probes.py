@@ -75,14 +75,20 @@ class Probes:
         if hits and hits[-1]["step"] == state.step:
             return
         info = self.still_scaled(None)
-        scale_slot = None
-        if info is not None:
-            ref = self._scaler_objects.get(info.index)
-            scaler = ref() if ref else None
-            if scaler is not None and getattr(scaler, "_scale", None) is not None:
-                with state.pause():
-                    scale_slot = state.deferred.add(scaler._scale)
+        scale_slot = self.defer_scale(info)
         hits.append({"step": state.step, "still_scaled": info is not None, "scale_slot": scale_slot})
+
+    def defer_scale(self, info):
+        """A deferred slot for the scale of the scaler whose gradients are still scaled (read after
+        the run, so no device sync now), or None."""
+        if info is None:
+            return None
+        ref = self._scaler_objects.get(info.index)
+        scaler = ref() if ref else None
+        if scaler is None or getattr(scaler, "_scale", None) is None:
+            return None
+        with self.state.pause():
+            return self.state.deferred.add(scaler._scale)
 
     def install(self) -> None:
         self._install_autocast_mirror()
@@ -638,13 +644,7 @@ class Probes:
                 params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
                 site = probes._callsite()
                 info = probes.still_scaled(params)
-                scale_slot = None
-                if info is not None:
-                    ref = probes._scaler_objects.get(info.index)
-                    scaler = ref() if ref else None
-                    if scaler is not None and getattr(scaler, "_scale", None) is not None:
-                        with state.pause():
-                            scale_slot = state.deferred.add(scaler._scale)
+                scale_slot = probes.defer_scale(info)
                 depth[0] += 1
                 try:
                     result = real(params, *args, **kwargs)
