@@ -11,7 +11,9 @@
 #   3. --nan op on CUDA: the first non-finite op is found at the known line and step;
 #   4. the kernel probe on CUDA (--probe-dtype float16,bfloat16 --probe-device cuda): every
 #      signature gets a real answer (nothing "unverified"), missing kernels are listed;
-#   5. --simulate cuda (run on CPU) agrees with what the real CUDA run recorded.
+#   5. --simulate cuda (run on CPU) agrees with what the real CUDA run recorded;
+#   6. amplint compare on CUDA: both trials validated, then timed with CUDA events and measured
+#      with the CUDA allocator's peak (the gains pass that never runs on a CPU-only machine).
 # Exit status: 0 all checks passed, 1 a check failed, 2 no GPU (nothing checked).
 set -u
 PYTHON="${PYTHON:-python}"
@@ -96,6 +98,8 @@ run --nan op --json "$WORK/overflow.json" "$WORK/cuda_overflow.py" || echo "trac
 run --probe-dtype float16,bfloat16 --probe-device cuda --json "$WORK/probe.json" "$WORK/cuda_probe.py" || echo "trace of cuda_probe.py exited $?"
 CUDA_VISIBLE_DEVICES="" run --simulate cuda --json "$WORK/sim.json" "$WORK/sim_cpu.py" || echo "trace of sim_cpu.py exited $?"
 run --json "$WORK/sim_real.json" "$WORK/sim_cuda.py" || echo "trace of sim_cuda.py exited $?"
+"$PYTHON" -m amplint compare fixtures/compare/visible_difference.py --device cuda --json "$WORK/compare.json" \
+    || echo "compare on cuda exited $?"
 
 "$PYTHON" - "$WORK" <<'EOF'
 import json, os, sys
@@ -174,6 +178,22 @@ if sim and real:
 else:
     check("simulate: both reports written", False)
 
+r = load("compare.json")
+if r:
+    check("compare: ran on cuda", r["device"].startswith("cuda") and r["environment"]["gpu"] is not None, (r["device"], r["environment"]))
+    for t in r["trials"]:
+        timing, memory = t["timing"] or {}, t["memory"] or {}
+        check(f"compare: {t['dtype']} passed, timed and measured on cuda",
+              t["passed"] and timing.get("baseline_ms", 0) > 0 and timing.get("trial_ms", 0) > 0
+              and (memory.get("baseline_bytes") or 0) > 0 and (memory.get("trial_bytes") or 0) > 0,
+              (t["failed_criteria"], timing, memory))
+else:
+    check("compare: report written", False)
+
 print(f"{failures} check(s) failed" if failures else "all CUDA checks passed")
 sys.exit(1 if failures else 0)
 EOF
+status=$?
+# KEEP_REPORTS=FILE.tar.gz keeps the scripts and JSON reports for a closer look.
+if [ -n "${KEEP_REPORTS:-}" ]; then tar czf "$KEEP_REPORTS" -C "$WORK" .; fi
+exit $status

@@ -100,6 +100,9 @@ def test_unknown_rules_are_listed_unchecked_not_given_a_status() -> None:
         ("aten::addmm", "cpu", ["bfloat16"] * 3, ["bfloat16"], "bfloat16", True),
         ("aten::mm", "cpu", ["float32", "float32"], ["float32"], "bfloat16", False),
         ("aten::_softmax", "cuda", ["bfloat16"], ["float32"], "float32", True),
+        # F.cross_entropy passes log_softmax its input's dtype, which CUDA autocast honours
+        ("aten::_log_softmax", "cuda", ["float16"], ["float16"], "float32", True),
+        ("aten::sum", "cuda", ["float16"], ["float16"], "float32", True),
         ("aten::native_layer_norm", "cuda", ["bfloat16"], ["bfloat16", "float32", "float32"], "float32", False),
         ("aten::mse_loss", "cpu", ["float32", "float32"], ["float32"], "float32", True),
     ],
