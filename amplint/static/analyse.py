@@ -7,6 +7,7 @@ import io
 import re
 import tokenize
 from collections.abc import Iterable, Iterator
+from functools import cached_property
 
 import libcst as cst
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
@@ -94,7 +95,7 @@ def analyse_module(
                 hits.append((code, hit))
     if not hits:
         return []
-    positions = _Locator(module, text, facts.top_level)
+    positions = _Locator(module, text, facts)
     suppressions = _noqa_by_line(text)
     findings = []
     lines = text.splitlines()
@@ -106,42 +107,65 @@ def analyse_module(
 
 
 class _Locator:
-    """Positions of reported nodes, computed one top-level statement at a time.
+    """Positions of reported nodes, computed one small unit at a time.
 
-    libcst's PositionProvider re-generates the code of the whole file, which costs more than
-    parsing it; a finding needs the positions of a few statements only. Each top-level
-    statement's first line comes from CPython's parser (a C pass, ~3% of libcst's parse), and
-    libcst positions within the statement are computed on a module holding just that statement.
-    Columns need no offset: top-level statements start at column 0.
+    libcst's PositionProvider re-generates the code of whatever it is given, which costs more
+    than parsing it; a finding needs the positions of a few nodes only. A node's unit is the
+    innermost function or class holding it, else its top-level statement (recorded by the facts
+    pass). The unit is positioned on a module holding just that unit, then moved to where
+    CPython's parser (a C pass, ~3% of libcst's parse) says the unit starts. Anything that does
+    not line up falls back to positions over the whole file, so a position is never a guess.
     """
 
-    def __init__(self, module: cst.Module, text: str, top_level: dict[int, int]) -> None:
-        self.module, self.text, self.top_level = module, text, top_level
-        self._by_statement: dict[int, tuple[int, object]] = {}
-        self._first_lines = _first_lines(module, text)
+    def __init__(self, module: cst.Module, text: str, facts: AmpFacts) -> None:
+        self.module, self.text, self.facts = module, text, facts
+        self.lines = _physical_lines(text)
+        self._units: dict[int, _UnitPositions | None] = {}
         self._whole = None
 
-    def __contains__(self, node) -> bool:
-        return node is not None and id(node) in self.top_level
+    @cached_property
+    def _origins(self) -> dict[int, tuple[int, int]]:
+        """id(unit) -> (first line, column) of every unit, decorators included, from CPython."""
+        try:
+            tree = ast.parse(self.text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return {}
+        origins: dict[int, tuple[int, int]] = {}
+        position = 0
+        for statement in self.module.body:
+            count = len(statement.body) if isinstance(statement, cst.SimpleStatementLine) else 1
+            if position + count > len(tree.body):
+                return {}
+            origins[id(statement)] = (_first_line(tree.body[position]), 0)
+            position += count
+        kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        definitions = sorted((n for n in ast.walk(tree) if isinstance(n, kinds)), key=lambda n: (n.lineno, n.col_offset))
+        if position == len(tree.body) and len(definitions) == len(self.facts.definitions):
+            for ours, theirs in zip(self.facts.definitions, definitions):
+                if ours.name.value != theirs.name:
+                    break
+                origins[id(ours)] = (_first_line(theirs), theirs.col_offset)
+        return origins
 
-    def __getitem__(self, node):
-        index = self.top_level.get(id(node))
-        if index is None or index < 0 or self._first_lines is None:
-            return self._whole_file()[node]
-        if index not in self._by_statement:
-            statement = self.module.body[index]
-            alone = self.module.with_changes(body=[statement], header=[], footer=[])
-            positions = MetadataWrapper(alone, unsafe_skip_copy=True).resolve(PositionProvider)
-            # A decorated definition's position starts at `def`/`class`; CPython's first line is the decorator's.
-            anchor = statement.decorators[0] if getattr(statement, "decorators", None) else statement
-            offset = self._first_lines[index] - positions[anchor].start.line
-            self._by_statement[index] = (offset, positions)
-        offset, positions = self._by_statement[index]
-        where = positions[node]
-        return CodeRange(
-            CodePosition(where.start.line + offset, where.start.column),
-            CodePosition(where.end.line + offset, where.end.column),
-        )
+    def __contains__(self, node) -> bool:
+        return node is not None and self.facts.unit_of.get(id(node)) is not None
+
+    def locate(self, node, near: Iterable = ()) -> CodeRange:
+        """`node`'s range; `near` are nodes of the same finding, for nodes the facts pass skipped."""
+        for holder in (node, *near):
+            unit = self.facts.unit_of.get(id(holder)) if holder is not None else None
+            if unit is not None:
+                where = self._unit_positions(unit)
+                found = where.locate(node) if where is not None else None
+                if found is not None:
+                    return found
+        return self._whole_file()[node]
+
+    def _unit_positions(self, unit) -> _UnitPositions | None:
+        if id(unit) not in self._units:
+            origin = self._origins.get(id(unit))
+            self._units[id(unit)] = _UnitPositions(self.module, unit, origin, self.lines) if origin else None
+        return self._units[id(unit)]
 
     def _whole_file(self):
         if self._whole is None:
@@ -149,26 +173,54 @@ class _Locator:
         return self._whole
 
 
-def _first_lines(module: cst.Module, text: str) -> list[int] | None:
-    """The first line of each top-level libcst statement, from CPython's own parser."""
-    try:
-        body = ast.parse(text).body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    lines: list[int] = []
-    position = 0
-    for statement in module.body:
-        count = len(statement.body) if isinstance(statement, cst.SimpleStatementLine) else 1
-        if position + count > len(body):
+class _UnitPositions:
+    """libcst positions inside one unit, moved to the unit's place in the file.
+
+    Lines move by a constant. Columns move by the unit's indentation on the lines libcst writes
+    with its own indentation (statements, comments) and not at all on lines it copies verbatim
+    (inside brackets or strings); comparing each generated line with the file's says which.
+    """
+
+    def __init__(self, module: cst.Module, unit, origin: tuple[int, int], lines: list[str]) -> None:
+        alone = module.with_changes(body=[unit], header=[], footer=[])
+        self.positions = MetadataWrapper(alone, unsafe_skip_copy=True).resolve(PositionProvider)
+        self.generated = _physical_lines(alone.code)
+        self.lines, self.indent = lines, origin[1]
+        # A decorated definition's position starts at `def`/`class`; CPython's first line is the decorator's.
+        anchor = unit.decorators[0] if getattr(unit, "decorators", None) else unit
+        self.offset = origin[0] - self.positions[anchor].start.line
+
+    def locate(self, node) -> CodeRange | None:
+        where = self.positions.get(node)
+        if where is None:
             return None
-        first = body[position]
-        lines.append(min([first.lineno, *(d.lineno for d in getattr(first, "decorator_list", ()))]))
-        position += count
-    return lines if position == len(body) else None
+        start, end = self._move(where.start, False), self._move(where.end, True)
+        return CodeRange(start, end) if start and end else None
+
+    def _move(self, position: CodePosition, is_end: bool) -> CodePosition | None:
+        line = position.line + self.offset
+        if not 0 < position.line <= len(self.generated) or not 0 < line <= len(self.lines):
+            return None
+        generated, actual = self.generated[position.line - 1], self.lines[line - 1]
+        if actual == generated:
+            return CodePosition(line, position.column)
+        if actual[self.indent :] == generated and not actual[: self.indent].strip():
+            # An end at column 0 is right after a newline: column 0 here too.
+            after_newline = is_end and position.column == 0
+            return CodePosition(line, position.column if after_newline else position.column + self.indent)
+        return None
 
 
-def _edit(replacement, positions, lines: list[str]) -> Edit:
-    where = positions[replacement.node]
+def _physical_lines(text: str) -> list[str]:
+    return re.split(r"\r\n|\r|\n", text)
+
+
+def _first_line(node: ast.stmt) -> int:
+    return min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
+
+
+def _edit(replacement, positions: _Locator, lines: list[str], near: tuple) -> Edit:
+    where = positions.locate(replacement.node, near)
     if isinstance(replacement, Insertion):
         line_text = lines[where.start.line - 1] if where.start.line <= len(lines) else ""
         indent = line_text[: len(line_text) - len(line_text.lstrip(" \t"))]
@@ -178,14 +230,15 @@ def _edit(replacement, positions, lines: list[str]) -> Edit:
     return Edit(where.start.line, where.start.column + 1, where.end.line, where.end.column + 1, replacement.content)
 
 
-def _finding(code: str, hit: Hit, path: str, positions, lines: list[str]) -> Finding:
+def _finding(code: str, hit: Hit, path: str, positions: _Locator, lines: list[str]) -> Finding:
     info = rule_info(code)
-    where = positions[hit.node]
-    statement_line = positions[hit.statement].start.line if hit.statement in positions else where.start.line
-    message = hit.message.format(*(positions[n].start.line for n in hit.related)) if hit.related else hit.message
+    near = (hit.statement, hit.node)
+    where = positions.locate(hit.node, near)
+    statement_line = positions.locate(hit.statement).start.line if hit.statement in positions else where.start.line
+    message = hit.message.format(*(positions.locate(n, near).start.line for n in hit.related)) if hit.related else hit.message
     fix = None
     if hit.fix is not None:
-        edits = tuple(_edit(r, positions, lines) for r in hit.fix.replacements)
+        edits = tuple(_edit(r, positions, lines, near) for r in hit.fix.replacements)
         fix = Fix(hit.fix.applicability, edits)
     return Finding(
         code,

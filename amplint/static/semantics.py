@@ -228,15 +228,29 @@ class _Recorder(cst.CSTVisitor):
         self._order = 0
         self._callee_nodes: set[int] = set()
         self._not_references: set[int] = set()  # names that are labels, not loads
-        self._top_level_ids = {id(statement): index for index, statement in enumerate(facts.module.body)}
-        self._top_level = -1
+        self._top_level_ids = {id(statement) for statement in facts.module.body}
+        self._unit: cst.CSTNode | None = None
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        # Which top-level statement each node sits in: positions are then computed for the
-        # statements that hold a finding only, not for the whole file (analyse.py).
-        self._top_level = self._top_level_ids.get(id(node), self._top_level)
-        self.facts.top_level[id(node)] = self._top_level
+        # The innermost definition (or else the top-level statement) holding each node: positions
+        # are then computed for the few units that hold a finding, not for the file (analyse.py).
+        if id(node) in self._top_level_ids:
+            self._unit = node
+        self.facts.unit_of[id(node)] = self._unit
         return super().on_visit(node)
+
+    def _claim_import(self, node: cst.Import | cst.ImportFrom) -> None:
+        """Imports are read without visiting their parts; a fix still needs their positions."""
+        stack = list(node.children)
+        while stack:
+            part = stack.pop()
+            self.facts.unit_of[id(part)] = self._unit
+            stack.extend(part.children)
+
+    def _enter_definition(self, node: cst.FunctionDef | cst.ClassDef) -> cst.CSTNode | None:
+        self.facts.definitions.append(node)
+        outer, self._unit = self._unit, node
+        return outer
 
     # -- helpers ------------------------------------------------------------------------------
     def _context(self) -> Context:
@@ -268,6 +282,7 @@ class _Recorder(cst.CSTVisitor):
         self.statements.pop()
 
     def visit_Import(self, node: cst.Import) -> None:
+        self._claim_import(node)
         for alias in node.names:
             full = dotted_name(alias.name)
             if full is None:
@@ -283,6 +298,7 @@ class _Recorder(cst.CSTVisitor):
         return False
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self._claim_import(node)
         if node.relative:  # relative imports name the user's own package, never torch
             return False
         module = dotted_name(node.module)
@@ -307,6 +323,7 @@ class _Recorder(cst.CSTVisitor):
     # -- scopes -------------------------------------------------------------------------------
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.statements.append(node)
+        outer_unit = self._enter_definition(node)
         enclosing_class = self.scope.name if self.scope.kind == "class" else None
         params = tuple(
             p.name.value
@@ -332,10 +349,12 @@ class _Recorder(cst.CSTVisitor):
         node.body.visit(self)
         self._leave_scope()
         self.statements.pop()
+        self._unit = outer_unit
         return False
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.statements.append(node)
+        outer_unit = self._enter_definition(node)
         bases = tuple(dotted_name(arg.value) for arg in node.bases if arg.keyword is None)
         scope = Scope("class", node.name.value, node, self.scope)
         self.facts.classes.append((scope, bases))
@@ -349,6 +368,7 @@ class _Recorder(cst.CSTVisitor):
         node.body.visit(self)
         self._leave_scope()
         self.statements.pop()
+        self._unit = outer_unit
         return False
 
     def visit_Lambda(self, node: cst.Lambda) -> None:
@@ -481,7 +501,9 @@ class _Recorder(cst.CSTVisitor):
         while isinstance(inner, cst.Attribute):
             if inner.attr.value == "grad":
                 self.facts.grad_reads.append(GradRead(inner, self._context()))
+            self.facts.unit_of[id(inner)] = self.facts.unit_of[id(inner.attr)] = self._unit
             inner = inner.value
+        self.facts.unit_of[id(inner)] = self.facts.unit_of[id(node.attr)] = self._unit
         return False  # a name chain is recorded whole
 
     def visit_Name(self, node: cst.Name) -> None:
@@ -525,7 +547,9 @@ class AmpFacts:
         self.module = module
         self._text = text  # the source that was parsed, when the caller has it
         self.min_torch = min_torch  # the oldest torch the code must keep running on (fixes honour it)
-        self.top_level: dict[int, int] = {}  # id(node) -> index of its top-level statement
+        # id(node) -> the innermost def/class holding it, else its top-level statement.
+        self.unit_of: dict[int, cst.CSTNode | None] = {}
+        self.definitions: list[cst.FunctionDef | cst.ClassDef] = []  # in document order
         self.module_scope = Scope("module", "<module>", module, None)
         self.scopes: list[Scope] = [self.module_scope]
         self.functions: list[Scope] = []
