@@ -148,3 +148,32 @@ def test_jobs_gives_the_same_answer(tmp_path: Path) -> None:
     one = amplint(".", "--format", "json", "--no-cache", "--jobs", "1", "--select", "AMP001", cwd=tmp_path)
     two = amplint(".", "--format", "json", "--no-cache", "--jobs", "2", "--select", "AMP001", cwd=tmp_path)
     assert one.returncode == two.returncode == 1 and one.stdout == two.stdout
+
+
+# --- which files are parsed ------------------------------------------------------------------------
+
+def test_a_named_file_always_gets_its_syntax_checked(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("def evaluate(:\n", encoding="utf-8")
+    result = amplint("broken.py", "--no-cache", "--format", "concise", cwd=tmp_path)
+    assert result.returncode == 1 and "broken.py:1:14: AMP000" in result.stdout
+
+
+def test_a_folders_file_without_amp_code_is_not_parsed(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "broken.py").write_text("def evaluate(:\n", encoding="utf-8")
+    result = amplint("src", "--no-cache", "--format", "concise", cwd=tmp_path)
+    assert result.returncode == 0 and "AMP000" not in result.stdout, result.stdout
+
+
+def test_a_folders_file_with_amp_code_gets_its_syntax_checked(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "broken.py").write_text("scaler = torch.cuda.amp.GradScaler(\n", encoding="utf-8")
+    result = amplint("src", "--no-cache", "--format", "concise", cwd=tmp_path)
+    assert result.returncode == 1 and "AMP000" in result.stdout
+
+
+def test_a_folders_undecodable_file_is_reported_even_without_amp_code(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "latin.py").write_bytes(b"name = 'caf\xe9'\n")
+    result = amplint("src", "--no-cache", "--format", "concise", cwd=tmp_path)
+    assert result.returncode == 1 and "latin.py:1:1: AMP000" in result.stdout

@@ -30,6 +30,7 @@ PYTHON_SUFFIXES = (".py", ".pyi")
 class SourceFile:
     path: Path  # on disk
     display: str  # as reported: the command-line argument joined with the relative path
+    named: bool = False  # named on the command line rather than found in a folder
 
 
 class Excluder:
