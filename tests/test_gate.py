@@ -50,3 +50,22 @@ def test_gated_run_equals_full_run(path: Path) -> None:
 def test_plain_file_passes_no_gate() -> None:
     source = b"import numpy as np\n\ndef mean(xs):\n    return np.mean(xs)\n"
     assert possible_rules(source, ALL) & set(GATES) == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("source", "code", "passes"),
+    [
+        (b"from torch.cuda import amp\n", "AMP001", True),
+        (b"y = x.clamp(0, 1)  # example, sample, timestamp\n", "AMP001", False),
+        (b"torch.set_autocast_gpu_dtype(torch.half)\n", "AMP001", True),
+        (b"with torch.autocast('cuda'):\n    loss.backward()\n", "AMP003", True),
+        (b"torch._C._autocast_to_full_precision(x)\nloss.backward()\n", "AMP003", False),
+        (b"GRAD_SCALER.step(optimizer)\n", "AMP007", True),  # a scaler's name in any case
+        (b"self.MyScaler .update()\n", "AMP011", True),
+        (b"optimizer.step()\nscheduler.update()\n", "AMP007", False),
+        (b"scaler.unscale_(opt)\n", "AMP008", True),
+        (b"torch._amp_foreach_non_finite_check_and_unscale_(g)\n", "AMP008", False),
+    ],
+)
+def test_gate_words(source: bytes, code: str, passes: bool) -> None:
+    assert (code in possible_rules(source, frozenset({code}))) is passes
