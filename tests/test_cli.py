@@ -177,3 +177,10 @@ def test_a_folders_undecodable_file_is_reported_even_without_amp_code(tmp_path: 
     (tmp_path / "src" / "latin.py").write_bytes(b"name = 'caf\xe9'\n")
     result = amplint("src", "--no-cache", "--format", "concise", cwd=tmp_path)
     assert result.returncode == 1 and "latin.py:1:1: AMP000" in result.stdout
+
+
+def test_newer_python_syntax_is_not_a_parse_error(tmp_path: Path) -> None:
+    """CPython 3.11 refuses `def f[T]()`; libcst, the parser of record, reads it."""
+    (tmp_path / "generic.py").write_text("def first[T](xs: list[T]) -> T:\n    return xs[0]\n", encoding="utf-8")
+    result = amplint("generic.py", "--no-cache", "--format", "concise", cwd=tmp_path)
+    assert result.returncode == 0 and "AMP000" not in result.stdout

@@ -342,3 +342,10 @@ def test_exit_statuses(project: Path, args: list[str], status: int) -> None:
     if status == 2:
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("amplint: error: ")
+
+
+def test_text_shows_the_reported_line_after_a_page_break(tmp_path: Path) -> None:
+    (tmp_path / "paged.py").write_text("import torch\n\f\nscaler = torch.cuda.amp.GradScaler()\n", encoding="utf-8")
+    result = amplint("paged.py", "--no-cache", cwd=tmp_path)
+    assert "paged.py:3:10: AMP001" in result.stdout
+    assert "3 | scaler = torch.cuda.amp.GradScaler()" in result.stdout

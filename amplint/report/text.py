@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TextIO
 
 from amplint.model import Finding, Severity
+from amplint.static.source import physical_lines
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "bold blue"}
 
@@ -30,7 +31,7 @@ def wants_color(stream: TextIO, environ: Mapping[str, str] | None = None) -> boo
 def _source_line(path: str, line: int, cache: dict[str, list[str]]) -> str | None:
     if path not in cache:
         try:
-            cache[path] = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+            cache[path] = physical_lines(Path(path).read_text(encoding="utf-8", errors="replace"))
         except OSError:
             cache[path] = []
     lines = cache[path]

@@ -14,7 +14,7 @@ from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionPr
 
 from amplint.catalogue import rule_info
 from amplint.model import Edit, Finding, Fix
-from amplint.static.source import SourceError, decode_source, parse_error_finding
+from amplint.static.source import SourceError, decode_source, parse_error_finding, physical_lines
 from amplint.static.checks import Hit, Insertion, all_checks
 from amplint.static.semantics import AmpFacts
 from amplint.static.slicing import prepare
@@ -98,7 +98,7 @@ def analyse_module(
     positions = _Locator(module, text, facts)
     suppressions = _noqa_by_line(text)
     findings = []
-    lines = text.splitlines()
+    lines = physical_lines(text)
     for code, hit in hits:
         finding = _finding(code, hit, path, positions, lines)
         if not _suppressed(finding, suppressions):
@@ -119,7 +119,7 @@ class _Locator:
 
     def __init__(self, module: cst.Module, text: str, facts: AmpFacts) -> None:
         self.module, self.text, self.facts = module, text, facts
-        self.lines = _physical_lines(text)
+        self.lines = physical_lines(text)
         self._units: dict[int, _UnitPositions | None] = {}
         self._whole = None
 
@@ -184,7 +184,7 @@ class _UnitPositions:
     def __init__(self, module: cst.Module, unit, origin: tuple[int, int], lines: list[str]) -> None:
         alone = module.with_changes(body=[unit], header=[], footer=[])
         self.positions = MetadataWrapper(alone, unsafe_skip_copy=True).resolve(PositionProvider)
-        self.generated = _physical_lines(alone.code)
+        self.generated = physical_lines(alone.code)
         self.lines, self.indent = lines, origin[1]
         # A decorated definition's position starts at `def`/`class`; CPython's first line is the decorator's.
         anchor = unit.decorators[0] if getattr(unit, "decorators", None) else unit
@@ -209,10 +209,6 @@ class _UnitPositions:
             after_newline = is_end and position.column == 0
             return CodePosition(line, position.column if after_newline else position.column + self.indent)
         return None
-
-
-def _physical_lines(text: str) -> list[str]:
-    return re.split(r"\r\n|\r|\n", text)
 
 
 def _first_line(node: ast.stmt) -> int:

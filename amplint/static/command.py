@@ -19,6 +19,7 @@ from amplint.config import ConfigError, Settings, discover, load_config_file, pa
 from amplint.model import Applicability, Finding
 from amplint.report import renderer
 from amplint.static.runner import RunResult, all_codes, check_paths, check_stdin
+from amplint.static.source import physical_lines
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 STDIN = "-"
@@ -131,10 +132,10 @@ def _check_stdin(settings: Settings, o, output_format: str) -> int:
         _write_stdout_bytes(fixed.source)
         # stdout holds the fixed source only; what is left goes to stderr.
         remaining = fixed.remaining
-        text = fixed.source.decode("utf-8", errors="replace").splitlines()
+        text = physical_lines(fixed.source.decode("utf-8", errors="replace"))
         _render(remaining, sys.stderr, o, output_format, {display: text}, to_terminal=sys.stderr)
         return EXIT_FINDINGS if remaining and not o["exit_zero"] else EXIT_CLEAN
-    text = _decoded(source).splitlines()
+    text = physical_lines(_decoded(source))
     outcome = _Outcome(findings)
     if not _report(outcome, 1, o, output_format, {display: text}):
         return EXIT_ERROR

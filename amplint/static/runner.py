@@ -168,7 +168,9 @@ def _undecodable(source: bytes, display: str) -> list[Finding]:
 
 
 def _syntax_only(source: bytes, display: str) -> list[Finding]:
-    """AMP000 for a file no rule needs to analyse: CPython's own parser, no libcst import."""
+    """AMP000 for a file no rule needs to analyse. CPython's own parser answers for almost every
+    file without importing libcst; what it refuses is asked of libcst, the parser of record,
+    which also reads syntax newer than the running Python (3.12's `def f[T]()`)."""
     from amplint.static.source import SourceError, decode_source, parse_error_finding
 
     try:
@@ -176,11 +178,13 @@ def _syntax_only(source: bytes, display: str) -> list[Finding]:
         ast.parse(text)
     except SourceError as error:
         return [parse_error_finding(display, error)]
-    except SyntaxError as error:
-        message = f"cannot parse: {error.msg}"
-        return [parse_error_finding(display, SourceError(message, error.lineno or 1, error.offset or 1))]
-    except (ValueError, RecursionError, MemoryError) as error:
-        return [parse_error_finding(display, SourceError(f"cannot parse: {error}"))]
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        from amplint.static.analyse import parse
+
+        try:
+            parse(text)
+        except SourceError as error:
+            return [parse_error_finding(display, error)]
     return []
 
 

@@ -48,8 +48,9 @@ TRIGGERS: dict[str, str] = {
     "AMP017": r"autocast|compile|backward",
 }
 
-# Rules whose gate reads string contents (a device literal such as "cpu"): never re-gated on code.
-STRING_SENSITIVE = frozenset({"AMP010"})
+# Rules whose gate reads string contents (a device literal such as "cpu"): re-gated on code only
+# for the word their subject must be named by.
+STRING_SENSITIVE = {"AMP010": b"GradScaler"}
 # Files smaller than this are analysed whole: slicing would save less than it costs.
 SLICE_MIN_CHARS = 40_000
 _CALL_DEPTH = 3
@@ -57,7 +58,6 @@ _CALL_DEPTH = 3
 _FOLLOW_CALLS = frozenset({"AMP003", "AMP004", "AMP005", "AMP006", "AMP007", "AMP008", "AMP009", "AMP011", "AMP015", "AMP017"})
 # Functions and methods a unit uses: called, or passed on (`Thread(target=worker)`).
 _PLAIN_NAME = re.compile(r"(?<![\w.])([A-Za-z_]\w*)")
-_STRING = re.compile(r"'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'[^'\n]*'|\"[^\"\n]*\"")
 _SELF_ATTRIBUTE = re.compile(r"\b(?:self|cls)\.([A-Za-z_]\w*)")
 
 
@@ -150,46 +150,64 @@ def prepare(text: str, codes: frozenset[str]) -> tuple[frozenset[str], str | Non
         return codes, None  # the whole-file analysis reports AMP000 with libcst's message
     from amplint.static.gate import possible_rules
 
-    string_blind = codes - STRING_SENSITIVE - {"AMP000"}
-    kept = possible_rules(_code_view(text, tree), string_blind) | (codes & (STRING_SENSITIVE | {"AMP000"}))
-    return kept, _slice(text, tree, kept)
+    string_blind = codes - STRING_SENSITIVE.keys() - {"AMP000"}
+    view = _code_view(text, tree)
+    named_in_code = {code for code in codes & STRING_SENSITIVE.keys() if STRING_SENSITIVE[code] in view}
+    kept = possible_rules(view, string_blind) | named_in_code | (codes & {"AMP000"})
+    return kept, _slice(text, tree, kept, view.decode("utf-8"))
+
+
+_COMMENT = re.compile(rb"#[^\r\n]*")
 
 
 def _code_view(text: str, tree: ast.Module) -> bytes:
-    """The source as bytes with every plain string literal (docstrings included) blanked."""
+    """The source as bytes with every plain string literal (docstrings included) and every
+    comment blanked; line breaks stay where they are."""
     data = bytearray(text.encode("utf-8"))
     starts = [0]
     for line in data.splitlines(keepends=True):
         starts.append(starts[-1] + len(line))
     formatted = set()
+    formatted_lines: set[int] = set()
     strings = []
     for node in ast.walk(tree):
         if isinstance(node, ast.JoinedStr):  # before 3.12 its parts carry the f-string's span
             formatted.update(id(value) for value in node.values)
+            formatted_lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
         elif isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and node.end_lineno:
             strings.append(node)
     for node in strings:
         if id(node) not in formatted:
             start = starts[node.lineno - 1] + node.col_offset
             end = starts[node.end_lineno - 1] + node.end_col_offset
-            data[start:end] = bytes(b if b == 10 else 32 for b in data[start:end])
+            data[start:end] = bytes(b if b in b"\r\n" else 32 for b in data[start:end])
+    # With plain strings blanked, a `#` starts a comment, except on a line with an f-string
+    # (not blanked above): those lines are kept whole.
+    for number, (start, end) in enumerate(zip(starts, starts[1:]), start=1):
+        if number not in formatted_lines and b"#" in data[start:end]:
+            data[start:end] = _COMMENT.sub(lambda m: b" " * len(m.group()), bytes(data[start:end]))
     return bytes(data)
 
 
-def _slice(text: str, tree: ast.Module, codes: frozenset[str]) -> str | None:
-    """The text with irrelevant functions blanked, or None to analyse the whole file."""
+def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str) -> str | None:
+    """The text with irrelevant functions blanked, or None to analyse the whole file. Trigger
+    words and calls are looked for in the code view: a docstring that says "autocast" keeps
+    nothing."""
     if any(code not in TRIGGERS for code in codes if code != "AMP000"):
         return None
-    lines = text.splitlines(keepends=True)
-    skeleton = _skeleton(tree, lines)
+    lines = _lines(text)
+    code_lines = _lines(code_view)
+    if len(code_lines) != len(lines):
+        return None
+    skeleton = _skeleton(tree, code_lines)
     if not skeleton.units:
         return None
     trigger = re.compile("|".join(TRIGGERS[c] for c in sorted(codes) if c != "AMP000"))
     for unit in skeleton.units:
         unit.kept = trigger.search(unit.text) is not None
     # Module-level code is always kept: its plain calls and its AMP bindings count.
-    module_level = "".join(lines[i - 1] for i in sorted(skeleton.kept_lines) if i <= len(lines))
-    module_calls = set(_PLAIN_NAME.findall(_STRING.sub('""', module_level)))  # not `__all__`'s strings
+    module_level = "".join(code_lines[i - 1] for i in sorted(skeleton.kept_lines) if i <= len(lines))
+    module_calls = set(_PLAIN_NAME.findall(module_level))
     global_names, _ = _amp_bindings(module_level, trigger)
     functions = {u.name for u in skeleton.units if u.owner is None}
     # The rules follow in-file calls at most this many levels (semantics.region_of, enclosing_loops).
@@ -226,6 +244,15 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str]) -> str | None:
         if body_first not in keep and members and not any(u.kept for u in members):
             out[body_first - 1] = " " * indent + "pass" + _ending(lines[body_first - 1])
     return "".join(out)
+
+
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def _lines(text: str) -> list[str]:
+    """Physical lines with their endings, as Python counts them (`str.splitlines` also breaks
+    at form feeds and other separators, which would shift every line number after them)."""
+    return _LINE.findall(text)
 
 
 def _ending(line: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import tokenize
 
 from amplint.catalogue import rule_info
@@ -37,3 +38,9 @@ def parse_error_finding(path: str, error: SourceError) -> Finding:
     return Finding(
         "AMP000", info.name, info.severity, path, error.line, error.column, error.line, error.column, error.message
     )
+
+
+def physical_lines(text: str) -> list[str]:
+    """The lines as Python numbers them: `str.splitlines` also breaks at form feeds and other
+    separators, which would shift every line after them."""
+    return re.split(r"\r\n|\r|\n", text)
