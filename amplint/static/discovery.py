@@ -31,6 +31,13 @@ class SourceFile:
     path: Path  # on disk
     display: str  # as reported: the command-line argument joined with the relative path
     named: bool = False  # named on the command line rather than found in a folder
+    # The absolute path that identifies it (dedup, cache): the resolved folder joined with the
+    # name, so that a walk does not pay for resolving every file again.
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            object.__setattr__(self, "key", str(self.path.resolve()))
 
 
 class Excluder:
@@ -108,4 +115,4 @@ def _walk(folder, resolved, display, excluder, gitignores, respect_gitignore) ->
         elif entry.name.endswith(PYTHON_SUFFIXES) and entry.is_file():
             if excluder.excludes(child) or (gitignores and _ignored(child, False, gitignores)):
                 continue
-            yield SourceFile(Path(entry.path), child_display)
+            yield SourceFile(Path(entry.path), child_display, key=str(child))

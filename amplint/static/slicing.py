@@ -36,12 +36,13 @@ TRIGGERS: dict[str, str] = {
     "AMP006": _SCALER,
     "AMP007": _SCALER,
     "AMP008": _SCALER,
-    "AMP011": _SCALER + r"|sched|lr_|skip",
+    "AMP011": _SCALER,
     # Module-wide facts: a backward anywhere, a scaler anywhere, a framework that owns the scaler.
     "AMP009": r"autocast|backward|" + _SCALER + r"|accelerator|fabric|deepspeed|engine|trainer|strategy",
     "AMP010": r"autocast|bfloat16|" + _SCALER,
     "AMP012": r"save|state_dict|" + _SCALER,
-    "AMP013": r"custom_fwd|custom_bwd|autocast|forward|backward|\bctx\b|" + _SCALER,
+    # A Function's own methods, and what makes the module AMP-aware.
+    "AMP013": r"custom_fwd|custom_bwd|autocast|\bdef (?:forward|backward|setup_context)\b|" + _SCALER,
     "AMP014": r"autocast",
     "AMP015": r"autocast|Thread|submit|Executor|Pool|\.map\(|apply_async|imap|starmap",
     "AMP016": r"autocast|bf16_supported|capability|is_ampere|sm_?8\d|binary_cross_entropy|BCELoss|float\d+|half",
