@@ -67,4 +67,13 @@ def test_rules_mentioned_only_in_strings_are_set_aside_for_a_large_file() -> Non
     docstring = '"""Call loss.backward() outside torch.autocast, and build one GradScaler."""\n'
     source = docstring + "import torch\n" + FILLER
     codes, _ = slicing.prepare(source, frozenset({"AMP000", "AMP003", "AMP004", "AMP010"}))
-    assert codes == {"AMP000", "AMP010"}  # AMP010's gate reads string contents: kept
+    assert codes == {"AMP000"}
+
+
+def test_a_string_sensitive_rule_stays_when_its_subject_is_named_in_code() -> None:
+    """AMP010 reads the device from a string ("cpu"), but its GradScaler must be named in code."""
+    source = 'import torch\nscaler = torch.amp.GradScaler("cpu")  # GradScaler\n' + FILLER
+    codes, _ = slicing.prepare(source, frozenset({"AMP000", "AMP010"}))
+    assert codes == {"AMP000", "AMP010"}
+    only_in_a_comment = "import torch\n# GradScaler('cpu') is not used here\n" + FILLER
+    assert slicing.prepare(only_in_a_comment, frozenset({"AMP000", "AMP010"}))[0] == {"AMP000"}
