@@ -78,7 +78,8 @@ def main() -> None:
 
     # The console script, not `python -m`: that would put the tree (torch has a types.py) on sys.path.
     amplint = [str(Path(sys.executable).with_name("amplint"))]
-    ruff = [shutil.which("ruff") or "ruff"]
+    beside = Path(sys.executable).with_name("ruff")  # the dev extra installs it in the same environment
+    ruff = [str(beside) if beside.exists() else shutil.which("ruff") or "ruff"]
     with tempfile.TemporaryDirectory(prefix="amplint-bench-") as scratch:
         root = Path(scratch)
         tree, subset = root / "tree", root / "amp"
