@@ -77,3 +77,18 @@ def test_a_string_sensitive_rule_stays_when_its_subject_is_named_in_code() -> No
     assert codes == {"AMP000", "AMP010"}
     only_in_a_comment = "import torch\n# GradScaler('cpu') is not used here\n" + FILLER
     assert slicing.prepare(only_in_a_comment, frozenset({"AMP000", "AMP010"}))[0] == {"AMP000"}
+
+
+@pytest.mark.parametrize(
+    ("source", "view"),
+    [
+        ('x = "autocast"  # GradScaler\n', "x = " + " " * 24 + "\n"),
+        ("s = 'it\\'s # not a comment'; y = 1\n", "s = " + " " * 23 + "; y = 1\n"),
+        ('"""doc\nautocast"""\nz = 2\n', '      \n           \nz = 2\n'),
+        ("b = rb'\\d+' + Rb\"#\"\n", "b = rb      + Rb   \n"),
+        ('f"{torch.autocast}" # c\n', 'f"{torch.autocast}"    \n'),  # an f-string's fields are code
+        ('t = ("a" f"{x}"\n     "b")\n', 't = (    f"{x}"\n        )\n'),
+    ],
+)
+def test_code_view_blanks_comments_and_plain_strings_only(source: str, view: str) -> None:
+    assert slicing._code_view(source).decode() == view

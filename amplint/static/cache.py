@@ -44,14 +44,11 @@ class ResultCache:
             return entry[2]
         return None
 
-    def lookup_hash(self, path: str, stat: os.stat_result, digest: str) -> list[dict] | None:
-        """Findings when the content is unchanged though the file was touched."""
+    def previous(self, path: str) -> tuple[str, list[dict]] | None:
+        """The content hash and findings stored for a file whose stat changed: whoever reads the
+        file reuses them if the bytes are unchanged (a touch, a checkout of the same content)."""
         entry = self.entries.get(path)
-        if entry and entry[1] == digest:
-            entry[0] = _stat_key(stat)
-            self.dirty = True
-            return entry[2]
-        return None
+        return (entry[1], entry[2]) if entry else None
 
     def store(self, path: str, stat: os.stat_result, digest: str, findings: list[dict]) -> None:
         self.entries[path] = [_stat_key(stat), digest, findings]

@@ -35,6 +35,26 @@ class _Job:
     min_torch: tuple[int, ...] | None = None
 
 
+@dataclass(frozen=True)
+class _Task:
+    """A file the cache could not answer by its stat: read, hashed, gated and analysed where
+    the work is shared out, so the main process only walks the tree."""
+
+    key: str  # its absolute path: what it is read from and cached under
+    display: str
+    named: bool
+    enabled: frozenset[str]
+    min_torch: tuple[int, ...] | None
+    previous: tuple[str, list[dict]] | None  # cached digest and findings, reused if the bytes match
+
+
+@dataclass
+class _Outcome:
+    findings: list[Finding]
+    digest: str = ""
+    error: str | None = None
+
+
 def all_codes() -> list[str]:
     from amplint.catalogue import catalogue
 
@@ -78,42 +98,30 @@ def check_paths(
     enabled = settings.enabled_codes(all_codes())
     files = collect_files(arguments, settings, force_exclude, result)
     cache = ResultCache(settings.root / ".amplint_cache", settings.fingerprint()) if use_cache else None
-    pending: list[tuple[_Job, str, os.stat_result, str]] = []
+    tasks: list[_Task] = []
+    stats: list[os.stat_result] = []
     for source_file in files:
         result.files_checked += 1
         result.sources[source_file.display] = source_file
-        key = source_file.key
         try:
             stat = source_file.path.stat()
-            cached = cache.lookup_stat(key, stat) if cache else None
-            if cached is not None:
-                result.findings.extend(_with_path(cached, source_file.display))
-                continue
-            data = source_file.path.read_bytes()
         except OSError as exc:
             result.errors.append(f"{source_file.display}: cannot read: {exc.strerror or exc}")
             continue
-        digest = content_hash(data)
-        cached = cache.lookup_hash(key, stat, digest) if cache else None
+        cached = cache.lookup_stat(source_file.key, stat) if cache else None
         if cached is not None:
             result.findings.extend(_with_path(cached, source_file.display))
             continue
-        possible = possible_rules(data, enabled)
-        if not possible and not source_file.named:
-            # In a folder, a file no rule can flag is decoded but not parsed: CPython's syntax
-            # check of every file costs ~7x ruff's whole run on a large tree. A file named on the
-            # command line (pre-commit, editors) always gets its syntax checked.
-            found = _undecodable(data, source_file.display) if "AMP000" in enabled else []
-            if cache:
-                cache.store(key, stat, digest, [f.to_json() for f in found])
-            result.findings.extend(found)
+        previous = cache.previous(source_file.key) if cache else None
+        tasks.append(_Task(source_file.key, source_file.display, source_file.named, enabled, settings.min_torch, previous))
+        stats.append(stat)
+    for task, stat, outcome in zip(tasks, stats, _check_all(tasks, stats, jobs)):
+        if outcome.error is not None:
+            result.errors.append(f"{task.display}: cannot read: {outcome.error}")
             continue
-        codes = possible | (enabled & {"AMP000"})
-        pending.append((_Job(source_file.display, data, codes, settings.min_torch), key, stat, digest))
-    for (_job, key, stat, digest), found in zip(pending, _analyse_all([p[0] for p in pending], jobs)):
         if cache:
-            cache.store(key, stat, digest, [f.to_json() for f in found])
-        result.findings.extend(found)
+            cache.store(task.key, stat, outcome.digest, [f.to_json() for f in outcome.findings])
+        result.findings.extend(outcome.findings)
     if cache:
         cache.save()
     result.findings = sorted(_apply_per_file_ignores(result.findings, settings), key=Finding.sort_key)
@@ -148,23 +156,53 @@ def _analyse(job: _Job) -> list[Finding]:
             gc.enable()
 
 
-def _analyse_all(jobs_to_run: list[_Job], workers: int | None) -> list[list[Finding]]:
+def _check_file(task: _Task) -> _Outcome:
+    try:
+        data = Path(task.key).read_bytes()
+    except OSError as exc:
+        return _Outcome([], error=exc.strerror or str(exc))
+    digest = content_hash(data)
+    if task.previous is not None and task.previous[0] == digest:  # touched, not changed
+        return _Outcome(_with_path(task.previous[1], task.display), digest)
+    possible = possible_rules(data, task.enabled)
+    if not possible and not task.named:
+        # In a folder, a file no rule can flag is decoded but not parsed: CPython's syntax check
+        # of every file costs ~7x ruff's whole run on a large tree. A file named on the command
+        # line (pre-commit, editors) always gets its syntax checked.
+        return _Outcome(_undecodable(data, task.display) if "AMP000" in task.enabled else [], digest)
+    codes = possible | (task.enabled & {"AMP000"})
+    return _Outcome(_analyse(_Job(task.display, data, codes, task.min_torch)), digest)
+
+
+def _check_batch(batch: list[_Task]) -> list[_Outcome]:
+    return [_check_file(task) for task in batch]
+
+
+# Files this large go to a worker on their own; smaller ones travel in batches of this many.
+_ALONE_BYTES = 32_000
+_BATCH = 32
+
+
+def _check_all(tasks: list[_Task], stats: list[os.stat_result], workers: int | None) -> list[_Outcome]:
     workers = workers or os.cpu_count() or 1
-    total = sum(len(job.source) for job in jobs_to_run)
-    if workers <= 1 or len(jobs_to_run) < 2 or total < _PARALLEL_MIN_BYTES:
-        return [_analyse(job) for job in jobs_to_run]
-    # Biggest files first so one large file does not finish last on its own.
-    order = sorted(range(len(jobs_to_run)), key=lambda i: -len(jobs_to_run[i].source))
+    if workers <= 1 or len(tasks) < 2 or sum(s.st_size for s in stats) < _PARALLEL_MIN_BYTES:
+        return [_check_file(task) for task in tasks]
+    # Biggest files first, each alone, so that one large file does not finish last on its own;
+    # then the small ones in batches, so that a tree of thousands costs few round trips.
+    order = sorted(range(len(tasks)), key=lambda i: -stats[i].st_size)
+    alone = [[i] for i in order if stats[i].st_size >= _ALONE_BYTES]
+    small = [i for i in order if stats[i].st_size < _ALONE_BYTES]
+    batches = alone + [small[k : k + _BATCH] for k in range(0, len(small), _BATCH)]
     import multiprocessing  # only a run big enough to share out pays for these imports
     from concurrent.futures import ProcessPoolExecutor
 
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs_to_run)), mp_context=context) as pool:
-        results = list(pool.map(_analyse, [jobs_to_run[i] for i in order], chunksize=1))
-    ordered: list[list[Finding]] = [[] for _ in jobs_to_run]
-    for position, index in enumerate(order):
-        ordered[index] = results[position]
-    return ordered
+    outcomes: list[_Outcome | None] = [None] * len(tasks)
+    with ProcessPoolExecutor(max_workers=min(workers, len(batches)), mp_context=context) as pool:
+        for batch, results in zip(batches, pool.map(_check_batch, [[tasks[i] for i in b] for b in batches])):
+            for index, outcome in zip(batch, results):
+                outcomes[index] = outcome
+    return outcomes
 
 
 def _undecodable(source: bytes, display: str) -> list[Finding]:
