@@ -80,6 +80,13 @@ def test_exception_keeps_python_traceback_and_report(tmp_path: Path) -> None:
     assert report["exit"] == {"status": "exception", "code": 1, "exception": "ValueError: bad batch"}
 
 
+def _like_a_terminal() -> None:
+    """Ctrl-C reaches a program started from a shell: the test process may itself be running
+    with SIGINT ignored or blocked (a child inherits both), which a real terminal never is."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 def test_keyboard_interrupt_still_writes_report(tmp_path: Path) -> None:
     write(
         tmp_path,
@@ -99,6 +106,7 @@ def test_keyboard_interrupt_still_writes_report(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_like_a_terminal,
     )
     deadline = time.monotonic() + 180  # importing torch on a loaded CI machine can be slow
     while not (tmp_path / "started").exists() and time.monotonic() < deadline and proc.poll() is None:
