@@ -1,8 +1,9 @@
 """Which rules could fire on a file, decided from its raw bytes before any parse.
 
 Each rule lists text that must occur in any file it can flag, whatever the import spelling:
-every alias still has to import the original name once. A file that passes no gate is never
-parsed, and libcst is never imported for it. A property test checks that every INVALID fixture
+every alias still has to import the original name once. A file in a folder that passes no
+gate is never parsed (one named on the command line gets only CPython's syntax check), and libcst
+is never imported for it. A property test checks that every INVALID fixture
 and rule example passes its rule's gate, so the gate never costs recall.
 """
 
