@@ -58,6 +58,8 @@ def test_plain_file_passes_no_gate() -> None:
         (b"from torch.cuda import amp\n", "AMP001", True),
         (b"y = x.clamp(0, 1)  # example, sample, timestamp\n", "AMP001", False),
         (b"torch.set_autocast_gpu_dtype(torch.half)\n", "AMP001", True),
+        (b"import torch.cuda as tc\nwith tc.amp.autocast():\n    pass\n", "AMP001", True),
+        (b"with torch.amp.autocast('cuda'):\n    pass\n", "AMP001", False),  # the replacement API
         (b"with torch.autocast('cuda'):\n    loss.backward()\n", "AMP003", True),
         (b"torch._C._autocast_to_full_precision(x)\nloss.backward()\n", "AMP003", False),
         (b"GRAD_SCALER.step(optimizer)\n", "AMP007", True),  # a scaler's name in any case

@@ -36,7 +36,10 @@ def _word(word: bytes) -> re.Pattern[bytes]:
 # (`torch.autocast`, `autocast_mode.autocast`, an import), unlike `_autocast_to_full_precision`.
 _AUTOCAST = _word(b"autocast")
 _UNSCALE = _word(b"unscale_")
-_AMP = _word(b"amp")
+# The deprecated API lives under `torch.cuda.amp` / `torch.cpu.amp`, however it is imported
+# (`from torch.cuda import amp`, `import torch.cuda as tc; tc.amp`); `torch.amp` is its
+# replacement, so an `amp` that follows `torch.` leads to nothing deprecated.
+_DEPRECATED_AMP = re.compile(rb"amp(?<!\wamp)(?<!torch\.amp)\b")
 _AUTOCAST_DEVICE = re.compile(rb"autocast_(?:gpu|cpu|xla|ipu)_")
 
 
@@ -45,7 +48,7 @@ def _autocast(text: _Text) -> bool:
 
 
 def _amp001(text: _Text) -> bool:
-    return _AMP.search(text.raw) is not None or _AUTOCAST_DEVICE.search(text.raw) is not None
+    return _DEPRECATED_AMP.search(text.raw) is not None or _AUTOCAST_DEVICE.search(text.raw) is not None
 
 
 def _amp002(text: _Text) -> bool:

@@ -26,7 +26,7 @@ from functools import cached_property
 _SCALER = r"\.scale\s*\(|unscale_|GradScaler|[sS]caler"
 # Words whose presence makes a function relevant to a rule. Rules not listed disable slicing.
 TRIGGERS: dict[str, str] = {
-    "AMP001": r"\bamp\b|_autocast_|is_autocast_",
+    "AMP001": r"(?<!torch\.)\bamp\b|_autocast_|is_autocast_",
     "AMP002": r"\.(?:half|bfloat16)\(|float16|\bhalf\b|HalfTensor|autocast|GradScaler",
     "AMP003": r"autocast",
     "AMP004": r"GradScaler",
