@@ -131,3 +131,43 @@ def test_a_node_the_facts_pass_skipped_is_found_through_its_finding() -> None:
     assert locator.facts.unit_of.get(id(method.name)) is None  # a def's own name is not visited
     assert locator.locate(method.name, near=(method,)).start == cst.metadata.CodePosition(2, 8)
     assert locator._whole is None
+
+
+# --- the parent map the facts pass records ----------------------------------------------------
+
+STRUCTURE = (cst.Call, cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.IndentedBlock, cst.Else,
+             cst.Decorator, cst.AssignTarget, cst.Arg, cst.WithItem)
+
+
+class _AllParents(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.parent: dict[int, cst.CSTNode] = {}
+        self.nodes: list[cst.CSTNode] = []
+        self.stack: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.stack:
+            self.parent[id(node)] = self.stack[-1]
+        self.nodes.append(node)
+        self.stack.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_parents_recorded_by_the_facts_pass_are_the_trees_parents(path: Path) -> None:
+    try:
+        text, _ = decode_source(path.read_bytes())
+        module = parse(text)
+    except SourceError:
+        pytest.skip("does not parse")
+    facts = AmpFacts(module, None, text)
+    full = _AllParents()
+    module.visit(full)
+    for node in full.nodes:
+        if id(node) in facts.parent_of:
+            assert facts.parent_of[id(node)] is full.parent[id(node)], type(node).__name__
+        elif isinstance(node, STRUCTURE):
+            raise AssertionError(f"no parent recorded for a {type(node).__name__}")

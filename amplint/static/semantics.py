@@ -245,6 +245,7 @@ class _Recorder(cst.CSTVisitor):
         self._not_references: set[int] = set()  # names that are labels, not loads
         self._top_level_ids = {id(statement) for statement in facts.module.body}
         self._unit: cst.CSTNode | None = None
+        self._path: list[cst.CSTNode] = []  # the nodes from the module down to the one visited
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         # The innermost definition (or else the top-level statement) holding each node: positions
@@ -252,6 +253,9 @@ class _Recorder(cst.CSTVisitor):
         if id(node) in self._top_level_ids:
             self._unit = node
         self.facts.unit_of[id(node)] = self._unit
+        if self._path:
+            self.facts.parent_of[id(node)] = self._path[-1]
+        self._path.append(node)  # before the hook: a hook that visits parts itself is their parent
         visit = _hook(_VISITS, "visit_", type(node))
         return visit is None or visit(self, node) is not False
 
@@ -259,6 +263,7 @@ class _Recorder(cst.CSTVisitor):
         leave = _hook(_LEAVES, "leave_", type(original_node))
         if leave is not None:
             leave(self, original_node)
+        self._path.pop()
 
     # The recorder has no `visit_<Type>_<attribute>` hooks: skip libcst's lookup of them.
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
@@ -269,11 +274,12 @@ class _Recorder(cst.CSTVisitor):
 
     def _claim_import(self, node: cst.Import | cst.ImportFrom) -> None:
         """Imports are read without visiting their parts; a fix still needs their positions."""
-        stack = list(node.children)
+        stack = [(node, part) for part in node.children]
         while stack:
-            part = stack.pop()
+            parent, part = stack.pop()
             self.facts.unit_of[id(part)] = self._unit
-            stack.extend(part.children)
+            self.facts.parent_of[id(part)] = parent
+            stack.extend((part, child) for child in part.children)
 
     def _enter_definition(self, node: cst.FunctionDef | cst.ClassDef) -> cst.CSTNode | None:
         self.facts.definitions.append(node)
@@ -525,13 +531,16 @@ class _Recorder(cst.CSTVisitor):
         if id(node) not in self._callee_nodes:
             self.facts.references.append(Reference(node, dotted, self._context()))
         # `.grad` inside a chain (`p.grad.data`) is still a read.
-        inner = node.value
+        # Its parts are not visited, but are placed like visited nodes.
+        outer, inner = node, node.value
+        self.facts.unit_of[id(node.attr)], self.facts.parent_of[id(node.attr)] = self._unit, node
         while isinstance(inner, cst.Attribute):
             if inner.attr.value == "grad":
                 self.facts.grad_reads.append(GradRead(inner, self._context()))
             self.facts.unit_of[id(inner)] = self.facts.unit_of[id(inner.attr)] = self._unit
-            inner = inner.value
-        self.facts.unit_of[id(inner)] = self.facts.unit_of[id(node.attr)] = self._unit
+            self.facts.parent_of[id(inner)], self.facts.parent_of[id(inner.attr)] = outer, inner
+            outer, inner = inner, inner.value
+        self.facts.unit_of[id(inner)], self.facts.parent_of[id(inner)] = self._unit, outer
         return False  # a name chain is recorded whole
 
     def visit_Name(self, node: cst.Name) -> None:
@@ -577,6 +586,7 @@ class AmpFacts:
         self.min_torch = min_torch  # the oldest torch the code must keep running on (fixes honour it)
         # id(node) -> the innermost def/class holding it, else its top-level statement.
         self.unit_of: dict[int, cst.CSTNode | None] = {}
+        self.parent_of: dict[int, cst.CSTNode] = {}  # id(node) -> the node holding it
         self.definitions: list[cst.FunctionDef | cst.ClassDef] = []  # in document order
         self.module_scope = Scope("module", "<module>", module, None)
         self.scopes: list[Scope] = [self.module_scope]

@@ -2,8 +2,9 @@
 
 AmpFacts records calls with their loops, `with` items and `if`s; these rules also need the order of
 scaler/optimizer/scheduler events inside one iteration (with one level of same-file helpers spliced
-in at their call site), which `if` branch a call sits in, and a parent map of the tree for fixes
-that insert a statement. Everything here is computed lazily, once per AmpFacts.
+in at their call site), which `if` branch a call sits in, and the parent map (recorded by the
+facts pass) for fixes that insert a statement. Everything here is computed lazily, once per
+AmpFacts.
 """
 
 from __future__ import annotations
@@ -32,28 +33,9 @@ def cached(facts: AmpFacts, key: str, build):
 # Tree structure: parents, indentation, statement insertion
 
 
-class _Parents(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.parent: dict[int, cst.CSTNode] = {}
-        self.stack: list[cst.CSTNode] = []
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if self.stack:
-            self.parent[id(node)] = self.stack[-1]
-        self.stack.append(node)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        self.stack.pop()
-
-
 def parents(facts: AmpFacts) -> dict[int, cst.CSTNode]:
-    def build():
-        visitor = _Parents()
-        facts.module.visit(visitor)
-        return visitor.parent
-
-    return cached(facts, "parents", build)
+    """id(node) -> its parent, as the facts pass recorded it (no second walk of the tree)."""
+    return facts.parent_of
 
 
 def ancestors(facts: AmpFacts, node: cst.CSTNode):
