@@ -137,11 +137,13 @@ def _amp_bindings(code: str, trigger: re.Pattern[str]) -> tuple[set[str], set[st
 
 
 def prepare(text: str, codes: frozenset[str]) -> tuple[frozenset[str], str | None]:
-    """For a large file: the rules still possible once strings are set aside, and the slice.
+    """For a large file: the rules still possible once comments and strings are set aside, and
+    the slice.
 
-    The byte gate saw docstrings and messages too ("call backward() outside autocast"); with
-    CPython's tree at hand, the gates run again on the code alone, which often leaves no rule at
-    all for a large module that only talks about AMP. Small files are returned as they are.
+    The byte gate saw docstrings, comments and messages too ("call backward() outside
+    autocast"); the gates run again on the code alone, which often leaves no rule at all for a
+    large module that only talks about AMP. CPython's tree gives the functions to slice by.
+    Small files are returned as they are.
     """
     if len(text) < SLICE_MIN_CHARS:
         return codes, None
