@@ -159,3 +159,53 @@ def test_safe_fixing_leaves_no_safe_fix_and_untouched_files_without_fixes(source
     assert not [f for f in remaining if f.fix is not None and f.fix.applicability.value == "safe"]
     if not any(f.fix is not None for f in before):
         assert fixed.source == source
+
+
+# --- the code view used by the large-file gate ------------------------------------------------------
+
+@BOUNDED
+@given(hypothesmith.from_grammar())
+def test_code_view_blanks_exactly_the_comments_and_plain_strings(source: str) -> None:
+    """Whatever the program: lines and lengths stay, code tokens are untouched, every comment and
+    every non-f string literal is blank."""
+    import io
+    import tokenize
+
+    from amplint.static.slicing import _code_view
+
+    try:
+        ast.parse(source)
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (SyntaxError, ValueError, tokenize.TokenError, IndentationError):
+        return
+    data = source.encode("utf-8")
+    view = _code_view(source)
+    assert len(view) == len(data)
+    assert [i for i, b in enumerate(view) if b in b"\r\n"] == [i for i, b in enumerate(data) if b in b"\r\n"]
+    lines = source.splitlines(keepends=True) if "\x0c" not in source and "\x0b" not in source else None
+    if lines is None or any(ch in source for ch in "\x1c\x1d\x1e\x85\u2028\u2029"):
+        return  # token positions are per physical line; other separators would shift them
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line.encode("utf-8")))
+
+    def span(token) -> bytes:
+        (row, col), (end_row, end_col) = token.start, token.end
+        start = offsets[row - 1] + len(lines[row - 1][:col].encode("utf-8"))
+        end = offsets[end_row - 1] + len(lines[end_row - 1][:end_col].encode("utf-8"))
+        return view[start:end]
+
+    for token in tokens:
+        if token.type not in (tokenize.COMMENT, tokenize.STRING, tokenize.NAME, tokenize.NUMBER, tokenize.OP):
+            continue
+        text = span(token)
+        if token.type == tokenize.COMMENT:
+            assert text.strip() == b"", token
+        elif token.type == tokenize.STRING:
+            prefix = token.string[: len(token.string) - len(token.string.lstrip("rRbBuUfF"))]
+            if "f" in prefix.lower():
+                assert text == token.string.encode("utf-8"), token
+            else:
+                assert text.strip() == b"", token
+        elif token.type in (tokenize.NAME, tokenize.NUMBER, tokenize.OP):
+            assert text == token.string.encode("utf-8"), token

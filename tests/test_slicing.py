@@ -85,7 +85,8 @@ def test_a_string_sensitive_rule_stays_when_its_subject_is_named_in_code() -> No
         ('x = "autocast"  # GradScaler\n', "x = " + " " * 24 + "\n"),
         ("s = 'it\\'s # not a comment'; y = 1\n", "s = " + " " * 23 + "; y = 1\n"),
         ('"""doc\nautocast"""\nz = 2\n', '      \n           \nz = 2\n'),
-        ("b = rb'\\d+' + Rb\"#\"\n", "b = rb      + Rb   \n"),
+        ("b = rb'\\d+' + Rb\"#\"\n", "b = " + " " * 7 + " + " + " " * 5 + "\n"),  # prefixes too
+        ('if"autocast"in x: pass\n', "if" + " " * 10 + "in x: pass\n"),  # a keyword, not a prefix
         ('f"{torch.autocast}" # c\n', 'f"{torch.autocast}"    \n'),  # an f-string's fields are code
         ('t = ("a" f"{x}"\n     "b")\n', 't = (    f"{x}"\n        )\n'),
     ],

@@ -178,14 +178,17 @@ _NOT_A_LINE_BREAK = re.compile(rb"[^\r\n]")
 
 def _code_view(text: str) -> bytes:
     """The source as bytes with every comment and every plain string literal (docstrings
-    included) blanked; f-strings stay, since their fields are code. Line breaks stay put."""
+    included, prefixes too) blanked; f-strings stay, since their fields are code. Line breaks
+    stay put."""
     data = text.encode("utf-8")
     pieces = []
     last = 0
     for match in _LEXEMES.finditer(data):
         start, end = match.span()
-        if data[start] != ord("#") and _is_formatted(data, start):
-            continue
+        if data[start] != ord("#"):
+            start = _prefix_start(data, start)
+            if b"f" in data[start : match.start()].lower():
+                continue
         pieces.append(data[last:start])
         pieces.append(_NOT_A_LINE_BREAK.sub(b" ", data[start:end]))
         last = end
@@ -193,12 +196,14 @@ def _code_view(text: str) -> bytes:
     return b"".join(pieces)
 
 
-def _is_formatted(data: bytes, quote: int) -> bool:
-    """Whether the string starting at `quote` has an f in its prefix (`f"`, `rf'`, `Fr"`)."""
-    prefix = data[max(0, quote - 2) : quote]
-    while prefix and prefix[0] not in _PREFIX_LETTERS:
-        prefix = prefix[1:]
-    return b"f" in prefix.lower()
+def _prefix_start(data: bytes, quote: int) -> int:
+    """Where the string whose quote is at `quote` starts: before its prefix (`rb"`, `f'`), unless
+    those letters end a keyword or a name (`if"x"` is `if` and a string)."""
+    start = quote
+    while start > 0 and quote - start < 2 and data[start - 1] in _PREFIX_LETTERS:
+        start -= 1
+    before = data[start - 1 : start]
+    return quote if before and (before.isalnum() or before == b"_" or before[0] >= 0x80) else start
 
 
 def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str) -> str | None:
