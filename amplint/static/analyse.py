@@ -17,7 +17,7 @@ from amplint.model import Edit, Finding, Fix
 from amplint.static.source import SourceError, decode_source, parse_error_finding, physical_lines
 from amplint.static.checks import Hit, Insertion, all_checks
 from amplint.static.semantics import AmpFacts
-from amplint.static.slicing import prepare
+from amplint.static.slicing import first_line, prepare
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+\d*(?:[\s,]+[A-Za-z]+\d*)*))?", re.IGNORECASE)
 _FILE_NOQA = re.compile(r"^#\s*amplint:\s*noqa\s*$", re.IGNORECASE | re.MULTILINE)
@@ -136,7 +136,7 @@ class _Locator:
             count = len(statement.body) if isinstance(statement, cst.SimpleStatementLine) else 1
             if position + count > len(tree.body):
                 return {}
-            origins[id(statement)] = (_first_line(tree.body[position]), 0)
+            origins[id(statement)] = (first_line(tree.body[position]), 0)
             position += count
         kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
         definitions = sorted((n for n in ast.walk(tree) if isinstance(n, kinds)), key=lambda n: (n.lineno, n.col_offset))
@@ -144,7 +144,7 @@ class _Locator:
             for ours, theirs in zip(self.facts.definitions, definitions):
                 if ours.name.value != theirs.name:
                     break
-                origins[id(ours)] = (_first_line(theirs), theirs.col_offset)
+                origins[id(ours)] = (first_line(theirs), theirs.col_offset)
         return origins
 
     def __contains__(self, node) -> bool:
@@ -209,10 +209,6 @@ class _UnitPositions:
             after_newline = is_end and position.column == 0
             return CodePosition(line, position.column if after_newline else position.column + self.indent)
         return None
-
-
-def _first_line(node: ast.stmt) -> int:
-    return min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
 
 
 def _edit(replacement, positions: _Locator, lines: list[str], near: tuple) -> Edit:

@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from amplint.static.source import lines_with_endings
+
 _SCALER = r"\.scale\s*\(|unscale_|GradScaler|[sS]caler"
 # Words whose presence makes a function relevant to a rule. Rules not listed disable slicing.
 TRIGGERS: dict[str, str] = {
@@ -92,7 +94,8 @@ class _Skeleton:
     class_bodies: list[tuple[int, int, list[_Unit]]] = field(default_factory=list)
 
 
-def _first_line(node: ast.stmt) -> int:
+def first_line(node: ast.stmt) -> int:
+    """A statement's first line, its decorators included (CPython puts `lineno` at `def`)."""
     return min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
 
 
@@ -102,13 +105,13 @@ def _skeleton(tree: ast.Module, lines: list[str]) -> _Skeleton:
     def visit_body(body: list[ast.stmt], owner: str | None) -> list[_Unit]:
         units = []
         for node in body:
-            first, last = _first_line(node), node.end_lineno or node.lineno
+            first, last = first_line(node), node.end_lineno or node.lineno
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 unit = _Unit(node.name, owner, first, last, "".join(lines[first - 1 : last]))
                 skeleton.units.append(unit)
                 units.append(unit)
             elif isinstance(node, ast.ClassDef):
-                body_first = _first_line(node.body[0])
+                body_first = first_line(node.body[0])
                 skeleton.kept_lines.update(range(first, body_first))
                 members = visit_body(node.body, owner=node.name)
                 skeleton.class_bodies.append((body_first, node.body[0].col_offset, members))
@@ -212,8 +215,8 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str) -
     nothing."""
     if any(code not in TRIGGERS for code in codes if code != "AMP000"):
         return None
-    lines = _lines(text)
-    code_lines = _lines(code_view)
+    lines = lines_with_endings(text)
+    code_lines = lines_with_endings(code_view)
     if len(code_lines) != len(lines):
         return None
     skeleton = _skeleton(tree, code_lines)
@@ -261,15 +264,6 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str) -
         if body_first not in keep and members and not any(u.kept for u in members):
             out[body_first - 1] = " " * indent + "pass" + _ending(lines[body_first - 1])
     return "".join(out)
-
-
-_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
-
-
-def _lines(text: str) -> list[str]:
-    """Physical lines with their endings, as Python counts them (`str.splitlines` also breaks
-    at form feeds and other separators, which would shift every line number after them)."""
-    return _LINE.findall(text)
 
 
 def _ending(line: str) -> str:

@@ -40,7 +40,17 @@ def parse_error_finding(path: str, error: SourceError) -> Finding:
     )
 
 
+# Lines as Python numbers them: `str.splitlines` also breaks at form feeds and other separators,
+# which would shift every line after them.
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
 def physical_lines(text: str) -> list[str]:
-    """The lines as Python numbers them: `str.splitlines` also breaks at form feeds and other
-    separators, which would shift every line after them."""
-    return re.split(r"\r\n|\r|\n", text)
+    """The lines without their endings (a final line break leaves an empty last line)."""
+    return _LINE_BREAK.split(text)
+
+
+def lines_with_endings(text: str) -> list[str]:
+    """The lines, each with its own ending."""
+    return _LINE.findall(text)
