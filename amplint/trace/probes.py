@@ -13,6 +13,7 @@ Everything is undone by `Probes.remove()`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -36,6 +37,17 @@ _AMP_WARNING = re.compile(
     r"is_autocast_(cpu|xla|ipu)_enabled|autocast|GradScaler|lr_scheduler\.step\(\)` before `optimizer\.step\(\)",
 )
 _DEPRECATED_API = re.compile(r"`?(torch\.(?:cuda|cpu)\.amp\.[\w.]+)\(args\.\.\.\)`? is deprecated")
+
+
+@contextlib.contextmanager
+def _keeping_torch_error(event: dict | None):
+    """torch's own error, kept in the event that predicted it (AMP007/AMP008), then raised as before."""
+    try:
+        yield
+    except Exception as exc:
+        if event is not None:
+            event["torch_raised"] = f"{type(exc).__name__}: {exc}"
+        raise
 
 
 def _dtype_name(dtype) -> str | None:
@@ -508,12 +520,8 @@ class Probes:
                     }
                     state.unscales.append(event)
                 try:
-                    with state.pause():
+                    with _keeping_torch_error(event), state.pause():
                         result = real(self_, optimizer)
-                except Exception as exc:
-                    if event is not None:
-                        event["torch_raised"] = f"{type(exc).__name__}: {exc}"
-                    raise
                 finally:
                     info.seconds += clock() - started
                 info.unscaled.add(key)
@@ -553,11 +561,8 @@ class Probes:
                 record = ScalerStep(info.index, id(optimizer), state.step, site, applied=False)
                 state.in_scaler_step = record
                 try:
-                    result = real(self_, optimizer, *args, **kwargs)
-                except Exception as exc:
-                    if event is not None:
-                        event["torch_raised"] = f"{type(exc).__name__}: {exc}"
-                    raise
+                    with _keeping_torch_error(event):
+                        result = real(self_, optimizer, *args, **kwargs)
                 finally:
                     state.in_scaler_step = None
                     info.seconds += clock() - started - max(0.0, record.optimizer_seconds)
@@ -591,15 +596,11 @@ class Probes:
                             )
                     info.windows.append((site, tuple(opt for opt, _ in info.window)))
                 try:
-                    with state.pause():
+                    with _keeping_torch_error(event), state.pause():
                         result = real(self_, new_scale)
                         if info.enabled and getattr(self_, "_scale", None) is not None:
                             slot = state.deferred.add(self_._scale)
                             state.updates.append(Update(info.index, state.step, slot))
-                except Exception as exc:
-                    if event is not None:
-                        event["torch_raised"] = f"{type(exc).__name__}: {exc}"
-                    raise
                 finally:
                     info.seconds += clock() - started
                 info.updates += 1

@@ -9,7 +9,7 @@ the records in `TraceState` (see probes.py and amp_probes.py for what records th
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from amplint.trace.callsite import Callsite
 
@@ -30,15 +30,28 @@ def _first(items):
     return next(iter(items), None)
 
 
-def _amp007(facts) -> list[RuleEvent]:
-    state = facts.state
-    events: list[RuleEvent] = []
+def _scaler_event_groups(records: list[dict]):
+    """The scaler probes' events grouped by (kind, site): kind, site, the group, its first event
+    and the evidence every such group carries."""
     groups: dict = defaultdict(list)
-    for event in state.pairing:
+    for event in records:
         groups[(event["kind"], event["site"])].append(event)
     for (kind, site), group in groups.items():
         first = group[0]
-        evidence: dict = {"kind": kind, "first_step": first["step"], "scaler_enabled": first["enabled"]}
+        yield kind, site, group, first, {"kind": kind, "first_step": first["step"], "scaler_enabled": first["enabled"]}
+
+
+def _note_torch_error(evidence: dict, group: list[dict]) -> None:
+    """The error torch raised at the first of these events, when it raised one."""
+    raised = _first(e["torch_raised"] for e in group if "torch_raised" in e)
+    if raised:
+        evidence["torch_raised"] = raised
+
+
+def _amp007(facts) -> list[RuleEvent]:
+    state = facts.state
+    events: list[RuleEvent] = []
+    for kind, site, group, first, evidence in _scaler_event_groups(state.pairing):
         if kind == "missing-update":
             evidence["steps_without_update"] = len(group)
             evidence["next_step_at"] = facts.where(first["again_at"])
@@ -48,9 +61,7 @@ def _amp007(facts) -> list[RuleEvent]:
             evidence["updates_without_step"] = len(group)
             sites = (site,)
             message = "scaler.update() ran with no scaler.step() since the previous update()"
-        raised = _first(e["torch_raised"] for e in group if "torch_raised" in e)
-        if raised:
-            evidence["torch_raised"] = raised
+        _note_torch_error(evidence, group)
         if not first["enabled"]:
             message += " (the scaler was disabled in this run; enabled, torch raises here)"
         events.append(RuleEvent("AMP007", site, len(group), evidence, message, sites))
@@ -83,13 +94,8 @@ def _amp007(facts) -> list[RuleEvent]:
 
 
 def _amp008(facts) -> list[RuleEvent]:
-    groups: dict = defaultdict(list)
-    for event in facts.state.unscales:
-        groups[(event["kind"], event["site"])].append(event)
     events = []
-    for (kind, site), group in groups.items():
-        first = group[0]
-        evidence: dict = {"kind": kind, "first_step": first["step"], "scaler_enabled": first["enabled"]}
+    for kind, site, group, first, evidence in _scaler_event_groups(facts.state.unscales):
         if kind == "unscale-twice":
             evidence["unscale_again"] = len(group)
             evidence["again_at"] = facts.where(first["again_at"])
@@ -101,9 +107,7 @@ def _amp008(facts) -> list[RuleEvent]:
             evidence["update_at"] = facts.where(first["update_at"])
             sites = (site,)
             message = "scaler.unscale_() ran on iterations where no scaler.step() followed before update()"
-        raised = _first(e["torch_raised"] for e in group if "torch_raised" in e)
-        if raised:
-            evidence["torch_raised"] = raised
+        _note_torch_error(evidence, group)
         events.append(RuleEvent("AMP008", site, len(group), evidence, message, sites))
     return events
 
