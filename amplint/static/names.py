@@ -103,3 +103,5 @@ THIRD_PARTY_OPTIMIZERS = {"transformers.AdamW", "transformers.Adafactor", "trans
 SCHEDULER_PREFIXES = ("torch.optim.lr_scheduler.",)
 MODEL_FACTORIES = {"timm.create_model", "torch.hub.load"}
 MODEL_PREFIXES = ("torchvision.models.",)
+# Packages whose training loops scale the loss themselves (Lightning, accelerate, DeepSpeed, apex).
+FRAMEWORK_PACKAGES = frozenset({"lightning", "pytorch_lightning", "accelerate", "deepspeed", "apex", "colossalai", "fairscale", "composer"})

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from amplint.static.screen import Screen, dotted, needs_screen
 from amplint.static.source import lines_with_endings
 
 _SCALER = r"\.scale\s*\(|unscale_|GradScaler|[sS]caler"
@@ -43,8 +45,8 @@ TRIGGERS: dict[str, str] = {
     "AMP009": r"autocast|backward|" + _SCALER + r"|accelerator|fabric|deepspeed|engine|trainer|strategy",
     "AMP010": r"autocast|bfloat16|" + _SCALER,
     "AMP012": r"save|state_dict|" + _SCALER,
-    # A Function's own methods, and what makes the module AMP-aware.
-    "AMP013": r"custom_fwd|custom_bwd|autocast|\bdef (?:forward|backward|setup_context)\b|" + _SCALER,
+    # What makes the module AMP-aware; a Function's own methods are kept by _FUNCTION_CLASS_RULES.
+    "AMP013": r"custom_fwd|custom_bwd|autocast|" + _SCALER,
     "AMP014": r"autocast",
     "AMP015": r"autocast|Thread|submit|Executor|Pool|\.map\(|apply_async|imap|starmap",
     "AMP016": r"autocast|bf16_supported|capability|is_ampere|sm_?8\d|binary_cross_entropy|BCELoss|float\d+|half",
@@ -59,9 +61,14 @@ SLICE_MIN_CHARS = 40_000
 _CALL_DEPTH = 3
 # Rules whose facts cross function boundaries: through calls, or through names bound elsewhere.
 _FOLLOW_CALLS = frozenset({"AMP003", "AMP004", "AMP005", "AMP006", "AMP007", "AMP008", "AMP009", "AMP011", "AMP015", "AMP017"})
+# Rules that read every method of a class that may subclass autograd.Function.
+_FUNCTION_CLASS_RULES = frozenset({"AMP013"})
+# A class statement nested in a function, and its bases.
+_CLASS_HEADER = re.compile(r"^[ \t]*class\s+\w+\s*\(([^)]*)\)", re.MULTILINE)
 # Functions and methods a unit uses: called, or passed on (`Thread(target=worker)`).
 _PLAIN_NAME = re.compile(r"(?<![\w.])([A-Za-z_]\w*)")
 _SELF_ATTRIBUTE = re.compile(r"\b(?:self|cls)\.([A-Za-z_]\w*)")
+_WORD = re.compile(r"[A-Za-z_]\w*")
 
 
 @dataclass(eq=False)
@@ -73,7 +80,7 @@ class _Unit:
     first: int  # 1-based, decorators included
     last: int
     text: str
-    kept: bool = False
+    in_function_class: bool = False  # a method of a class that may subclass autograd.Function
 
     @cached_property
     def plain_calls(self) -> set[str]:
@@ -84,6 +91,10 @@ class _Unit:
     def method_calls(self) -> set[str]:
         """`self.m` / `cls.m` it uses."""
         return set(_SELF_ATTRIBUTE.findall(self.text))
+
+    @cached_property
+    def words(self) -> set[str]:
+        return set(_WORD.findall(self.text))
 
 
 @dataclass
@@ -99,21 +110,23 @@ def first_line(node: ast.stmt) -> int:
     return min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
 
 
-def _skeleton(tree: ast.Module, lines: list[str]) -> _Skeleton:
+def _skeleton(tree: ast.Module, lines: list[str], is_function_base: Callable[[str], bool]) -> _Skeleton:
     skeleton = _Skeleton()
 
-    def visit_body(body: list[ast.stmt], owner: str | None) -> list[_Unit]:
+    def visit_body(body: list[ast.stmt], owner: ast.ClassDef | None) -> list[_Unit]:
         units = []
+        in_function_class = owner is not None and any(is_function_base(base) for base in _bases(owner))
         for node in body:
             first, last = first_line(node), node.end_lineno or node.lineno
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                unit = _Unit(node.name, owner, first, last, "".join(lines[first - 1 : last]))
+                text = "".join(lines[first - 1 : last])
+                unit = _Unit(node.name, owner.name if owner else None, first, last, text, in_function_class)
                 skeleton.units.append(unit)
                 units.append(unit)
             elif isinstance(node, ast.ClassDef):
                 body_first = first_line(node.body[0])
                 skeleton.kept_lines.update(range(first, body_first))
-                members = visit_body(node.body, owner=node.name)
+                members = visit_body(node.body, owner=node)
                 skeleton.class_bodies.append((body_first, node.body[0].col_offset, members))
             else:
                 skeleton.kept_lines.update(range(first, last + 1))
@@ -121,6 +134,10 @@ def _skeleton(tree: ast.Module, lines: list[str]) -> _Skeleton:
 
     visit_body(tree.body, owner=None)
     return skeleton
+
+
+def _bases(node: ast.ClassDef) -> list[str]:
+    return [name for name in map(dotted, node.bases) if name]
 
 
 def _amp_bindings(code: str, trigger: re.Pattern[str]) -> tuple[set[str], set[str]]:
@@ -140,27 +157,36 @@ def _amp_bindings(code: str, trigger: re.Pattern[str]) -> tuple[set[str], set[st
 
 
 def prepare(text: str, codes: frozenset[str]) -> tuple[frozenset[str], str | None]:
-    """For a large file: the rules still possible once comments and strings are set aside, and
-    the slice.
+    """The rules still possible once CPython has read the file, and for a large file the slice.
 
     The byte gate saw docstrings, comments and messages too ("call backward() outside
     autocast"); the gates run again on the code alone, which often leaves no rule at all for a
-    large module that only talks about AMP. CPython's tree gives the functions to slice by.
-    Small files are returned as they are.
+    module that only talks about AMP. The screens then ask CPython's tree the module-wide
+    questions the rules start from (is autocast ever entered, a GradScaler ever built). A file
+    CPython cannot parse keeps every rule: libcst, the parser of record, reports it or reads it.
     """
-    if len(text) < SLICE_MIN_CHARS:
-        return codes, None
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return codes, None  # the whole-file analysis reports AMP000 with libcst's message
+        return codes, None
     from amplint.static.gate import possible_rules
 
     string_blind = codes - STRING_SENSITIVE.keys() - {"AMP000"}
     view = _code_view(text)
     named_in_code = {code for code in codes & STRING_SENSITIVE.keys() if STRING_SENSITIVE[code] in view}
-    kept = possible_rules(view, string_blind) | named_in_code | (codes & {"AMP000"})
-    return kept, _slice(text, tree, kept, view.decode("utf-8"))
+    kept = possible_rules(view, string_blind) | named_in_code
+    screen = Screen.of(tree, view) if needs_screen(kept) else None
+    if screen is not None:
+        kept = screen.possible(kept)
+    kept |= codes & {"AMP000"}
+    if len(text) < SLICE_MIN_CHARS or not kept - {"AMP000"}:
+        return kept, None  # slicing a small file would save less than it costs
+    is_function_base = screen.may_be_function if screen is not None else _never
+    return kept, _slice(text, tree, kept, view.decode("utf-8"), is_function_base)
+
+
+def _never(name: str) -> bool:
+    return False
 
 
 # Comments and string literals, scanned left to right: outside them a `#` or a quote can only
@@ -209,7 +235,7 @@ def _prefix_start(data: bytes, quote: int) -> int:
     return quote if before and (before.isalnum() or before == b"_" or before[0] >= 0x80) else start
 
 
-def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str) -> str | None:
+def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, is_function_base: Callable[[str], bool]) -> str | None:
     """The text with irrelevant functions blanked, or None to analyse the whole file. Trigger
     words and calls are looked for in the code view: a docstring that says "autocast" keeps
     nothing."""
@@ -219,51 +245,92 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str) -
     code_lines = lines_with_endings(code_view)
     if len(code_lines) != len(lines):
         return None
-    skeleton = _skeleton(tree, code_lines)
+    skeleton = _skeleton(tree, code_lines, is_function_base)
     if not skeleton.units:
         return None
-    trigger = re.compile("|".join(TRIGGERS[c] for c in sorted(codes) if c != "AMP000"))
-    for unit in skeleton.units:
-        unit.kept = trigger.search(unit.text) is not None
     # Module-level code is always kept: its plain calls and its AMP bindings count.
     module_level = "".join(code_lines[i - 1] for i in sorted(skeleton.kept_lines) if i <= len(lines))
-    module_calls = set(_PLAIN_NAME.findall(module_level))
-    global_names, _ = _amp_bindings(module_level, trigger)
-    functions = {u.name for u in skeleton.units if u.owner is None}
-    # The rules follow in-file calls at most this many levels (semantics.region_of, enclosing_loops).
-    rounds = _CALL_DEPTH if codes & _FOLLOW_CALLS else 0
-    for _ in range(rounds):
-        kept = [u for u in skeleton.units if u.kept]
-        called = module_calls.union(*(u.plain_calls for u in kept)) & functions
-        called_methods = {(u.owner, m) for u in kept if u.owner for m in u.method_calls}
-        kept_functions = {u.name for u in kept if u.owner is None}
-        kept_methods = {(u.owner, u.name) for u in kept if u.owner}
-        attributes = {(u.owner, a) for u in kept if u.owner for a in _amp_bindings(u.text, trigger)[1]}
-        changed = False
-        for unit in skeleton.units:
-            if unit.kept:
-                continue
-            relevant = (
-                (unit.owner is None and unit.name in called)  # a callee
-                or (unit.owner is not None and (unit.owner, unit.name) in called_methods)
-                or bool(kept_functions & unit.plain_calls)  # a caller
-                or any((unit.owner, name) in kept_methods for name in unit.method_calls)
-                or any(re.search(r"\b%s\b" % name, unit.text) for name in global_names)
-                or any(owner == unit.owner and f".{name}" in unit.text for owner, name in attributes)
-            )
-            if relevant:
-                unit.kept = changed = True
-        if not changed:
-            break
+    graph = _CallGraph(skeleton.units, module_level, is_function_base)
+    # Each rule keeps what its own trigger words reach; the slice is the union, so one rule's
+    # broad words (AMP013's `def forward`) do not drag in another's call graph.
+    kept: set[_Unit] = set()
+    for code in sorted(codes - {"AMP000"}):
+        kept |= graph.reach(TRIGGERS[code], follow_calls=code in _FOLLOW_CALLS, function_classes=code in _FUNCTION_CLASS_RULES)
     keep = set(skeleton.kept_lines)
-    for unit in skeleton.units:
-        if unit.kept:
-            keep.update(range(unit.first, unit.last + 1))
+    for unit in kept:
+        keep.update(range(unit.first, unit.last + 1))
     out = [line if number in keep else _ending(line) for number, line in enumerate(lines, start=1)]
     for body_first, indent, members in skeleton.class_bodies:
-        if body_first not in keep and members and not any(u.kept for u in members):
+        if body_first not in keep and members and not any(u in kept for u in members):
             out[body_first - 1] = " " * indent + "pass" + _ending(lines[body_first - 1])
     return "".join(out)
+
+
+class _CallGraph:
+    """Which units a rule can see: those holding its trigger words, then, as many levels as the
+    rules follow in-file calls (semantics.region_of, enclosing_loops), the functions they call,
+    the functions that call them, and those that use a name bound to an AMP object in kept code
+    (`self.amp_ctx`, `scaler`)."""
+
+    def __init__(self, units: list[_Unit], module_level: str, is_function_base: Callable[[str], bool]) -> None:
+        self.units, self.is_function_base = units, is_function_base
+        self.module_level = module_level
+        self.module_calls = set(_PLAIN_NAME.findall(module_level)) & {u.name for u in units if u.owner is None}
+        self._reached: dict[tuple[str, bool, bool], frozenset[_Unit]] = {}
+
+    def reach(self, pattern: str, follow_calls: bool, function_classes: bool) -> frozenset[_Unit]:
+        key = (pattern, follow_calls, function_classes)
+        if key not in self._reached:  # rules that share their words share the answer
+            self._reached[key] = self._reach(re.compile(pattern), follow_calls, function_classes)
+        return self._reached[key]
+
+    def _reach(self, trigger: re.Pattern[str], follow_calls: bool, function_classes: bool) -> frozenset[_Unit]:
+        kept = {
+            u
+            for u in self.units
+            if trigger.search(u.text) or (function_classes and _defines_function_class(u, self.is_function_base))
+        }
+        if not follow_calls:
+            return frozenset(kept)
+        global_names, _ = _amp_bindings(self.module_level, trigger)
+        functions = {u.name for u in self.units if u.owner is None}
+        bound_attributes: dict[_Unit, set[str]] = {}
+        for _ in range(_CALL_DEPTH):
+            called = self.module_calls.union(*(u.plain_calls for u in kept)) & functions
+            called_methods = {(u.owner, m) for u in kept if u.owner for m in u.method_calls}
+            kept_functions = {u.name for u in kept if u.owner is None}
+            kept_methods = {(u.owner, u.name) for u in kept if u.owner}
+            for unit in kept:
+                if unit.owner and unit not in bound_attributes:
+                    bound_attributes[unit] = _amp_bindings(unit.text, trigger)[1]
+            attributes = {(u.owner, a) for u in kept if u.owner for a in bound_attributes[u]}
+            added = {
+                unit
+                for unit in self.units
+                if unit not in kept
+                and (
+                    (unit.owner is None and unit.name in called)  # a callee
+                    or (unit.owner is not None and (unit.owner, unit.name) in called_methods)
+                    or not kept_functions.isdisjoint(unit.plain_calls)  # a caller
+                    or any((unit.owner, name) in kept_methods for name in unit.method_calls)
+                    or not global_names.isdisjoint(unit.words)
+                    or any(owner == unit.owner and f".{name}" in unit.text for owner, name in attributes)
+                )
+            }
+            if not added:
+                break
+            kept |= added
+        return frozenset(kept)
+
+
+def _defines_function_class(unit: _Unit, is_function_base: Callable[[str], bool]) -> bool:
+    """A method of a class that may subclass autograd.Function, or a function defining one."""
+    if unit.in_function_class:
+        return True
+    for bases in _CLASS_HEADER.findall(unit.text):
+        if any(is_function_base(base.strip()) for base in bases.split(",")):
+            return True
+    return False
 
 
 def _ending(line: str) -> str:

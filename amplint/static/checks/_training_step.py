@@ -112,7 +112,6 @@ def same_object(a: str | None, b: str | None) -> bool:
     return a == b or a.split(".")[-1] == b.split(".")[-1]
 
 
-_FRAMEWORK_IMPORTS = ("lightning", "pytorch_lightning", "accelerate", "deepspeed", "apex", "colossalai", "fairscale", "composer")
 _FRAMEWORK_BACKWARD = {"manual_backward", "backward_step"}
 
 
@@ -121,7 +120,7 @@ def framework_owned(facts: AmpFacts) -> bool:
 
     def build():
         for ref in facts.imports:
-            if ref.qualname.split(".")[0] in _FRAMEWORK_IMPORTS:
+            if ref.qualname.split(".")[0] in names.FRAMEWORK_PACKAGES:
                 return True
         for call in facts.calls:
             if call.method in _FRAMEWORK_BACKWARD:

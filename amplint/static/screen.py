@@ -1,0 +1,205 @@
+"""Screens: the module-wide conditions rules start from, decided on CPython's tree of the whole
+file before libcst is asked for anything.
+
+Most rules begin by asking the facts a question about the whole module and stop when the answer
+rules them out: AMP003 and AMP014-AMP017 need an autocast region (`facts.has_autocast`), AMP004,
+AMP010 and AMP012 a GradScaler construction (`facts.has_scaler`), AMP009 a module that mentions no
+scaler at all. On a large tree most files that pass the byte gates fail these questions (a
+dispatch table that lists `torch.autocast` opens no region), and libcst's parse and facts pass
+cost ~20x CPython's parse. Each screen here over-approximates the facts' answer where the rule
+needs it true and under-approximates it where the rule needs it false, so a rule is set aside
+only when its analysis of the whole file could not report anything. Tests check, on every fixture
+and rule example, that screened analysis equals the full analysis.
+
+Names are followed the way the facts follow them, but without scopes: a name may denote
+`autocast` if its last part is `autocast`, or if anything in the file binds it (an import alias,
+an assignment, a `functools.partial` of it) to something that may.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from amplint.static import names
+
+
+def _last_parts(qualified: set[str]) -> frozenset[str]:
+    return frozenset(name.rsplit(".", 1)[-1] for name in qualified)
+
+
+_AUTOCAST = _last_parts(names.AUTOCAST)
+_GRAD_SCALER = _last_parts(names.GRAD_SCALER)
+_AUTOGRAD_FUNCTION = frozenset({"Function"})
+_SCALER_WORD = re.compile(r"scaler", re.IGNORECASE)
+
+
+def dotted(node: ast.expr | None) -> str | None:
+    """`a.b.c` for a chain of names, as the facts' `dotted_name` spells it."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+@dataclass
+class Screen:
+    """What CPython's tree says about a module: who is called, what is bound to what."""
+
+    callees: set[str] = field(default_factory=set)  # dotted names called
+    decorators: set[str] = field(default_factory=set)  # dotted names used as decorators, uncalled
+    assigned: set[str] = field(default_factory=set)  # dotted names assigned to
+    bindings: list[tuple[str, str]] = field(default_factory=list)  # (bound name, dotted value)
+    bases: set[str] = field(default_factory=set)  # dotted class bases
+    imported: set[str] = field(default_factory=set)  # top-level packages imported
+    params: set[str] = field(default_factory=set)
+    code: bytes = b""  # the code view: comments and plain strings blanked
+    _aliases: dict[frozenset[str], set[str]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, tree: ast.Module, code: bytes) -> Screen:
+        screen = cls(code=code)
+        for node in ast.walk(tree):
+            kind = type(node)
+            if kind is ast.Call:
+                callee = dotted(node.func)
+                if callee is not None:
+                    screen.callees.add(callee)
+            elif kind is ast.Assign:
+                for target in node.targets:
+                    screen._bind(target, node.value)
+            elif kind is ast.AnnAssign or kind is ast.NamedExpr:
+                if node.value is not None:
+                    screen._bind(node.target, node.value)
+            elif kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+                screen._definition(node)
+            elif kind is ast.ClassDef:
+                screen.bases.update(filter(None, map(dotted, node.bases)))
+                screen.decorators.update(filter(None, map(dotted, node.decorator_list)))
+            elif kind is ast.Import or kind is ast.ImportFrom:
+                screen._import(node)
+        return screen
+
+    def _bind(self, target: ast.expr, value: ast.expr) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)):
+            for inner_target, inner_value in zip(target.elts, value.elts):
+                self._bind(inner_target, inner_value)
+            return
+        key = dotted(target)
+        if key is None:
+            return
+        # `ac = torch.autocast`, and `ac = functools.partial(torch.autocast, "cuda")`.
+        source = value.args[0] if isinstance(value, ast.Call) and value.args else value
+        bound = dotted(source)
+        if bound is not None:
+            self.bindings.append((key, bound))
+        self.assigned.add(key)
+
+    def _definition(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.decorators.update(filter(None, map(dotted, node.decorator_list)))
+        arguments = node.args
+        self.params.update(a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs))
+
+    def _import(self, node: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(node, ast.ImportFrom):
+            if node.level or node.module is None or node.names[0].name == "*":
+                return  # the facts record neither relative nor star imports
+            self.imported.add(node.module.split(".")[0])
+            for alias in node.names:
+                if alias.asname is not None:
+                    self.bindings.append((alias.asname, f"{node.module}.{alias.name}"))
+            return
+        for alias in node.names:
+            self.imported.add(alias.name.split(".")[0])
+            if alias.asname is not None:
+                self.bindings.append((alias.asname, alias.name))
+
+    def _names_for(self, last_parts: frozenset[str]) -> set[str]:
+        """Dotted names that may denote an object whose own name is one of `last_parts`."""
+        if last_parts not in self._aliases:
+            found: set[str] = set()
+            changed = True
+            while changed:
+                changed = False
+                for key, value in self.bindings:
+                    if key not in found and (value.rsplit(".", 1)[-1] in last_parts or value in found):
+                        found.add(key)
+                        changed = True
+            self._aliases[last_parts] = found
+        return self._aliases[last_parts]
+
+    def _may_name(self, candidates: set[str], last_parts: frozenset[str]) -> bool:
+        aliases = self._names_for(last_parts)
+        return any(name.rsplit(".", 1)[-1] in last_parts or name in aliases for name in candidates)
+
+    def possible(self, codes: frozenset[str]) -> frozenset[str]:
+        """The rules in `codes` whose module-wide precondition the file may meet."""
+        return frozenset(c for c in codes if c not in PRECONDITIONS or PRECONDITIONS[c](self))
+
+    def may_be_function(self, base: str) -> bool:
+        """Whether a class base may be autograd.Function (AMP013's subject)."""
+        return self._may_name({base}, _AUTOGRAD_FUNCTION)
+
+    @cached_property
+    def opens_autocast(self) -> bool:
+        """Necessary for `facts.has_autocast`: autocast (or a name for it) is called or decorates."""
+        return self._may_name(self.callees | self.decorators, _AUTOCAST)
+
+    @cached_property
+    def constructs_scaler(self) -> bool:
+        """Necessary for `facts.has_scaler`: a GradScaler (or a name for it) is called."""
+        return self._may_name(self.callees, _GRAD_SCALER)
+
+    @cached_property
+    def subclasses_function(self) -> bool:
+        """Necessary for a custom autograd.Function class (AMP013)."""
+        return self._may_name(self.bases, _AUTOGRAD_FUNCTION)
+
+    @cached_property
+    def surely_mentions_scaler(self) -> bool:
+        """Sufficient for `mentions_a_scaler`: a call, an assignment or a parameter names a scaler."""
+        return any(_SCALER_WORD.search(name) for name in (*self.callees, *self.assigned, *self.params))
+
+    @cached_property
+    def surely_framework_owned(self) -> bool:
+        """Sufficient for `framework_owned`: a training framework is imported."""
+        return not self.imported.isdisjoint(names.FRAMEWORK_PACKAGES)
+
+    @cached_property
+    def names_custom_fwd(self) -> bool:
+        return b"custom_fwd" in self.code or b"custom_bwd" in self.code
+
+
+def _autocast(screen: Screen) -> bool:
+    return screen.opens_autocast
+
+
+def _scaler(screen: Screen) -> bool:
+    return screen.constructs_scaler
+
+
+# Each rule's own first question, as its check module asks it of the facts.
+PRECONDITIONS: dict[str, Callable[[Screen], bool]] = {
+    "AMP002": lambda s: s.opens_autocast or s.constructs_scaler,
+    "AMP003": _autocast,
+    "AMP004": _scaler,
+    "AMP009": lambda s: s.opens_autocast and not s.surely_mentions_scaler and not s.surely_framework_owned,
+    "AMP010": _scaler,
+    "AMP012": _scaler,
+    "AMP013": lambda s: s.subclasses_function and (s.opens_autocast or s.constructs_scaler or s.names_custom_fwd),
+    "AMP014": _autocast,
+    "AMP015": _autocast,
+    "AMP016": _autocast,
+    "AMP017": _autocast,
+}
+
+
+def needs_screen(codes: frozenset[str]) -> bool:
+    return not codes.isdisjoint(PRECONDITIONS)
