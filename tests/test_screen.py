@@ -136,3 +136,49 @@ def test_a_module_that_only_lists_autocast_never_reaches_libcst(monkeypatch: pyt
     monkeypatch.setattr(analyse, "parse", refuse)
     source = "import torch\nCONTEXTS = {torch.autocast: 'amp'}\n\ndef backward(x):\n    return x.step()\n"
     assert analyse_source(source, "table.py") == []
+
+
+@pytest.mark.parametrize(
+    ("source", "disables"),
+    [
+        ("with torch.autocast('cuda', enabled=False):\n    pass\n", True),
+        ("with torch.cuda.amp.autocast(False):\n    pass\n", True),
+        ("off = functools.partial(torch.autocast, 'cuda', enabled=False)\n", True),
+        ("with torch.autocast('cuda', enabled=use_amp):\n    pass\n", False),
+        ("with torch.autocast('cuda'):\n    run(strict=False)\n", False),
+    ],
+)
+def test_amp014_needs_autocast_called_with_a_literal_false(source: str, disables: bool) -> None:
+    assert _screen(source).disables_autocast is disables
+
+
+@pytest.mark.parametrize(
+    ("source", "calls"),
+    [
+        ("scaler.scale(loss).backward()\n", True),
+        ("torch.autograd.backward(loss)\n", True),
+        ("from torch.autograd import backward as bw\nbw(loss)\n", True),
+        ("def backward(ctx, grad):\n    return grad\n", False),
+        ("graph = trace_backward_graph(fn)\n", False),
+    ],
+)
+def test_a_backward_call_is_a_call_not_a_word(source: str, calls: bool) -> None:
+    assert _screen(source).calls_backward is calls
+
+
+@pytest.mark.parametrize(
+    ("source", "called", "not_called"),
+    [
+        ("fast = torch.compile(model)\n", "fast", "model"),
+        ("run(torch.compile(model))\n", "model", "run"),
+        ("model.compile()\n", "model", "compile"),
+        ("fast = torch._dynamo.optimize(model)\n", "fast", "model"),
+    ],
+)
+def test_compiled_models_are_named_as_amp017_calls_them(source: str, called: str, not_called: str) -> None:
+    names = _screen(source).compiled_names
+    assert called in names and not_called not in names
+
+
+def test_a_compiled_function_may_be_called_by_any_name() -> None:
+    assert _screen("@torch.compile(mode='max-autotune')\ndef f(x):\n    return x\n").compiled_names is None

@@ -93,3 +93,63 @@ def test_a_string_sensitive_rule_stays_when_its_subject_is_named_in_code() -> No
 )
 def test_code_view_blanks_comments_and_plain_strings_only(source: str, view: str) -> None:
     assert slicing._code_view(source).decode() == view
+
+
+def _large(source: str) -> str:
+    return "import threading\nimport torch\n" + source + FILLER
+
+
+def _sliced_equals_whole(source: str) -> list[tuple]:
+    found = _result(source, "large.py", sliced=True)
+    assert found == _result(source, "large.py", sliced=False)
+    return found
+
+
+REGION = "\n\ndef forward_pass(model, x):\n    with torch.autocast('cuda'):\n        return {call}\n"
+FAR_AWAY = "\n\ndef housekeeping(optimizer, loss, pool, compiled):\n    loss.backward()\n    optimizer.step()\n    pool.submit(print)\n    compiled(1)\n"
+
+
+@pytest.mark.parametrize(
+    ("code", "call"),
+    [
+        ("AMP003", "model(x).sum().backward()"),
+        ("AMP015", "threading.Thread(target=model).start()"),
+        ("AMP017", "compiled(x)"),
+    ],
+)
+def test_a_rule_that_reports_calls_inside_regions_is_set_aside_when_none_is_reachable(code: str, call: str) -> None:
+    compiled = "\ncompiled = torch.compile(model)\n"
+    far = _large(compiled + REGION.format(call="model(x)") + FAR_AWAY)
+    assert code not in slicing.prepare(far, frozenset({code}))[0]
+    assert not [f for f in _sliced_equals_whole(far) if f[0] == code]
+    near = _large(compiled + REGION.format(call=call) + FAR_AWAY)
+    assert code in slicing.prepare(near, frozenset({code}))[0]
+
+
+def test_a_step_reached_through_a_call_from_the_region_keeps_amp003() -> None:
+    source = _large("\n\ndef run(model, x, opt):\n    with torch.autocast('cuda'):\n        update(opt)\n\n\ndef update(opt):\n    opt.step()\n")
+    codes, sliced = slicing.prepare(source, frozenset({"AMP003"}))
+    assert codes == {"AMP003"} and "opt.step()" in sliced
+    assert [f[0] for f in _sliced_equals_whole(source)].count("AMP003") == 1
+
+
+def test_amp009_keeps_one_backward_as_its_witness() -> None:
+    region = "\n\ndef train_step(model, x):\n    with torch.autocast('cuda', dtype=torch.float16):\n        return model(x)\n"
+    backwards = "".join(f"\n\ndef backward_{i}(loss):\n    loss.backward()\n" for i in range(5))
+    source = _large(region + backwards)
+    codes, sliced = slicing.prepare(source, frozenset({"AMP009"}))
+    assert codes == {"AMP009"}
+    assert sliced.count("loss.backward()") == 1
+    assert [f[0] for f in _sliced_equals_whole(source)] == ["AMP009"]
+
+
+def test_amp013_keeps_the_methods_of_function_classes_only() -> None:
+    source = _large(
+        "\nscaler = torch.amp.GradScaler('cuda')\n"
+        "\n\nclass Square(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x, y):\n        return torch.matmul(x, y)\n"
+        "\n\nclass Net(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
+    )
+    codes, sliced = slicing.prepare(source, frozenset({"AMP013"}))
+    assert codes == {"AMP013"}
+    assert "torch.matmul(x, y)" in sliced and "return x * 2" not in sliced
+    assert [f[0] for f in _sliced_equals_whole(source)] == ["AMP013"]

@@ -3,13 +3,14 @@ file before libcst is asked for anything.
 
 Most rules begin by asking the facts a question about the whole module and stop when the answer
 rules them out: AMP003 and AMP014-AMP017 need an autocast region (`facts.has_autocast`), AMP004,
-AMP010 and AMP012 a GradScaler construction (`facts.has_scaler`), AMP009 a module that mentions no
-scaler at all. On a large tree most files that pass the byte gates fail these questions (a
-dispatch table that lists `torch.autocast` opens no region), and libcst's parse and facts pass
-cost ~20x CPython's parse. Each screen here over-approximates the facts' answer where the rule
-needs it true and under-approximates it where the rule needs it false, so a rule is set aside
-only when its analysis of the whole file could not report anything. Tests check, on every fixture
-and rule example, that screened analysis equals the full analysis.
+AMP010 and AMP012 a GradScaler construction (`facts.has_scaler`), AMP009 a backward call in a
+module that mentions no scaler at all, AMP014 a region switched off by a literal `False`. On a
+large tree most files that pass the byte gates fail these questions (a dispatch table that lists
+`torch.autocast` opens no region), and libcst's parse and facts pass cost ~20x CPython's parse.
+Each screen over-approximates the facts' answer where the rule needs it true and
+under-approximates it where the rule needs it false, so a rule is set aside only when its
+analysis of the whole file could not report anything. Tests check, on every fixture and rule
+example, that screened analysis equals the full analysis; bench/check_stages.py does it on a tree.
 
 Names are followed the way the facts follow them, but without scopes: a name may denote
 `autocast` if its last part is `autocast`, or if anything in the file binds it (an import alias,
@@ -34,6 +35,8 @@ def _last_parts(qualified: set[str]) -> frozenset[str]:
 _AUTOCAST = _last_parts(names.AUTOCAST)
 _GRAD_SCALER = _last_parts(names.GRAD_SCALER)
 _AUTOGRAD_FUNCTION = frozenset({"Function"})
+_BACKWARD = _last_parts(names.AUTOGRAD_BACKWARD)
+_COMPILE = frozenset({"compile", "optimize"})  # torch.compile, model.compile(), torch._dynamo.optimize
 _SCALER_WORD = re.compile(r"scaler", re.IGNORECASE)
 
 
@@ -54,6 +57,7 @@ class Screen:
     """What CPython's tree says about a module: who is called, what is bound to what."""
 
     callees: set[str] = field(default_factory=set)  # dotted names called
+    methods: set[str] = field(default_factory=set)  # attributes called, whatever their receiver
     decorators: set[str] = field(default_factory=set)  # dotted names used as decorators, uncalled
     assigned: set[str] = field(default_factory=set)  # dotted names assigned to
     bindings: list[tuple[str, str]] = field(default_factory=list)  # (bound name, dotted value)
@@ -61,17 +65,20 @@ class Screen:
     imported: set[str] = field(default_factory=set)  # top-level packages imported
     params: set[str] = field(default_factory=set)
     code: bytes = b""  # the code view: comments and plain strings blanked
+    tree: ast.Module | None = None
     _aliases: dict[frozenset[str], set[str]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, tree: ast.Module, code: bytes) -> Screen:
-        screen = cls(code=code)
+        screen = cls(code=code, tree=tree)
         for node in ast.walk(tree):
             kind = type(node)
             if kind is ast.Call:
                 callee = dotted(node.func)
                 if callee is not None:
                     screen.callees.add(callee)
+                if type(node.func) is ast.Attribute:  # `scaler.scale(loss).backward()` has no dotted name
+                    screen.methods.add(node.func.attr)
             elif kind is ast.Assign:
                 for target in node.targets:
                     screen._bind(target, node.value)
@@ -121,7 +128,7 @@ class Screen:
             if alias.asname is not None:
                 self.bindings.append((alias.asname, alias.name))
 
-    def _names_for(self, last_parts: frozenset[str]) -> set[str]:
+    def names_for(self, last_parts: frozenset[str]) -> set[str]:
         """Dotted names that may denote an object whose own name is one of `last_parts`."""
         if last_parts not in self._aliases:
             found: set[str] = set()
@@ -136,7 +143,7 @@ class Screen:
         return self._aliases[last_parts]
 
     def _may_name(self, candidates: set[str], last_parts: frozenset[str]) -> bool:
-        aliases = self._names_for(last_parts)
+        aliases = self.names_for(last_parts)
         return any(name.rsplit(".", 1)[-1] in last_parts or name in aliases for name in candidates)
 
     def possible(self, codes: frozenset[str]) -> frozenset[str]:
@@ -152,6 +159,33 @@ class Screen:
         """Necessary for `facts.has_autocast`: autocast (or a name for it) is called or decorates."""
         return self._may_name(self.callees | self.decorators, _AUTOCAST)
 
+    @property
+    def autocast_names(self) -> set[str]:
+        """Names bound to autocast itself (`ac = torch.autocast`), which may open regions unnamed."""
+        return self.names_for(_AUTOCAST)
+
+    @cached_property
+    def disables_autocast(self) -> bool:
+        """Necessary for a region switched off (AMP014): autocast, or a `partial` of it, called
+        with a literal `False`."""
+        aliases = self.names_for(_AUTOCAST)
+
+        def is_autocast(node: ast.expr | None) -> bool:
+            name = dotted(node)
+            return name is not None and (name.rsplit(".", 1)[-1] in _AUTOCAST or name in aliases)
+
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Call) and (is_autocast(node.func) or (node.args and is_autocast(node.args[0]))):
+                values = [*node.args, *(keyword.value for keyword in node.keywords)]
+                if any(isinstance(v, ast.Constant) and v.value is False for v in values):
+                    return True
+        return False
+
+    @cached_property
+    def calls_backward(self) -> bool:
+        """Necessary for `has_backward` (AMP009) and for backward calls (AMP003, AMP017)."""
+        return "backward" in self.methods or self._may_name(self.callees, _BACKWARD)
+
     @cached_property
     def constructs_scaler(self) -> bool:
         """Necessary for `facts.has_scaler`: a GradScaler (or a name for it) is called."""
@@ -161,6 +195,41 @@ class Screen:
     def subclasses_function(self) -> bool:
         """Necessary for a custom autograd.Function class (AMP013)."""
         return self._may_name(self.bases, _AUTOGRAD_FUNCTION)
+
+    @cached_property
+    def compiled_names(self) -> set[str] | None:
+        """Last parts of the names compiled objects are called by (AMP017's subjects): the name a
+        `torch.compile(...)` result is assigned to, the model it compiles, the receiver of
+        `.compile()`. None when a compiled function is decorated: any name may then be one."""
+        compiles = self.names_for(_COMPILE)
+        if any(d.rsplit(".", 1)[-1] in _COMPILE or d in compiles for d in self.decorators):
+            return None
+        found: set[str] = set()
+        assigned: set[int] = set()  # `fast = torch.compile(model)` is called as `fast`, not `model`
+        for node in ast.walk(self.tree):  # breadth first: a statement before its value
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and self._compiles(node.value, compiles):
+                target = dotted(node.targets[0])
+                if target is not None:
+                    found.add(target.rsplit(".", 1)[-1])
+                    assigned.add(id(node.value))
+            elif isinstance(node, ast.Call) and self._compiles(node, compiles):
+                if isinstance(node.func, ast.Attribute):  # `model.compile()`
+                    found.add((dotted(node.func.value) or "").rsplit(".", 1)[-1])
+                if id(node) not in assigned:
+                    model = [a.value for a in node.keywords if a.arg == "model"]
+                    for argument in [*node.args[:1], *model]:
+                        found.add((dotted(argument) or "").rsplit(".", 1)[-1])
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for decorator in node.decorator_list:
+                    if isinstance(decorator, ast.Call) and self._compiles(decorator, compiles):
+                        return None
+        found.discard("")
+        return found
+
+    @staticmethod
+    def _compiles(call: ast.Call, compiles: set[str]) -> bool:
+        callee = dotted(call.func)
+        return callee is not None and (callee.rsplit(".", 1)[-1] in _COMPILE or callee in compiles)
 
     @cached_property
     def surely_mentions_scaler(self) -> bool:
@@ -188,16 +257,16 @@ def _scaler(screen: Screen) -> bool:
 # Each rule's own first question, as its check module asks it of the facts.
 PRECONDITIONS: dict[str, Callable[[Screen], bool]] = {
     "AMP002": lambda s: s.opens_autocast or s.constructs_scaler,
-    "AMP003": _autocast,
+    "AMP003": lambda s: s.opens_autocast and (s.calls_backward or "step" in s.methods),
     "AMP004": _scaler,
-    "AMP009": lambda s: s.opens_autocast and not s.surely_mentions_scaler and not s.surely_framework_owned,
+    "AMP009": lambda s: s.opens_autocast and s.calls_backward and not (s.surely_mentions_scaler or s.surely_framework_owned),
     "AMP010": _scaler,
     "AMP012": _scaler,
     "AMP013": lambda s: s.subclasses_function and (s.opens_autocast or s.constructs_scaler or s.names_custom_fwd),
-    "AMP014": _autocast,
+    "AMP014": lambda s: s.opens_autocast and s.disables_autocast,
     "AMP015": _autocast,
     "AMP016": _autocast,
-    "AMP017": _autocast,
+    "AMP017": lambda s: s.opens_autocast and s.calls_backward,
 }
 
 

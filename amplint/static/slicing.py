@@ -41,8 +41,9 @@ TRIGGERS: dict[str, str] = {
     "AMP007": _SCALER,
     "AMP008": _SCALER,
     "AMP011": _SCALER,
-    # Module-wide facts: a backward anywhere, a scaler anywhere, a framework that owns the scaler.
-    "AMP009": r"autocast|backward|" + _SCALER + r"|accelerator|fabric|deepspeed|engine|trainer|strategy",
+    # Module-wide facts: a scaler anywhere, a framework's backward (the screen sets AMP009 aside
+    # where a framework is imported). A backward anywhere needs one witness (_backward_witness).
+    "AMP009": r"autocast|" + _SCALER + r"|manual_backward|backward_step|(?:accelerator|fabric|engine|trainer|strategy)\s*\.\s*backward\b",
     "AMP010": r"autocast|bfloat16|" + _SCALER,
     "AMP012": r"save|state_dict|" + _SCALER,
     # What makes the module AMP-aware; a Function's own methods are kept by _FUNCTION_CLASS_RULES.
@@ -61,6 +62,14 @@ SLICE_MIN_CHARS = 40_000
 _CALL_DEPTH = 3
 # Rules whose facts cross function boundaries: through calls, or through names bound elsewhere.
 _FOLLOW_CALLS = frozenset({"AMP003", "AMP004", "AMP005", "AMP006", "AMP007", "AMP008", "AMP009", "AMP011", "AMP015", "AMP017"})
+# Rules that report a call made inside an autocast region, and the names of what they report;
+# AMP017 reports calls of the compiled models the screen finds.
+_CALLED_IN_REGIONS: dict[str, frozenset[str]] = {
+    "AMP003": frozenset({"backward", "step"}),
+    "AMP015": frozenset({"Thread", "Timer", "submit", "map", "apply_async", "map_async", "imap", "starmap"}),
+}
+_REGION_RULES = frozenset({*_CALLED_IN_REGIONS, "AMP017"})
+_BACKWARD_CALL = re.compile(r"\.\s*backward\s*\(")
 # Rules that read every method of a class that may subclass autograd.Function.
 _FUNCTION_CLASS_RULES = frozenset({"AMP013"})
 # A class statement nested in a function, and its bases.
@@ -80,6 +89,7 @@ class _Unit:
     first: int  # 1-based, decorators included
     last: int
     text: str
+    node: ast.AST
     in_function_class: bool = False  # a method of a class that may subclass autograd.Function
 
     @cached_property
@@ -120,7 +130,7 @@ def _skeleton(tree: ast.Module, lines: list[str], is_function_base: Callable[[st
             first, last = first_line(node), node.end_lineno or node.lineno
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 text = "".join(lines[first - 1 : last])
-                unit = _Unit(node.name, owner.name if owner else None, first, last, text, in_function_class)
+                unit = _Unit(node.name, owner.name if owner else None, first, last, text, node, in_function_class)
                 skeleton.units.append(unit)
                 units.append(unit)
             elif isinstance(node, ast.ClassDef):
@@ -181,12 +191,7 @@ def prepare(text: str, codes: frozenset[str]) -> tuple[frozenset[str], str | Non
     kept |= codes & {"AMP000"}
     if len(text) < SLICE_MIN_CHARS or not kept - {"AMP000"}:
         return kept, None  # slicing a small file would save less than it costs
-    is_function_base = screen.may_be_function if screen is not None else _never
-    return kept, _slice(text, tree, kept, view.decode("utf-8"), is_function_base)
-
-
-def _never(name: str) -> bool:
-    return False
+    return _slice(text, tree, kept, view.decode("utf-8"), screen)
 
 
 # Comments and string literals, scanned left to right: outside them a `#` or a quote can only
@@ -235,27 +240,32 @@ def _prefix_start(data: bytes, quote: int) -> int:
     return quote if before and (before.isalnum() or before == b"_" or before[0] >= 0x80) else start
 
 
-def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, is_function_base: Callable[[str], bool]) -> str | None:
-    """The text with irrelevant functions blanked, or None to analyse the whole file. Trigger
-    words and calls are looked for in the code view: a docstring that says "autocast" keeps
-    nothing."""
+def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, screen: Screen | None) -> tuple[frozenset[str], str | None]:
+    """The rules still possible, and the text with irrelevant functions blanked (None: analyse
+    the whole file). Trigger words and calls are looked for in the code view: a docstring that
+    says "autocast" keeps nothing."""
     if any(code not in TRIGGERS for code in codes if code != "AMP000"):
-        return None
+        return codes, None
     lines = lines_with_endings(text)
     code_lines = lines_with_endings(code_view)
     if len(code_lines) != len(lines):
-        return None
+        return codes, None
+    is_function_base = screen.may_be_function if screen is not None else _never
     skeleton = _skeleton(tree, code_lines, is_function_base)
     if not skeleton.units:
-        return None
+        return codes, None
     # Module-level code is always kept: its plain calls and its AMP bindings count.
     module_level = "".join(code_lines[i - 1] for i in sorted(skeleton.kept_lines) if i <= len(lines))
     graph = _CallGraph(skeleton.units, module_level, is_function_base)
+    if screen is not None:
+        codes -= {code for code in codes & _REGION_RULES if not _called_in_regions(graph, screen, code)}
     # Each rule keeps what its own trigger words reach; the slice is the union, so one rule's
-    # broad words (AMP013's `def forward`) do not drag in another's call graph.
+    # broad words (AMP017's `backward`) do not drag in another's call graph.
     kept: set[_Unit] = set()
     for code in sorted(codes - {"AMP000"}):
         kept |= graph.reach(TRIGGERS[code], follow_calls=code in _FOLLOW_CALLS, function_classes=code in _FUNCTION_CLASS_RULES)
+    if "AMP009" in codes:
+        kept |= _backward_witness(graph, kept)
     keep = set(skeleton.kept_lines)
     for unit in kept:
         keep.update(range(unit.first, unit.last + 1))
@@ -263,7 +273,42 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, i
     for body_first, indent, members in skeleton.class_bodies:
         if body_first not in keep and members and not any(u in kept for u in members):
             out[body_first - 1] = " " * indent + "pass" + _ending(lines[body_first - 1])
-    return "".join(out)
+    return codes, "".join(out)
+
+
+def _never(name: str) -> bool:
+    return False
+
+
+def _called_in_regions(graph: _CallGraph, screen: Screen, code: str) -> bool:
+    """Whether what autocast's own reach holds (the functions that open a region, and those they
+    call) may call what `code` reports inside a region. AMP003's steps, AMP015's threads and
+    AMP017's compiled models are common words in a large module; most of their calls are far
+    from any region."""
+    if code == "AMP017":
+        called, suffix = screen.compiled_names, r"(?:\s*\.\s*(?:forward|__call__))?"
+        if called is None:  # a compiled function is decorated: any call may be one
+            return True
+    else:
+        called, suffix = _CALLED_IN_REGIONS[code] | screen.names_for(_CALLED_IN_REGIONS[code]), ""
+    if not called:
+        return False
+    openers = "".join(rf"|\b{re.escape(name)}\b" for name in sorted(screen.autocast_names))
+    region = graph.reach(r"autocast" + openers, follow_calls=True, function_classes=False)
+    call = re.compile(r"\b(?:%s)%s\s*\(" % ("|".join(map(re.escape, sorted(called))), suffix))
+    return call.search(graph.module_level) is not None or any(call.search(unit.text) for unit in region)
+
+
+def _backward_witness(graph: _CallGraph, kept: set[_Unit]) -> frozenset[_Unit]:
+    """AMP009 asks only whether the module calls `.backward()` somewhere: one function that
+    does answers it. Without one, every function that mentions backward is kept."""
+    for unit in sorted(graph.units, key=lambda u: u not in kept):
+        if _BACKWARD_CALL.search(unit.text) and any(
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward"
+            for node in ast.walk(unit.node)
+        ):
+            return frozenset({unit})
+    return graph.reach(r"backward", follow_calls=True, function_classes=False)
 
 
 class _CallGraph:
