@@ -153,3 +153,19 @@ def test_amp013_keeps_the_methods_of_function_classes_only() -> None:
     assert codes == {"AMP013"}
     assert "torch.matmul(x, y)" in sliced and "return x * 2" not in sliced
     assert [f[0] for f in _sliced_equals_whole(source)] == ["AMP013"]
+
+
+@pytest.mark.parametrize(
+    ("binding", "use"),
+    [
+        ("from torch.cuda.amp import autocast as ac", "with ac():\n        pass"),
+        ("from torch.cuda.amp import autocast", "with autocast():\n        pass"),
+        ("import torch.cuda.amp as A", "scaler = A.GradScaler()"),
+        ("ac = torch.autocast", "with ac('cuda'):\n        loss.backward()"),
+    ],
+)
+def test_a_function_that_uses_a_name_bound_at_module_level_is_kept(binding: str, use: str) -> None:
+    """The function never spells the rule's words: the import or assignment that binds its name does."""
+    source = _large(f"{binding}\n\n\ndef run(x):\n    {use}\n    return x\n")
+    found = _sliced_equals_whole(source)
+    assert any(line == 7 for _code, line, _column, _message in found)

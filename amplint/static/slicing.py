@@ -1,4 +1,4 @@
-"""Relevance slicing: analyse only the parts of a large file that AMP rules can look at.
+"""Preparation before libcst: gates on code only, screens, and relevance slicing of large files.
 
 libcst costs ~0.4 s per 100 KB to parse and walk; a 400 KB test module that mentions
 `autocast` in two methods would otherwise cost seconds. The slicer uses CPython's parser (a C
@@ -6,21 +6,24 @@ pass, ~13x cheaper than libcst) to find statement ranges, keeps
 
 - every statement that is not a function definition (imports, assignments, module-level loops,
   class attributes) and every class header, so names, aliases and classes resolve as before;
-- every function or method whose text holds a trigger word of an enabled rule;
-- then, until nothing changes: functions called from kept ones, functions that call kept ones
-  (the in-file call graph the rules follow), and functions that mention a name bound to an AMP
-  object in kept code (`self.amp_ctx`, `scaler`);
+- for each rule, every function or method whose text holds one of its trigger words, then, as
+  many levels as the rules follow calls: functions called from kept ones, functions that call
+  kept ones, and functions that mention a name bound to an AMP object in kept code
+  (`self.amp_ctx`, `scaler`); the slice is the union over the rules;
 
 and blanks every other line. Line numbers and columns are unchanged, so findings on the slice
-are findings on the file. A slice that does not parse falls back to the whole file, and so does
-a rule without triggers here. Tests check slice == whole file on every fixture and on torch.
+are findings on the file. Before slicing, rules that report a call inside an autocast region
+(AMP003, AMP015, AMP017) are set aside when what autocast reaches makes no such call, and
+AMP009 keeps a single backward call as its witness rather than every function that has one.
+A slice that does not parse falls back to the whole file, and so does a rule without triggers
+here. Tests check slice == whole file on every fixture; bench/check_stages.py on a tree.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -111,6 +114,8 @@ class _Unit:
 class _Skeleton:
     units: list[_Unit] = field(default_factory=list)
     kept_lines: set[int] = field(default_factory=set)  # lines outside every unit
+    # Names bound outside every unit (imports, assignments), with the text that binds them.
+    bindings: list[tuple[set[str], str]] = field(default_factory=list)
     # Class bodies whose methods may all be blanked: (first body line, its indent, members).
     class_bodies: list[tuple[int, int, list[_Unit]]] = field(default_factory=list)
 
@@ -140,19 +145,35 @@ def _skeleton(tree: ast.Module, lines: list[str], is_function_base: Callable[[st
                 skeleton.class_bodies.append((body_first, node.body[0].col_offset, members))
             else:
                 skeleton.kept_lines.update(range(first, last + 1))
+                skeleton.bindings.extend(_bindings(node, lines))
         return units
 
     visit_body(tree.body, owner=None)
     return skeleton
 
 
+def _bindings(statement: ast.stmt, lines: list[str]) -> Iterator[tuple[set[str], str]]:
+    """Names an import or an assignment binds (`from torch.cuda.amp import autocast as ac`,
+    `ctx = torch.autocast(...)`), with its text: a function that uses `ac` uses autocast."""
+    for node in ast.walk(statement):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            # `import a.b` is used as `a.b...`, which spells its words out.
+            bound = {alias.asname or alias.name for alias in node.names if alias.asname or isinstance(node, ast.ImportFrom)}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound = {name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name)}
+        else:
+            continue
+        if bound:
+            yield bound, "".join(lines[node.lineno - 1 : node.end_lineno or node.lineno])
+
+
 def _bases(node: ast.ClassDef) -> list[str]:
     return [name for name in map(dotted, node.bases) if name]
 
 
-def _amp_bindings(code: str, trigger: re.Pattern[str]) -> tuple[set[str], set[str]]:
-    """Names and `self.` attributes bound to something that mentions a trigger word."""
-    names: set[str] = set()
+def _bound_attributes(code: str, trigger: re.Pattern[str]) -> set[str]:
+    """`self.` attributes bound to something that mentions a trigger word."""
     attributes: set[str] = set()
     for line in code.splitlines():
         target, equals, value = line.partition("=")
@@ -161,9 +182,7 @@ def _amp_bindings(code: str, trigger: re.Pattern[str]) -> tuple[set[str], set[st
         target = target.strip()
         if target.startswith(("self.", "cls.")):
             attributes.add(target.split(".", 1)[1].split(".")[0])
-        elif target.isidentifier():
-            names.add(target)
-    return names, attributes
+    return attributes
 
 
 def prepare(text: str, codes: frozenset[str]) -> tuple[frozenset[str], str | None]:
@@ -256,7 +275,7 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
         return codes, None
     # Module-level code is always kept: its plain calls and its AMP bindings count.
     module_level = "".join(code_lines[i - 1] for i in sorted(skeleton.kept_lines) if i <= len(lines))
-    graph = _CallGraph(skeleton.units, module_level, is_function_base)
+    graph = _CallGraph(skeleton, module_level, is_function_base)
     if screen is not None:
         codes -= {code for code in codes & _REGION_RULES if not _called_in_regions(graph, screen, code)}
     # Each rule keeps what its own trigger words reach; the slice is the union, so one rule's
@@ -317,9 +336,10 @@ class _CallGraph:
     the functions that call them, and those that use a name bound to an AMP object in kept code
     (`self.amp_ctx`, `scaler`)."""
 
-    def __init__(self, units: list[_Unit], module_level: str, is_function_base: Callable[[str], bool]) -> None:
-        self.units, self.is_function_base = units, is_function_base
+    def __init__(self, skeleton: _Skeleton, module_level: str, is_function_base: Callable[[str], bool]) -> None:
+        self.units, self.bindings, self.is_function_base = skeleton.units, skeleton.bindings, is_function_base
         self.module_level = module_level
+        units = self.units
         self.module_calls = set(_PLAIN_NAME.findall(module_level)) & {u.name for u in units if u.owner is None}
         self._reached: dict[tuple[str, bool, bool], frozenset[_Unit]] = {}
 
@@ -330,14 +350,17 @@ class _CallGraph:
         return self._reached[key]
 
     def _reach(self, trigger: re.Pattern[str], follow_calls: bool, function_classes: bool) -> frozenset[_Unit]:
+        # A name bound outside every unit to something with a trigger word stands for it.
+        global_names = set().union(*(names for names, text in self.bindings if trigger.search(text)))
         kept = {
             u
             for u in self.units
-            if trigger.search(u.text) or (function_classes and _defines_function_class(u, self.is_function_base))
+            if trigger.search(u.text)
+            or not global_names.isdisjoint(u.words)
+            or (function_classes and _defines_function_class(u, self.is_function_base))
         }
         if not follow_calls:
             return frozenset(kept)
-        global_names, _ = _amp_bindings(self.module_level, trigger)
         functions = {u.name for u in self.units if u.owner is None}
         bound_attributes: dict[_Unit, set[str]] = {}
         for _ in range(_CALL_DEPTH):
@@ -347,7 +370,7 @@ class _CallGraph:
             kept_methods = {(u.owner, u.name) for u in kept if u.owner}
             for unit in kept:
                 if unit.owner and unit not in bound_attributes:
-                    bound_attributes[unit] = _amp_bindings(unit.text, trigger)[1]
+                    bound_attributes[unit] = _bound_attributes(unit.text, trigger)
             attributes = {(u.owner, a) for u in kept if u.owner for a in bound_attributes[u]}
             added = {
                 unit
@@ -358,7 +381,6 @@ class _CallGraph:
                     or (unit.owner is not None and (unit.owner, unit.name) in called_methods)
                     or not kept_functions.isdisjoint(unit.plain_calls)  # a caller
                     or any((unit.owner, name) in kept_methods for name in unit.method_calls)
-                    or not global_names.isdisjoint(unit.words)
                     or any(owner == unit.owner and f".{name}" in unit.text for owner, name in attributes)
                 )
             }
