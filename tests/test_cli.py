@@ -172,6 +172,16 @@ def test_a_folders_file_with_amp_code_gets_its_syntax_checked(tmp_path: Path) ->
     assert result.returncode == 1 and "AMP000" in result.stdout
 
 
+def test_a_folders_file_that_names_amp_only_in_comments_and_strings_is_not_parsed(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    broken = '"""Builds a GradScaler and calls loss.backward() under torch.autocast."""\ndef evaluate(:  # autocast\n'
+    (tmp_path / "src" / "notes.py").write_text(broken, encoding="utf-8")
+    walked = amplint("src", "--no-cache", "--format", "concise", cwd=tmp_path)
+    assert walked.returncode == 0 and "AMP000" not in walked.stdout, walked.stdout
+    named = amplint("src/notes.py", "--no-cache", "--format", "concise", cwd=tmp_path)
+    assert named.returncode == 1 and "notes.py:2:14: AMP000" in named.stdout, named.stdout
+
+
 def test_a_folders_undecodable_file_is_reported_even_without_amp_code(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "latin.py").write_bytes(b"name = 'caf\xe9'\n")

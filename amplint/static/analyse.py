@@ -49,8 +49,11 @@ def analyse_source(
     select: Iterable[str] | None = None,
     min_torch: tuple[int, ...] | None = None,
     slicing: bool = True,
+    check_syntax: bool = True,
 ) -> list[Finding]:
-    """Findings for one file. `slicing=False` analyses every function even in a large file."""
+    """Findings for one file. `slicing=False` analyses every function even in a large file;
+    `check_syntax=False` leaves a file whose code holds nothing a rule looks for unparsed (a file
+    found in a folder rather than named)."""
     wanted = frozenset(select) if select is not None else frozenset(all_checks()) | {"AMP000"}
     try:
         text, _encoding = decode_source(source)
@@ -60,9 +63,9 @@ def analyse_source(
         return []
     sliced = None
     if slicing:
-        wanted, sliced = prepare(text, wanted)
+        wanted, sliced = prepare(text, wanted, check_syntax)
         if not wanted - {"AMP000"}:
-            return []  # parsed by CPython already, and no rule is left that could fire
+            return []  # parsed by CPython already (or not asked for), and no rule is left that could fire
     try:
         module = parse(sliced if sliced is not None else text)
     except SourceError as error:

@@ -33,6 +33,7 @@ class _Job:
     source: bytes
     codes: frozenset[str]
     min_torch: tuple[int, ...] | None = None
+    named: bool = True  # named on the command line (or stdin): its syntax is always checked
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ def _analyse(job: _Job) -> list[Finding]:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return analyse_source(job.source, job.display, job.codes, job.min_torch)
+        return analyse_source(job.source, job.display, job.codes, job.min_torch, check_syntax=job.named)
     finally:
         if enabled:
             gc.enable()
@@ -171,7 +172,7 @@ def _check_file(task: _Task) -> _Outcome:
         # line (pre-commit, editors) always gets its syntax checked.
         return _Outcome(_undecodable(data, task.display) if "AMP000" in task.enabled else [], digest)
     codes = possible | (task.enabled & {"AMP000"})
-    return _Outcome(_analyse(_Job(task.display, data, codes, task.min_torch)), digest)
+    return _Outcome(_analyse(_Job(task.display, data, codes, task.min_torch, task.named)), digest)
 
 
 def _check_batch(batch: list[_Task]) -> list[_Outcome]:
@@ -180,7 +181,7 @@ def _check_batch(batch: list[_Task]) -> list[_Outcome]:
 
 # Files this large go to a worker on their own; smaller ones travel in batches of this many.
 _ALONE_BYTES = 32_000
-_BATCH = 32
+_BATCH = 16
 
 
 def _check_all(tasks: list[_Task], stats: list[os.stat_result], workers: int | None) -> list[_Outcome]:

@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from amplint.static.screen import Screen, dotted, needs_screen
+from amplint.static.gate import possible_rules
+from amplint.static.screen import Screen, dotted, needs_screen, nodes
 from amplint.static.source import lines_with_endings
 
 _SCALER = r"\.scale\s*\(|unscale_|GradScaler|[sS]caler"
@@ -155,13 +156,13 @@ def _skeleton(tree: ast.Module, lines: list[str], is_function_base: Callable[[st
 def _bindings(statement: ast.stmt, lines: list[str]) -> Iterator[tuple[set[str], str]]:
     """Names an import or an assignment binds (`from torch.cuda.amp import autocast as ac`,
     `ctx = torch.autocast(...)`), with its text: a function that uses `ac` uses autocast."""
-    for node in ast.walk(statement):
+    for node in nodes(statement):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             # `import a.b` is used as `a.b...`, which spells its words out.
             bound = {alias.asname or alias.name for alias in node.names if alias.asname or isinstance(node, ast.ImportFrom)}
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            bound = {name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name)}
+            bound = {name.id for target in targets for name in nodes(target) if isinstance(name, ast.Name)}
         else:
             continue
         if bound:
@@ -185,25 +186,26 @@ def _bound_attributes(code: str, trigger: re.Pattern[str]) -> set[str]:
     return attributes
 
 
-def prepare(text: str, codes: frozenset[str]) -> tuple[frozenset[str], str | None]:
+def prepare(text: str, codes: frozenset[str], check_syntax: bool = True) -> tuple[frozenset[str], str | None]:
     """The rules still possible once CPython has read the file, and for a large file the slice.
 
     The byte gate saw docstrings, comments and messages too ("call backward() outside
     autocast"); the gates run again on the code alone, which often leaves no rule at all for a
-    module that only talks about AMP. The screens then ask CPython's tree the module-wide
-    questions the rules start from (is autocast ever entered, a GradScaler ever built). A file
-    CPython cannot parse keeps every rule: libcst, the parser of record, reports it or reads it.
+    module that only talks about AMP (then, unless `check_syntax`, the file is not even parsed).
+    The screens then ask CPython's tree the module-wide questions the rules start from (is
+    autocast ever entered, a GradScaler ever built). A file CPython cannot parse keeps every
+    rule: libcst, the parser of record, reports it or reads it.
     """
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return codes, None
-    from amplint.static.gate import possible_rules
-
     string_blind = codes - STRING_SENSITIVE.keys() - {"AMP000"}
     view = _code_view(text)
     named_in_code = {code for code in codes & STRING_SENSITIVE.keys() if STRING_SENSITIVE[code] in view}
     kept = possible_rules(view, string_blind) | named_in_code
+    if not kept and not check_syntax:
+        return codes & {"AMP000"}, None
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return codes, None
     screen = Screen.of(tree, view) if needs_screen(kept) else None
     if screen is not None:
         kept = screen.possible(kept)
@@ -324,7 +326,7 @@ def _backward_witness(graph: _CallGraph, kept: set[_Unit]) -> frozenset[_Unit]:
     for unit in sorted(graph.units, key=lambda u: u not in kept):
         if _BACKWARD_CALL.search(unit.text) and any(
             isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward"
-            for node in ast.walk(unit.node)
+            for node in nodes(unit.node)
         ):
             return frozenset({unit})
     return graph.reach(r"backward", follow_calls=True, function_classes=False)
