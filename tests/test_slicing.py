@@ -169,3 +169,18 @@ def test_a_function_that_uses_a_name_bound_at_module_level_is_kept(binding: str,
     source = _large(f"{binding}\n\n\ndef run(x):\n    {use}\n    return x\n")
     found = _sliced_equals_whole(source)
     assert any(line == 7 for _code, line, _column, _message in found)
+
+
+def test_a_large_tables_inert_entries_are_blanked_and_its_amp_entries_kept() -> None:
+    entries = "".join(f"        torch.op_{i}: lambda input, out=None: -1,\n" for i in range(40))
+    source = _large(
+        "\n\ndef get_testing_overrides():\n    return {\n" + entries
+        + "        torch.cuda.amp.autocast: lambda enabled=True: -1,\n"
+        + "        torch.compute(x): -1,\n    }\n"
+    )
+    codes, sliced = slicing.prepare(source, frozenset({"AMP001"}))
+    assert codes == {"AMP001"}
+    assert "torch.op_7" not in sliced and "torch.cuda.amp.autocast" in sliced
+    assert "torch.compute(x)" in sliced  # a call is never blanked
+    assert sliced.count("\n") == source.count("\n")
+    assert [f[:2] for f in _sliced_equals_whole(source)] == [("AMP001", 47)]

@@ -290,6 +290,8 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
     keep = set(skeleton.kept_lines)
     for unit in kept:
         keep.update(range(unit.first, unit.last + 1))
+    words = re.compile("|".join(TRIGGERS[code] for code in sorted(codes - {"AMP000"})) or "(?!)")
+    keep -= _inert_elements(tree, code_lines, keep, words, graph.global_names(words))
     out = [line if number in keep else _ending(line) for number, line in enumerate(lines, start=1)]
     for body_first, indent, members in skeleton.class_bodies:
         if body_first not in keep and members and not any(u in kept for u in members):
@@ -299,6 +301,40 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
 
 def _never(name: str) -> bool:
     return False
+
+
+# A display this long is a table (torch's lists of overridable functions run to thousands of
+# entries); its entries are looked at one by one.
+_TABLE_ELEMENTS = 16
+_ENTRY_END = re.compile(rb"\s*,\s*$")
+
+
+def _inert_elements(tree: ast.Module, code_lines: list[str], keep: set[int], words: re.Pattern[str], names: set[str]) -> set[int]:
+    """Lines of the entries of large list, set, tuple and dict displays that no rule can look at:
+    no trigger word, no name bound to one, no call and no assignment. Only an entry alone on its
+    lines, followed by its comma, is blanked, so what is left still parses."""
+    inert: set[int] = set()
+    for node in nodes(tree):
+        kind = type(node)
+        if kind is ast.Dict:
+            entries = [(key, value) for key, value in zip(node.keys, node.values) if key is not None]
+        elif kind is ast.List or kind is ast.Set or kind is ast.Tuple:
+            entries = [(element, element) for element in node.elts]
+        else:
+            continue
+        if len(entries) < _TABLE_ELEMENTS or node.lineno not in keep:
+            continue
+        for first, last in entries:
+            start, end = first.lineno, last.end_lineno or last.lineno
+            head = code_lines[start - 1].encode("utf-8")[: first.col_offset]
+            tail = code_lines[end - 1].encode("utf-8")[last.end_col_offset :]
+            if head.strip() or not _ENTRY_END.match(tail):
+                continue
+            text = "".join(code_lines[start - 1 : end])
+            if "(" in text or ":=" in text or words.search(text) or not names.isdisjoint(_WORD.findall(text)):
+                continue
+            inert.update(range(start, end + 1))
+    return inert
 
 
 def _called_in_regions(graph: _CallGraph, screen: Screen, code: str) -> bool:
@@ -345,6 +381,10 @@ class _CallGraph:
         self.module_calls = set(_PLAIN_NAME.findall(module_level)) & {u.name for u in units if u.owner is None}
         self._reached: dict[tuple[str, bool, bool], frozenset[_Unit]] = {}
 
+    def global_names(self, trigger: re.Pattern[str]) -> set[str]:
+        """Names bound outside every unit to something with a trigger word: they stand for it."""
+        return set().union(*(names for names, text in self.bindings if trigger.search(text)))
+
     def reach(self, pattern: str, follow_calls: bool, function_classes: bool) -> frozenset[_Unit]:
         key = (pattern, follow_calls, function_classes)
         if key not in self._reached:  # rules that share their words share the answer
@@ -352,8 +392,7 @@ class _CallGraph:
         return self._reached[key]
 
     def _reach(self, trigger: re.Pattern[str], follow_calls: bool, function_classes: bool) -> frozenset[_Unit]:
-        # A name bound outside every unit to something with a trigger word stands for it.
-        global_names = set().union(*(names for names, text in self.bindings if trigger.search(text)))
+        global_names = self.global_names(trigger)
         kept = {
             u
             for u in self.units
