@@ -19,6 +19,7 @@ from pathlib import Path
 
 from amplint.static.analyse import analyse_source
 from amplint.static.checks import all_checks
+from amplint.static.discovery import PYTHON_SUFFIXES
 from amplint.static.gate import possible_rules
 from amplint.static.runner import _analyse, _Job
 
@@ -46,7 +47,7 @@ def main() -> int:
         import importlib.util
 
         args.tree = Path(importlib.util.find_spec("torch").submodule_search_locations[0])
-    files = sorted(args.tree.rglob("*.py"))
+    files = sorted(p for p in args.tree.rglob("*") if p.suffix in PYTHON_SUFFIXES and p.is_file())
     differences = findings = 0
     full_seconds = staged_seconds = 0.0
     with ProcessPoolExecutor(args.jobs) as pool:

@@ -4,7 +4,8 @@ file before libcst is asked for anything.
 Most rules begin by asking the facts a question about the whole module and stop when the answer
 rules them out: AMP003 and AMP014-AMP017 need an autocast region (`facts.has_autocast`), AMP004,
 AMP010 and AMP012 a GradScaler construction (`facts.has_scaler`), AMP009 a backward call in a
-module that mentions no scaler at all, AMP014 a region switched off by a literal `False`. On a
+module that mentions no scaler at all, AMP014 a region switched off by a literal `False`, AMP001
+a name of the deprecated API used in code. On a
 large tree most files that pass the byte gates fail these questions (a dispatch table that lists
 `torch.autocast` opens no region), and libcst's parse and facts pass cost ~20x CPython's parse.
 Each screen over-approximates the facts' answer where the rule needs it true and
@@ -37,6 +38,12 @@ _GRAD_SCALER = _last_parts(names.GRAD_SCALER)
 _AUTOGRAD_FUNCTION = frozenset({"Function"})
 _BACKWARD = _last_parts(names.AUTOGRAD_BACKWARD)
 _COMPILE = frozenset({"compile", "optimize"})  # torch.compile, model.compile(), torch._dynamo.optimize
+# The last parts of the deprecated API's names, used in code rather than defined: every import or
+# attribute chain that reaches one spells it out.
+_DEPRECATED_WORDS = re.compile(
+    rb"(?<!def )(?<!class )\b(?:%s)\b"
+    % b"|".join(sorted({name.rsplit(".", 1)[-1].encode() for name in (*names.DEPRECATED_AMP, *names.DEPRECATED_AUTOCAST_STATE)}))
+)
 _SCALER_WORD = re.compile(r"scaler", re.IGNORECASE)
 
 
@@ -67,8 +74,8 @@ def nodes(tree: ast.AST) -> Iterator[ast.AST]:
 
 
 @dataclass
-class Screen:
-    """What CPython's tree says about a module: who is called, what is bound to what."""
+class _Walk:
+    """What one walk of CPython's tree says about a module: who is called, what is bound to what."""
 
     callees: set[str] = field(default_factory=set)  # dotted names called
     methods: set[str] = field(default_factory=set)  # attributes called, whatever their receiver
@@ -78,15 +85,13 @@ class Screen:
     bases: set[str] = field(default_factory=set)  # dotted class bases
     imported: set[str] = field(default_factory=set)  # top-level packages imported
     params: set[str] = field(default_factory=set)
-    code: bytes = b""  # the code view: comments and plain strings blanked
     calls: list[ast.Call] = field(default_factory=list, repr=False)
     call_targets: dict[int, str] = field(default_factory=dict, repr=False)  # id(call) -> name it is assigned to
     decorator_calls: list[ast.Call] = field(default_factory=list, repr=False)  # `@torch.compile(...)` on a def
-    _aliases: dict[frozenset[str], set[str]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def of(cls, tree: ast.Module, code: bytes) -> Screen:
-        screen = cls(code=code)
+    def of(cls, tree: ast.Module) -> _Walk:
+        screen = cls()
         for node in nodes(tree):
             kind = type(node)
             if kind is ast.Call:
@@ -149,6 +154,24 @@ class Screen:
             if alias.asname is not None:
                 self.bindings.append((alias.asname, alias.name))
 
+
+class Screen:
+    """A module's answers to the rules' first questions. The tree is walked once, and only when a
+    question needs more than the code's text."""
+
+    def __init__(self, tree: ast.Module, code: bytes) -> None:
+        self.tree = tree
+        self.code = code  # the code view: comments and plain strings blanked
+        self._aliases: dict[frozenset[str], set[str]] = {}
+
+    @classmethod
+    def of(cls, tree: ast.Module, code: bytes) -> Screen:
+        return cls(tree, code)
+
+    @cached_property
+    def walk(self) -> _Walk:
+        return _Walk.of(self.tree)
+
     def names_for(self, last_parts: frozenset[str]) -> set[str]:
         """Dotted names that may denote an object whose own name is one of `last_parts`."""
         if last_parts not in self._aliases:
@@ -156,7 +179,7 @@ class Screen:
             changed = True
             while changed:
                 changed = False
-                for key, value in self.bindings:
+                for key, value in self.walk.bindings:
                     if key not in found and (value.rsplit(".", 1)[-1] in last_parts or value in found):
                         found.add(key)
                         changed = True
@@ -176,9 +199,14 @@ class Screen:
         return self._may_name({base}, _AUTOGRAD_FUNCTION)
 
     @cached_property
+    def uses_deprecated_names(self) -> bool:
+        """Necessary for AMP001: a name of the deprecated API in code, other than a definition's."""
+        return _DEPRECATED_WORDS.search(self.code) is not None
+
+    @cached_property
     def opens_autocast(self) -> bool:
         """Necessary for `facts.has_autocast`: autocast (or a name for it) is called or decorates."""
-        return self._may_name(self.callees | self.decorators, _AUTOCAST)
+        return self._may_name(self.walk.callees | self.walk.decorators, _AUTOCAST)
 
     @property
     def autocast_names(self) -> set[str]:
@@ -195,7 +223,7 @@ class Screen:
             name = dotted(node)
             return name is not None and (name.rsplit(".", 1)[-1] in _AUTOCAST or name in aliases)
 
-        for call in self.calls:
+        for call in self.walk.calls:
             if is_autocast(call.func) or (call.args and is_autocast(call.args[0])):
                 values = [*call.args, *(keyword.value for keyword in call.keywords)]
                 if any(type(v) is ast.Constant and v.value is False for v in values):
@@ -205,17 +233,22 @@ class Screen:
     @cached_property
     def calls_backward(self) -> bool:
         """Necessary for `has_backward` (AMP009) and for backward calls (AMP003, AMP017)."""
-        return "backward" in self.methods or self._may_name(self.callees, _BACKWARD)
+        return "backward" in self.walk.methods or self._may_name(self.walk.callees, _BACKWARD)
+
+    @cached_property
+    def calls_step(self) -> bool:
+        """Necessary for an optimizer or scaler step (AMP003)."""
+        return "step" in self.walk.methods
 
     @cached_property
     def constructs_scaler(self) -> bool:
         """Necessary for `facts.has_scaler`: a GradScaler (or a name for it) is called."""
-        return self._may_name(self.callees, _GRAD_SCALER)
+        return self._may_name(self.walk.callees, _GRAD_SCALER)
 
     @cached_property
     def subclasses_function(self) -> bool:
         """Necessary for a custom autograd.Function class (AMP013)."""
-        return self._may_name(self.bases, _AUTOGRAD_FUNCTION)
+        return self._may_name(self.walk.bases, _AUTOGRAD_FUNCTION)
 
     @cached_property
     def compiled_names(self) -> set[str] | None:
@@ -223,18 +256,18 @@ class Screen:
         `torch.compile(...)` result is assigned to, the model it compiles, the receiver of
         `.compile()`. None when a compiled function is decorated: any name may then be one."""
         compiles = self.names_for(_COMPILE)
-        if any(d.rsplit(".", 1)[-1] in _COMPILE or d in compiles for d in self.decorators):
+        if any(d.rsplit(".", 1)[-1] in _COMPILE or d in compiles for d in self.walk.decorators):
             return None
-        if any(self._compiles(call, compiles) for call in self.decorator_calls):
+        if any(self._compiles(call, compiles) for call in self.walk.decorator_calls):
             return None
         found: set[str] = set()
-        for call in self.calls:
+        for call in self.walk.calls:
             if not self._compiles(call, compiles):
                 continue
             if isinstance(call.func, ast.Attribute):  # `model.compile()`
                 found.add((dotted(call.func.value) or "").rsplit(".", 1)[-1])
-            if id(call) in self.call_targets:  # `fast = torch.compile(model)` is called as `fast`
-                found.add(self.call_targets[id(call)].rsplit(".", 1)[-1])
+            if id(call) in self.walk.call_targets:  # `fast = torch.compile(model)` is called as `fast`
+                found.add(self.walk.call_targets[id(call)].rsplit(".", 1)[-1])
                 continue
             model = [a.value for a in call.keywords if a.arg == "model"]
             for argument in [*call.args[:1], *model]:
@@ -250,12 +283,12 @@ class Screen:
     @cached_property
     def surely_mentions_scaler(self) -> bool:
         """Sufficient for `mentions_a_scaler`: a call, an assignment or a parameter names a scaler."""
-        return any(_SCALER_WORD.search(name) for name in (*self.callees, *self.assigned, *self.params))
+        return any(_SCALER_WORD.search(name) for name in (*self.walk.callees, *self.walk.assigned, *self.walk.params))
 
     @cached_property
     def surely_framework_owned(self) -> bool:
         """Sufficient for `framework_owned`: a training framework is imported."""
-        return not self.imported.isdisjoint(names.FRAMEWORK_PACKAGES)
+        return not self.walk.imported.isdisjoint(names.FRAMEWORK_PACKAGES)
 
     @cached_property
     def names_custom_fwd(self) -> bool:
@@ -272,8 +305,9 @@ def _scaler(screen: Screen) -> bool:
 
 # Each rule's own first question, as its check module asks it of the facts.
 PRECONDITIONS: dict[str, Callable[[Screen], bool]] = {
+    "AMP001": lambda s: s.uses_deprecated_names,
     "AMP002": lambda s: s.opens_autocast or s.constructs_scaler,
-    "AMP003": lambda s: s.opens_autocast and (s.calls_backward or "step" in s.methods),
+    "AMP003": lambda s: s.opens_autocast and (s.calls_backward or s.calls_step),
     "AMP004": _scaler,
     "AMP009": lambda s: s.opens_autocast and s.calls_backward and not (s.surely_mentions_scaler or s.surely_framework_owned),
     "AMP010": _scaler,

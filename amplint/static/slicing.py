@@ -271,7 +271,8 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
     code_lines = lines_with_endings(code_view)
     if len(code_lines) != len(lines):
         return codes, None
-    is_function_base = screen.may_be_function if screen is not None else _never
+    reads_function_classes = screen is not None and not codes.isdisjoint(_FUNCTION_CLASS_RULES)
+    is_function_base = screen.may_be_function if reads_function_classes else _never
     skeleton = _skeleton(tree, code_lines, is_function_base)
     if not skeleton.units:
         return codes, None
