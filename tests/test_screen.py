@@ -18,7 +18,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "static"
 
 
 def _screen(source: str) -> Screen:
-    return Screen.of(ast.parse(source), _code_view(source))
+    return Screen(source, _code_view(source))
 
 
 def _kept(source: str, code: str) -> bool:

@@ -184,3 +184,20 @@ def test_a_large_tables_inert_entries_are_blanked_and_its_amp_entries_kept() -> 
     assert "torch.compute(x)" in sliced  # a call is never blanked
     assert sliced.count("\n") == source.count("\n")
     assert [f[:2] for f in _sliced_equals_whole(source)] == [("AMP001", 47)]
+
+
+def test_nested_functions_no_rule_can_see_become_pass() -> None:
+    handlers = "".join(
+        f"    @register(torch.op_{i})\n    def handle_op_{i}(self, tx):\n        return tx.constant({i})\n\n" for i in range(30)
+    )
+    source = _large(
+        "\n\ndef get_handlers():\n" + handlers
+        + "    @register(torch.is_autocast_cpu_enabled)\n    def handle_amp(self, tx):\n        return tx.constant(0)\n\n"
+        + "    def worker():\n        print('done')\n\n    threading.Thread(target=worker).start()\n    return handlers\n"
+    )
+    codes, sliced = slicing.prepare(source, frozenset({"AMP001"}))
+    assert codes == {"AMP001"}
+    assert "handle_op_7" not in sliced and "torch.is_autocast_cpu_enabled" in sliced
+    assert "def worker():" in sliced  # named elsewhere: rules may look into it
+    assert sliced.count("\n") == source.count("\n")
+    assert [f[0] for f in _sliced_equals_whole(source)] == ["AMP001"]

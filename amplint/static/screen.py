@@ -156,17 +156,18 @@ class _Walk:
 
 
 class Screen:
-    """A module's answers to the rules' first questions. The tree is walked once, and only when a
-    question needs more than the code's text."""
+    """A module's answers to the rules' first questions. CPython parses the text only when a
+    question needs more than the code's words, and the tree is walked once."""
 
-    def __init__(self, tree: ast.Module, code: bytes) -> None:
-        self.tree = tree
+    def __init__(self, text: str, code: bytes) -> None:
+        self.text = text
         self.code = code  # the code view: comments and plain strings blanked
         self._aliases: dict[frozenset[str], set[str]] = {}
 
-    @classmethod
-    def of(cls, tree: ast.Module, code: bytes) -> Screen:
-        return cls(tree, code)
+    @cached_property
+    def tree(self) -> ast.Module:
+        """CPython's tree; raises SyntaxError (and ValueError, RecursionError) as ast.parse does."""
+        return ast.parse(self.text)
 
     @cached_property
     def walk(self) -> _Walk:
@@ -320,5 +321,3 @@ PRECONDITIONS: dict[str, Callable[[Screen], bool]] = {
 }
 
 
-def needs_screen(codes: frozenset[str]) -> bool:
-    return not codes.isdisjoint(PRECONDITIONS)

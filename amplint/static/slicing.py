@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from amplint.static.gate import possible_rules
-from amplint.static.screen import Screen, dotted, needs_screen, nodes
+from amplint.static.screen import Screen, dotted, nodes
 from amplint.static.source import lines_with_endings
 
 _SCALER = r"\.scale\s*\(|unscale_|GradScaler|[sS]caler"
@@ -200,15 +201,14 @@ def prepare(text: str, codes: frozenset[str], check_syntax: bool = True) -> tupl
     view = _code_view(text)
     named_in_code = {code for code in codes & STRING_SENSITIVE.keys() if STRING_SENSITIVE[code] in view}
     kept = possible_rules(view, string_blind) | named_in_code
-    if not kept and not check_syntax:
-        return codes & {"AMP000"}, None
+    screen = Screen(text, view)
     try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return codes, None
-    screen = Screen.of(tree, view) if needs_screen(kept) else None
-    if screen is not None:
         kept = screen.possible(kept)
+        if not kept and not check_syntax:
+            return codes & {"AMP000"}, None
+        tree = screen.tree
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return codes, None  # libcst, the parser of record, reports it or reads newer syntax
     kept |= codes & {"AMP000"}
     if len(text) < SLICE_MIN_CHARS or not kept - {"AMP000"}:
         return kept, None  # slicing a small file would save less than it costs
@@ -261,7 +261,7 @@ def _prefix_start(data: bytes, quote: int) -> int:
     return quote if before and (before.isalnum() or before == b"_" or before[0] >= 0x80) else start
 
 
-def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, screen: Screen | None) -> tuple[frozenset[str], str | None]:
+def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, screen: Screen) -> tuple[frozenset[str], str | None]:
     """The rules still possible, and the text with irrelevant functions blanked (None: analyse
     the whole file). Trigger words and calls are looked for in the code view: a docstring that
     says "autocast" keeps nothing."""
@@ -271,16 +271,14 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
     code_lines = lines_with_endings(code_view)
     if len(code_lines) != len(lines):
         return codes, None
-    reads_function_classes = screen is not None and not codes.isdisjoint(_FUNCTION_CLASS_RULES)
-    is_function_base = screen.may_be_function if reads_function_classes else _never
+    is_function_base = screen.may_be_function if not codes.isdisjoint(_FUNCTION_CLASS_RULES) else _never
     skeleton = _skeleton(tree, code_lines, is_function_base)
     if not skeleton.units:
         return codes, None
     # Module-level code is always kept: its plain calls and its AMP bindings count.
     module_level = "".join(code_lines[i - 1] for i in sorted(skeleton.kept_lines) if i <= len(lines))
     graph = _CallGraph(skeleton, module_level, is_function_base)
-    if screen is not None:
-        codes -= {code for code in codes & _REGION_RULES if not _called_in_regions(graph, screen, code)}
+    codes -= {code for code in codes & _REGION_RULES if not _called_in_regions(graph, screen, code)}
     # Each rule keeps what its own trigger words reach; the slice is the union, so one rule's
     # broad words (AMP017's `backward`) do not drag in another's call graph.
     kept: set[_Unit] = set()
@@ -292,8 +290,16 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
     for unit in kept:
         keep.update(range(unit.first, unit.last + 1))
     words = re.compile("|".join(TRIGGERS[code] for code in sorted(codes - {"AMP000"})) or "(?!)")
-    keep -= _inert_elements(tree, code_lines, keep, words, graph.global_names(words))
+    names = graph.global_names(words)
+    keep -= _inert_elements(tree, code_lines, keep, words, names)
+    # A nested function that calls none of the kept functions is as inert as a blanked one.
+    names |= {unit.name for unit in kept}
+    placeholders = _inert_definitions(tree, code_lines, keep, words, names, {id(unit.node) for unit in skeleton.units})
+    for first, last, _indent in placeholders:
+        keep.difference_update(range(first, last + 1))
     out = [line if number in keep else _ending(line) for number, line in enumerate(lines, start=1)]
+    for first, _last, indent in placeholders:  # the body that held it must not end up empty
+        out[first - 1] = indent + "pass" + _ending(lines[first - 1])
     for body_first, indent, members in skeleton.class_bodies:
         if body_first not in keep and members and not any(u in kept for u in members):
             out[body_first - 1] = " " * indent + "pass" + _ending(lines[body_first - 1])
@@ -302,6 +308,38 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
 
 def _never(name: str) -> bool:
     return False
+
+
+def _inert_definitions(
+    tree: ast.Module, code_lines: list[str], keep: set[int], words: re.Pattern[str], names: set[str], units: set[int]
+) -> list[tuple[int, int, str]]:
+    """Functions nested in kept code (handlers registered in a 90 KB method) with no rule's word,
+    no name bound to one, no call of a kept function, and whose own name is used nowhere else
+    (a thread's target, a helper called by name: rules look into those): (first line, last
+    line, indentation) of each outermost one, to be replaced by `pass`."""
+    found: list[tuple[int, int, str]] = []
+    uses: Counter[str] | None = None
+    for node in nodes(tree):
+        if type(node) not in (ast.FunctionDef, ast.AsyncFunctionDef) or id(node) in units:
+            continue
+        first, last = first_line(node), node.end_lineno or node.lineno
+        if first not in keep:
+            continue
+        text = "".join(code_lines[first - 1 : last])
+        indent = code_lines[first - 1][: node.col_offset]
+        if indent.strip() or words.search(text) or not names.isdisjoint(_WORD.findall(text)):
+            continue
+        if uses is None:
+            uses = Counter(_WORD.findall("".join(code_lines)))
+        if uses[node.name] > 1:
+            continue
+        found.append((first, last, indent))
+    found.sort(key=lambda span: (span[0], -span[1]))
+    outermost: list[tuple[int, int, str]] = []
+    for span in found:
+        if not outermost or span[0] > outermost[-1][1]:
+            outermost.append(span)
+    return outermost
 
 
 # A display this long is a table (torch's lists of overridable functions run to thousands of
