@@ -201,3 +201,18 @@ def test_a_compiled_function_may_be_called_by_any_name() -> None:
 )
 def test_amp001_needs_a_deprecated_name_used_in_code(source: str, uses: bool) -> None:
     assert _kept(source, "AMP001") is uses
+
+
+@pytest.mark.parametrize(
+    ("source", "uses"),
+    [
+        ("scaler = torch.amp.GradScaler()\n", True),
+        ("self.loss_scaler.step(optimizer)\n", True),
+        ("opt.unscale_(x)\n", True),
+        ("s.scale(loss).backward()\n", True),
+        ("x = g.op('Mul').scale(2)\nt.step()\n", False),  # a scale() that no backward follows
+        ("optimizer.step()\nscheduler.step()\n", False),
+    ],
+)
+def test_scaler_events_need_something_the_facts_call_a_scaler(source: str, uses: bool) -> None:
+    assert _screen(source).uses_a_scaler is uses

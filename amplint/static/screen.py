@@ -45,6 +45,7 @@ _DEPRECATED_WORDS = re.compile(
     % b"|".join(sorted({name.rsplit(".", 1)[-1].encode() for name in (*names.DEPRECATED_AMP, *names.DEPRECATED_AUTOCAST_STATE)}))
 )
 _SCALER_WORD = re.compile(r"scaler", re.IGNORECASE)
+_SCALER_CALL = re.compile(r"(?i:scaler)[^.]*\.(?:step|update|scale)$")  # the receiver's last part names a scaler
 
 
 def dotted(node: ast.expr | None) -> str | None:
@@ -242,6 +243,18 @@ class Screen:
         return "step" in self.walk.methods
 
     @cached_property
+    def uses_a_scaler(self) -> bool:
+        """Necessary for any scaler event (`facts.is_scaler`): a GradScaler built, `unscale_` or
+        `get_scale` called, a scaled loss back-propagated, or a `*scaler*.step/update/scale()`."""
+        methods = self.walk.methods
+        return (
+            self.constructs_scaler
+            or not methods.isdisjoint({"unscale_", "get_scale"})
+            or ("scale" in methods and self.calls_backward)
+            or any(_SCALER_CALL.search(callee) for callee in self.walk.callees)
+        )
+
+    @cached_property
     def constructs_scaler(self) -> bool:
         """Necessary for `facts.has_scaler`: a GradScaler (or a name for it) is called."""
         return self._may_name(self.walk.callees, _GRAD_SCALER)
@@ -310,8 +323,13 @@ PRECONDITIONS: dict[str, Callable[[Screen], bool]] = {
     "AMP002": lambda s: s.opens_autocast or s.constructs_scaler,
     "AMP003": lambda s: s.opens_autocast and (s.calls_backward or s.calls_step),
     "AMP004": _scaler,
+    # The training-step rules need scaler events: a scaled backward, an unscale, a scaler step.
+    "AMP006": lambda s: s.uses_a_scaler and "scale" in s.walk.methods and s.calls_step,
+    "AMP007": lambda s: s.uses_a_scaler and s.calls_step,
+    "AMP008": lambda s: s.uses_a_scaler and "unscale_" in s.walk.methods,
     "AMP009": lambda s: s.opens_autocast and s.calls_backward and not (s.surely_mentions_scaler or s.surely_framework_owned),
     "AMP010": _scaler,
+    "AMP011": lambda s: s.uses_a_scaler and s.calls_step,
     "AMP012": _scaler,
     "AMP013": lambda s: s.subclasses_function and (s.opens_autocast or s.constructs_scaler or s.names_custom_fwd),
     "AMP014": lambda s: s.opens_autocast and s.disables_autocast,
