@@ -10,19 +10,39 @@ and rule example passes its rule's gate, so the gate never costs recall.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 
 @dataclass
 class _Text:
-    """A file's bytes, and their lower-case form for the case-insensitive words."""
+    """A file's bytes, its lower-case form for the case-insensitive words, and the answers
+    already given: several gates ask for the same word, and each scan reads the whole file."""
 
     raw: bytes
+    _found: dict[bytes, bool] = field(default_factory=dict)
+
+    def has(self, word: bytes) -> bool:
+        if word not in self._found:
+            self._found[word] = word in self.raw
+        return self._found[word]
 
     @cached_property
     def lower(self) -> bytes:
         return self.raw.lower()
+
+    @cached_property
+    def autocast(self) -> bool:
+        """`autocast` as a whole word."""
+        return self.has(b"autocast") and _AUTOCAST.search(self.raw) is not None
+
+    @cached_property
+    def scale_call(self) -> bool:
+        return self.has(b".scale") and _SCALE_CALL.search(self.raw) is not None
+
+    @cached_property
+    def unscale(self) -> bool:
+        return self.has(b"unscale_") and _UNSCALE.search(self.raw) is not None
 
 
 def _word(word: bytes) -> re.Pattern[bytes]:
@@ -43,25 +63,22 @@ _DEPRECATED_AMP = re.compile(rb"amp(?<!\wamp)(?<!torch\.amp)\b")
 _AUTOCAST_DEVICE = re.compile(rb"autocast_(?:gpu|cpu|xla|ipu)_")
 
 
-def _autocast(text: _Text) -> bool:
-    return b"autocast" in text.raw and _AUTOCAST.search(text.raw) is not None
-
-
 def _amp001(text: _Text) -> bool:
     return _DEPRECATED_AMP.search(text.raw) is not None or _AUTOCAST_DEVICE.search(text.raw) is not None
 
 
 def _amp002(text: _Text) -> bool:
-    converts = b"half" in text.lower or b"float16" in text.lower
-    return converts and (b"GradScaler" in text.raw or _autocast(text))
+    if not (text.has(b"GradScaler") or text.autocast):
+        return False
+    return b"half" in text.lower or b"float16" in text.lower
 
 
 def _amp003(text: _Text) -> bool:
-    return _autocast(text) and (b"backward" in text.raw or b"step" in text.raw)
+    return text.autocast and (text.has(b"backward") or text.has(b"step"))
 
 
 def _amp004(text: _Text) -> bool:
-    return b"GradScaler" in text.raw
+    return text.has(b"GradScaler")
 
 
 # A scaled backward needs a `.scale(...)` call; a scaler is constructed, scales, or is named so.
@@ -73,67 +90,64 @@ _SCALER_NAME = re.compile(rb"scaler\w*\s*\.\s*(?:step|update|scale)\b")
 
 def _scaler(text: _Text) -> bool:
     """Mirrors AmpFacts.is_scaler: constructed, scaling a backward, unscaling, or a `*scaler*.step(`."""
-    raw = text.raw
     return (
-        b"GradScaler" in raw
-        or b"get_scale" in raw
-        or _SCALE_CALL.search(raw) is not None
-        or _UNSCALE.search(raw) is not None
-        or (b"scaler" in text.lower and _SCALER_NAME.search(text.lower) is not None)
+        text.has(b"GradScaler")
+        or text.has(b"get_scale")
+        or text.scale_call
+        or text.unscale
+        or (text.has(b"caler") and _SCALER_NAME.search(text.lower) is not None)  # scaler, Scaler, SCALER
     )
 
 
 def _amp005(text: _Text) -> bool:
-    raw = text.raw
-    gradients = b"clip_grad" in raw or b"get_total_norm" in raw or _GRAD_ATTRIBUTE.search(raw) is not None
-    return gradients and _SCALE_CALL.search(raw) is not None
+    gradients = text.has(b"clip_grad") or text.has(b"get_total_norm") or _GRAD_ATTRIBUTE.search(text.raw) is not None
+    return text.scale_call and gradients
 
 
 def _amp006(text: _Text) -> bool:
-    return b"step" in text.raw and _SCALE_CALL.search(text.raw) is not None
+    return text.has(b"step") and text.scale_call
 
 
 def _scaler_steps(text: _Text) -> bool:
     """AMP007 and AMP011: a scaler's step or update."""
-    return (b"step" in text.raw or b"update" in text.raw) and _scaler(text)
+    return (text.has(b"step") or text.has(b"update")) and _scaler(text)
 
 
 def _amp008(text: _Text) -> bool:
-    return _UNSCALE.search(text.raw) is not None
+    return text.unscale
 
 
 def _amp009(text: _Text) -> bool:
-    return _autocast(text) and b"backward" in text.raw
+    return text.autocast and text.has(b"backward")
 
 
 def _amp010(text: _Text) -> bool:
-    return b"GradScaler" in text.raw and (b"bfloat16" in text.raw or b"cpu" in text.raw)
+    return text.has(b"GradScaler") and (text.has(b"bfloat16") or text.has(b"cpu"))
 
 
 def _amp012(text: _Text) -> bool:
-    return b"GradScaler" in text.raw and (b"save" in text.raw or b"load_state_dict" in text.raw)
+    return text.has(b"GradScaler") and (text.has(b"save") or text.has(b"load_state_dict"))
 
 
 def _amp013(text: _Text) -> bool:
-    raw = text.raw
-    amp_aware = b"GradScaler" in raw or b"custom_fwd" in raw or b"custom_bwd" in raw or _autocast(text)
-    return b"Function" in raw and amp_aware
+    amp_aware = text.has(b"GradScaler") or text.has(b"custom_fwd") or text.has(b"custom_bwd") or text.autocast
+    return amp_aware and text.has(b"Function")
 
 
 _THREAD_WORDS = (b"Thread", b"submit", b"Executor", b"Pool", b".map(", b"apply_async", b"imap", b"starmap")
 
 
 def _amp015(text: _Text) -> bool:
-    return _autocast(text) and any(word in text.raw for word in _THREAD_WORDS)
+    return text.autocast and any(text.has(word) for word in _THREAD_WORDS)
 
 
 def _amp017(text: _Text) -> bool:
-    return _autocast(text) and b"compile" in text.raw and b"backward" in text.raw
+    return text.autocast and text.has(b"compile") and text.has(b"backward")
 
 
 def _amp014(text: _Text) -> bool:
     """A region switched off by a literal `False` inside another."""
-    return _autocast(text) and b"False" in text.raw
+    return text.autocast and text.has(b"False")
 
 
 _AMP016_DTYPES = re.compile(rb"float32|float64|double|torch\.float\b|bfloat16|binary_cross_entropy|BCELoss")
@@ -141,7 +155,7 @@ _AMP016_DTYPES = re.compile(rb"float32|float64|double|torch\.float\b|bfloat16|bi
 
 def _amp016(text: _Text) -> bool:
     """A dtype autocast ignores, bfloat16 (on CUDA), or binary cross-entropy."""
-    return _autocast(text) and _AMP016_DTYPES.search(text.raw) is not None
+    return text.autocast and _AMP016_DTYPES.search(text.raw) is not None
 
 
 GATES = {
