@@ -95,7 +95,7 @@ def _scaler(text: _Text) -> bool:
         or text.has(b"get_scale")
         or text.scale_call
         or text.unscale
-        or (text.has(b"caler") and _SCALER_NAME.search(text.lower) is not None)  # scaler, Scaler, SCALER
+        or (b"scaler" in text.lower and _SCALER_NAME.search(text.lower) is not None)
     )
 
 
