@@ -82,3 +82,15 @@ def test_good_and_bad_files_together(tmp_path: Path) -> None:
     assert result.returncode == 1
     found = {(Path(f["path"]).name, f["code"]) for f in json.loads(result.stdout)}
     assert found == {("broken.py", "AMP000"), ("train.py", "AMP001")}
+
+
+def test_reading_a_file_keeps_the_compilers_warnings_to_itself() -> None:
+    """An invalid escape makes CPython warn while parsing (a SyntaxWarning printed on stderr since
+    Python 3.12): that is the user's Python's to say, not the linter's."""
+    import warnings
+
+    from amplint.static.source import python_tree
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        python_tree('PATTERN = "\\d+"\n')

@@ -14,10 +14,16 @@ from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionPr
 
 from amplint.catalogue import rule_info
 from amplint.model import Edit, Finding, Fix
-from amplint.static.source import SourceError, decode_source, parse_error_finding, physical_lines
 from amplint.static.checks import Hit, Insertion, all_checks
 from amplint.static.semantics import AmpFacts
 from amplint.static.slicing import first_line, prepare
+from amplint.static.source import (
+    SourceError,
+    decode_source,
+    parse_error_finding,
+    physical_lines,
+    python_tree,
+)
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+\d*(?:[\s,]+[A-Za-z]+\d*)*))?", re.IGNORECASE)
 _FILE_NOQA = re.compile(r"^#\s*amplint:\s*noqa\s*$", re.IGNORECASE | re.MULTILINE)
@@ -35,7 +41,7 @@ def parse(text: str) -> cst.Module:
 def _syntax_error(text: str, exc: cst.ParserSyntaxError) -> SourceError:
     """Report where CPython would: libcst's native parser can point a line or two off."""
     try:
-        ast.parse(text)
+        python_tree(text)
     except SyntaxError as error:
         return SourceError(f"cannot parse: {error.msg}", error.lineno or 1, error.offset or 1)
     except (ValueError, RecursionError, MemoryError):
@@ -130,7 +136,7 @@ class _Locator:
     def _origins(self) -> dict[int, tuple[int, int]]:
         """id(unit) -> (first line, column) of every unit, decorators included, from CPython."""
         try:
-            tree = ast.parse(self.text)
+            tree = python_tree(self.text)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return {}
         origins: dict[int, tuple[int, int]] = {}

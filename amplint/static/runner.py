@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import gc
 import os
 import sys
@@ -221,11 +220,16 @@ def _syntax_only(source: bytes, display: str) -> list[Finding]:
     """AMP000 for a file no rule needs to analyse. CPython's own parser answers for almost every
     file without importing libcst; what it refuses is asked of libcst, the parser of record,
     which also reads syntax newer than the running Python (3.12's `def f[T]()`)."""
-    from amplint.static.source import SourceError, decode_source, parse_error_finding
+    from amplint.static.source import (
+        SourceError,
+        decode_source,
+        parse_error_finding,
+        python_tree,
+    )
 
     try:
         text, _ = decode_source(source)
-        ast.parse(text)
+        python_tree(text)
     except SourceError as error:
         return [parse_error_finding(display, error)]
     except (SyntaxError, ValueError, RecursionError, MemoryError):

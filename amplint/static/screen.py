@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from amplint.static import names
+from amplint.static.source import python_tree
 
 
 def _last_parts(qualified: set[str]) -> frozenset[str]:
@@ -168,7 +169,7 @@ class Screen:
     @cached_property
     def tree(self) -> ast.Module:
         """CPython's tree; raises SyntaxError (and ValueError, RecursionError) as ast.parse does."""
-        return ast.parse(self.text)
+        return python_tree(self.text)
 
     @cached_property
     def walk(self) -> _Walk:

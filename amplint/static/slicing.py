@@ -391,7 +391,8 @@ def _called_in_regions(graph: _CallGraph, screen: Screen, code: str) -> bool:
         return False
     openers = "".join(rf"|\b{re.escape(name)}\b" for name in sorted(screen.autocast_names))
     region = graph.reach(r"autocast" + openers, follow_calls=True, function_classes=False)
-    call = re.compile(r"\b(?:%s)%s\s*\(" % ("|".join(map(re.escape, sorted(called))), suffix))
+    alternatives = "|".join(map(re.escape, sorted(called)))
+    call = re.compile(rf"\b(?:{alternatives}){suffix}\s*\(")
     return call.search(graph.module_level) is not None or any(call.search(unit.text) for unit in region)
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
+import warnings
 
 from amplint.catalogue import rule_info
 from amplint.model import Finding
@@ -31,6 +33,15 @@ def decode_source(source: bytes | str) -> tuple[str, str]:
     except (UnicodeDecodeError, LookupError) as exc:
         line = source[: getattr(exc, "start", 0)].count(b"\n") + 1
         raise SourceError(f"cannot decode as {encoding}: {exc.reason if hasattr(exc, 'reason') else exc}", line) from None
+
+
+def python_tree(text: str) -> ast.Module:
+    """CPython's tree of a user's file, without the warnings compiling it prints (`1()`, an
+    invalid escape): those are the user's Python's to give, not a linter's. Raises SyntaxError,
+    ValueError and RecursionError as ast.parse does."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(text)
 
 
 def parse_error_finding(path: str, error: SourceError) -> Finding:
