@@ -194,8 +194,8 @@ def _sarif(project: Path, *paths: str) -> dict:
 
 
 def test_sarif_validates_against_the_official_schema(project: Path) -> None:
-    # (it mentions torch.cuda.amp: a walked file that no rule's gate passes is not parsed at all)
-    (project / "src" / "broken file.py").write_text("from torch.cuda import amp\ndef f(:\n", encoding="utf-8")
+    # (it imports the deprecated GradScaler: a walked file no rule could flag is not parsed at all)
+    (project / "src" / "broken file.py").write_text("from torch.cuda.amp import GradScaler\ndef f(:\n", encoding="utf-8")
     log = _sarif(project, "src")
     schema = _sarif_schema()
     assert schema["title"].startswith("Static Analysis Results Format (SARIF) Version 2.1.0")
