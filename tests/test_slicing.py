@@ -171,6 +171,13 @@ def test_a_function_that_uses_a_name_bound_at_module_level_is_kept(binding: str,
     assert any(line == 7 for _code, line, _column, _message in found)
 
 
+def _amp001_slice(source: str) -> str:
+    codes, sliced = slicing.prepare(source, frozenset({"AMP001"}))
+    assert codes == {"AMP001"} and sliced is not None
+    assert sliced.count("\n") == source.count("\n")
+    return sliced
+
+
 def test_a_large_tables_inert_entries_are_blanked_and_its_amp_entries_kept() -> None:
     entries = "".join(f"        torch.op_{i}: lambda input, out=None: -1,\n" for i in range(40))
     source = _large(
@@ -178,11 +185,9 @@ def test_a_large_tables_inert_entries_are_blanked_and_its_amp_entries_kept() -> 
         + "        torch.cuda.amp.autocast: lambda enabled=True: -1,\n"
         + "        torch.compute(x): -1,\n    }\n"
     )
-    codes, sliced = slicing.prepare(source, frozenset({"AMP001"}))
-    assert codes == {"AMP001"}
+    sliced = _amp001_slice(source)
     assert "torch.op_7" not in sliced and "torch.cuda.amp.autocast" in sliced
     assert "torch.compute(x)" in sliced  # a call is never blanked
-    assert sliced.count("\n") == source.count("\n")
     assert [f[:2] for f in _sliced_equals_whole(source)] == [("AMP001", 47)]
 
 
@@ -195,9 +200,7 @@ def test_nested_functions_no_rule_can_see_become_pass() -> None:
         + "    @register(torch.is_autocast_cpu_enabled)\n    def handle_amp(self, tx):\n        return tx.constant(0)\n\n"
         + "    def worker():\n        print('done')\n\n    threading.Thread(target=worker).start()\n    return handlers\n"
     )
-    codes, sliced = slicing.prepare(source, frozenset({"AMP001"}))
-    assert codes == {"AMP001"}
+    sliced = _amp001_slice(source)
     assert "handle_op_7" not in sliced and "torch.is_autocast_cpu_enabled" in sliced
     assert "def worker():" in sliced  # named elsewhere: rules may look into it
-    assert sliced.count("\n") == source.count("\n")
     assert [f[0] for f in _sliced_equals_whole(source)] == ["AMP001"]
