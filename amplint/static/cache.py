@@ -9,7 +9,6 @@ leave a complete cache (the last one wins) and a reader never sees half a file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -17,8 +16,10 @@ from pathlib import Path
 from amplint import __version__
 
 
-def content_hash(source: bytes) -> str:
-    return hashlib.blake2b(source, digest_size=16).hexdigest()
+def content_hash(source: bytes, size: int = 16) -> str:
+    import hashlib  # not imported by a run without a cache
+
+    return hashlib.blake2b(source, digest_size=size).hexdigest()
 
 
 def _stat_key(stat: os.stat_result) -> list[int]:
@@ -27,7 +28,7 @@ def _stat_key(stat: os.stat_result) -> list[int]:
 
 class ResultCache:
     def __init__(self, folder: Path, fingerprint: str) -> None:
-        key = hashlib.blake2b(f"{__version__}\0{fingerprint}".encode(), digest_size=12).hexdigest()
+        key = content_hash(f"{__version__}\0{fingerprint}".encode(), size=12)
         self.folder = folder
         self.file = folder / __version__ / f"{key}.json"
         self.entries: dict[str, list] = {}

@@ -46,6 +46,7 @@ class _Task:
     enabled: frozenset[str]
     min_torch: tuple[int, ...] | None
     previous: tuple[str, list[dict]] | None  # cached digest and findings, reused if the bytes match
+    cached: bool = True  # its result is stored: it needs the digest of its bytes
 
 
 @dataclass
@@ -113,7 +114,7 @@ def check_paths(
             result.findings.extend(_with_path(cached, source_file.display))
             continue
         previous = cache.previous(source_file.key) if cache else None
-        tasks.append(_Task(source_file.key, source_file.display, source_file.named, enabled, settings.min_torch, previous))
+        tasks.append(_Task(source_file.key, source_file.display, source_file.named, enabled, settings.min_torch, previous, cache is not None))
         stats.append(stat)
     for task, stat, outcome in zip(tasks, stats, _check_all(tasks, stats, jobs)):
         if outcome.error is not None:
@@ -161,7 +162,7 @@ def _check_file(task: _Task) -> _Outcome:
         data = Path(task.key).read_bytes()
     except OSError as exc:
         return _Outcome([], error=exc.strerror or str(exc))
-    digest = content_hash(data)
+    digest = content_hash(data) if task.cached else ""
     if task.previous is not None and task.previous[0] == digest:  # touched, not changed
         return _Outcome(_with_path(task.previous[1], task.display), digest)
     possible = possible_rules(data, task.enabled)
