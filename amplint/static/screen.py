@@ -101,35 +101,46 @@ class _Walk:
     call_targets: dict[int, str] = field(default_factory=dict, repr=False)  # id(call) -> name it is assigned to
     decorator_calls: list[ast.Call] = field(default_factory=list, repr=False)  # `@torch.compile(...)` on a def
 
+    # What the slicer reads from the same walk: large displays (tables) and every function.
+    tables: list[ast.expr] = field(default_factory=list, repr=False)
+    functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=list, repr=False)
+
     @classmethod
     def of(cls, tree: ast.Module) -> _Walk:
-        screen = cls()
+        walk = cls()
+        handlers = _HANDLERS
         for node in nodes(tree):
-            kind = type(node)
-            if kind is ast.Call:
-                screen.calls.append(node)
-                callee = dotted(node.func)
-                if callee is not None:
-                    screen.callees.add(callee)
-                if type(node.func) is ast.Attribute:  # `scaler.scale(loss).backward()` has no dotted name
-                    screen.methods.add(node.func.attr)
-            elif kind is ast.Assign:
-                for target in node.targets:
-                    screen._bind(target, node.value)
-                first = dotted(node.targets[0])
-                if type(node.value) is ast.Call and first is not None:
-                    screen.call_targets[id(node.value)] = first
-            elif kind is ast.AnnAssign or kind is ast.NamedExpr:
-                if node.value is not None:
-                    screen._bind(node.target, node.value)
-            elif kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
-                screen._definition(node)
-            elif kind is ast.ClassDef:
-                screen.bases.update(filter(None, map(dotted, node.bases)))
-                screen.decorators.update(filter(None, map(dotted, node.decorator_list)))
-            elif kind is ast.Import or kind is ast.ImportFrom:
-                screen._import(node)
-        return screen
+            handler = handlers.get(node.__class__)
+            if handler is not None:
+                handler(walk, node)
+        return walk
+
+    def _call(self, node: ast.Call) -> None:
+        self.calls.append(node)
+        callee = dotted(node.func)
+        if callee is not None:
+            self.callees.add(callee)
+        if type(node.func) is ast.Attribute:  # `scaler.scale(loss).backward()` has no dotted name
+            self.methods.add(node.func.attr)
+
+    def _assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._bind(target, node.value)
+        first = dotted(node.targets[0])
+        if type(node.value) is ast.Call and first is not None:
+            self.call_targets[id(node.value)] = first
+
+    def _annotated_or_named(self, node: ast.AnnAssign | ast.NamedExpr) -> None:
+        if node.value is not None:
+            self._bind(node.target, node.value)
+
+    def _class(self, node: ast.ClassDef) -> None:
+        self.bases.update(filter(None, map(dotted, node.bases)))
+        self.decorators.update(filter(None, map(dotted, node.decorator_list)))
+
+    def _display(self, node: ast.Dict | ast.List | ast.Set | ast.Tuple) -> None:
+        if len(node.values if type(node) is ast.Dict else node.elts) >= TABLE_ENTRIES:
+            self.tables.append(node)
 
     def _bind(self, target: ast.expr, value: ast.expr) -> None:
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)):
@@ -147,6 +158,7 @@ class _Walk:
         self.assigned.add(key)
 
     def _definition(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.functions.append(node)
         self.decorators.update(filter(None, map(dotted, node.decorator_list)))
         self.decorator_calls.extend(d for d in node.decorator_list if type(d) is ast.Call)
         arguments = node.args
@@ -165,6 +177,26 @@ class _Walk:
             self.imported.add(alias.name.split(".")[0])
             if alias.asname is not None:
                 self.bindings.append((alias.asname, alias.name))
+
+
+# A display this long is a table (torch's lists of overridable functions run to thousands of
+# entries): the slicer looks at its entries one by one.
+TABLE_ENTRIES = 16
+_HANDLERS = {
+    ast.Call: _Walk._call,
+    ast.Assign: _Walk._assign,
+    ast.AnnAssign: _Walk._annotated_or_named,
+    ast.NamedExpr: _Walk._annotated_or_named,
+    ast.FunctionDef: _Walk._definition,
+    ast.AsyncFunctionDef: _Walk._definition,
+    ast.ClassDef: _Walk._class,
+    ast.Import: _Walk._import,
+    ast.ImportFrom: _Walk._import,
+    ast.Dict: _Walk._display,
+    ast.List: _Walk._display,
+    ast.Set: _Walk._display,
+    ast.Tuple: _Walk._display,
+}
 
 
 class Screen:

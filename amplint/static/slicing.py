@@ -291,10 +291,11 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
         keep.update(range(unit.first, unit.last + 1))
     words = re.compile("|".join(TRIGGERS[code] for code in sorted(codes - {"AMP000"})) or "(?!)")
     names = graph.global_names(words)
-    keep -= _inert_elements(tree, code_lines, keep, words, names)
+    keep -= _inert_elements(screen.walk.tables, code_lines, keep, words, names)
     # A nested function that calls none of the kept functions is as inert as a blanked one.
     names |= {unit.name for unit in kept}
-    placeholders = _inert_definitions(tree, code_lines, keep, words, names, {id(unit.node) for unit in skeleton.units})
+    units = {id(unit.node) for unit in skeleton.units}
+    placeholders = _inert_definitions(screen.walk.functions, code_lines, keep, words, names, units)
     for first, last, _indent in placeholders:
         keep.difference_update(range(first, last + 1))
     out = [line if number in keep else _ending(line) for number, line in enumerate(lines, start=1)]
@@ -311,7 +312,7 @@ def _never(name: str) -> bool:
 
 
 def _inert_definitions(
-    tree: ast.Module, code_lines: list[str], keep: set[int], words: re.Pattern[str], names: set[str], units: set[int]
+    functions: list[ast.FunctionDef | ast.AsyncFunctionDef], code_lines: list[str], keep: set[int], words: re.Pattern[str], names: set[str], units: set[int]
 ) -> list[tuple[int, int, str]]:
     """Functions nested in kept code (handlers registered in a 90 KB method) with no rule's word,
     no name bound to one, no call of a kept function, and whose own name is used nowhere else
@@ -319,8 +320,8 @@ def _inert_definitions(
     line, indentation) of each outermost one, to be replaced by `pass`."""
     found: list[tuple[int, int, str]] = []
     uses: Counter[str] | None = None
-    for node in nodes(tree):
-        if type(node) not in (ast.FunctionDef, ast.AsyncFunctionDef) or id(node) in units:
+    for node in functions:
+        if id(node) in units:
             continue
         first, last = first_line(node), node.end_lineno or node.lineno
         if first not in keep:
@@ -342,27 +343,21 @@ def _inert_definitions(
     return outermost
 
 
-# A display this long is a table (torch's lists of overridable functions run to thousands of
-# entries); its entries are looked at one by one.
-_TABLE_ELEMENTS = 16
 _ENTRY_END = re.compile(rb"\s*,\s*$")
 
 
-def _inert_elements(tree: ast.Module, code_lines: list[str], keep: set[int], words: re.Pattern[str], names: set[str]) -> set[int]:
+def _inert_elements(tables: list[ast.expr], code_lines: list[str], keep: set[int], words: re.Pattern[str], names: set[str]) -> set[int]:
     """Lines of the entries of large list, set, tuple and dict displays that no rule can look at:
     no trigger word, no name bound to one, no call and no assignment. Only an entry alone on its
     lines, followed by its comma, is blanked, so what is left still parses."""
     inert: set[int] = set()
-    for node in nodes(tree):
-        kind = type(node)
-        if kind is ast.Dict:
+    for node in tables:
+        if node.lineno not in keep:
+            continue
+        if isinstance(node, ast.Dict):
             entries = [(key, value) for key, value in zip(node.keys, node.values) if key is not None]
-        elif kind is ast.List or kind is ast.Set or kind is ast.Tuple:
-            entries = [(element, element) for element in node.elts]
         else:
-            continue
-        if len(entries) < _TABLE_ELEMENTS or node.lineno not in keep:
-            continue
+            entries = [(element, element) for element in node.elts]
         for first, last in entries:
             start, end = first.lineno, last.end_lineno or last.lineno
             head = code_lines[start - 1].encode("utf-8")[: first.col_offset]
