@@ -262,11 +262,9 @@ class Screen:
     def disables_autocast(self) -> bool:
         """Necessary for a region switched off (AMP014): autocast, or a `partial` of it, called
         with a literal `False`."""
-        aliases = self.names_for(_AUTOCAST)
-
         def is_autocast(node: ast.expr | None) -> bool:
             name = dotted(node)
-            return name is not None and (name.rsplit(".", 1)[-1] in _AUTOCAST or name in aliases)
+            return name is not None and self._may_name({name}, _AUTOCAST)
 
         for call in self.walk.calls:
             if is_autocast(call.func) or (call.args and is_autocast(call.args[0])):
