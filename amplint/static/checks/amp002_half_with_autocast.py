@@ -9,7 +9,7 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts, CallSite, argument, statement_code
+from amplint.static.semantics import AmpFacts, CallSite, argument, dotted_name, statement_code
 
 CODE = "AMP002"
 
@@ -24,6 +24,8 @@ _ROUND_TRIP = {"float"}
 # A converted deep copy (`deepcopy(ema.ema).half()` in a checkpoint dict) is never the model
 # being trained.
 _COPY = {"copy.deepcopy", "copy.copy"}
+# A call whose name says it evaluates (`val.run`, `evaluate`, `test_model`).
+_EVALUATION = re.compile(r"^val$|eval|valid|test|infer|predict|benchmark")
 
 
 def low_precision_target(call: CallSite, facts: AmpFacts) -> str | None:
@@ -62,6 +64,21 @@ def _off_graph(call: CallSite, facts: AmpFacts) -> bool:
     return call.receiver is not None and bool(_OFF_GRAPH_RECEIVER.search(facts.module.code_for_node(call.receiver)))
 
 
+def _fresh_model_for_evaluation(call: CallSite, facts: AmpFacts) -> bool:
+    """A model loaded and converted on the spot, and handed straight to an evaluation
+    (`val.run(model=attempt_load(best).half())` after training): an fp16 copy for inference, not
+    the model being trained. `val.run(model=model.half())` converts the trained model in place
+    and stays reported."""
+    if not isinstance(call.receiver, cst.Call):
+        return False
+    argument_node = facts.parent_of.get(id(call.node))
+    outer = facts.parent_of.get(id(argument_node)) if isinstance(argument_node, cst.Arg) else None
+    if not isinstance(outer, cst.Call):
+        return False
+    callee = dotted_name(outer.func) or ""
+    return any(_EVALUATION.search(part) for part in callee.lower().split("."))
+
+
 def _kernel_cast_in_model(call: CallSite, facts: AmpFacts) -> bool:
     """A model casting tensors for its own kernels (fp16 q/k/v for flash attention) is the model's
     business; a model converting itself or a submodule (`self.encoder.half()` in `setup`) is not."""
@@ -80,7 +97,13 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     uses = "autocast" if facts.has_autocast else "a GradScaler"
     for call in facts.calls:
         dtype = low_precision_target(call, facts)
-        if dtype is None or _is_export(call, facts) or _off_graph(call, facts) or _kernel_cast_in_model(call, facts):
+        if (
+            dtype is None
+            or _is_export(call, facts)
+            or _off_graph(call, facts)
+            or _kernel_cast_in_model(call, facts)
+            or _fresh_model_for_evaluation(call, facts)
+        ):
             continue
         subject = facts.module.code_for_node(call.receiver) if call.receiver is not None else "value"
         if len(subject) > 40:
