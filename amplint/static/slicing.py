@@ -245,7 +245,9 @@ def _code_view(text: str) -> bytes:
             if b"f" in data[start : match.start()].lower():
                 continue
         pieces.append(data[last:start])
-        pieces.append(_NOT_A_LINE_BREAK.sub(b" ", data[start:end]))
+        lexeme = data[start:end]
+        multiline = b"\n" in lexeme or b"\r" in lexeme
+        pieces.append(_NOT_A_LINE_BREAK.sub(b" ", lexeme) if multiline else b" " * (end - start))
         last = end
     pieces.append(data[last:])
     return b"".join(pieces)
