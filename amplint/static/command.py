@@ -7,7 +7,6 @@ bad configuration, unreadable path, unwritable output or internal error.
 
 from __future__ import annotations
 
-import difflib
 import io
 import sys
 from collections import Counter
@@ -212,6 +211,8 @@ def _fixed_count(before: list[Finding], fixed) -> int:
 
 
 def _unified_diff(display: str, before: bytes, after: bytes) -> str:
+    import difflib  # only `--diff` needs it
+
     old = _decoded(before).splitlines(keepends=True)
     new = _decoded(after).splitlines(keepends=True)
     lines = []
