@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import re
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -74,7 +75,6 @@ _CALLED_IN_REGIONS: dict[str, frozenset[str]] = {
     "AMP015": frozenset({"Thread", "Timer", "submit", "map", "apply_async", "map_async", "imap", "starmap"}),
 }
 _REGION_RULES = frozenset({*_CALLED_IN_REGIONS, "AMP017"})
-_BACKWARD_CALL = re.compile(r"\.\s*backward\s*\(")
 # Rules that read every method of a class that may subclass autograd.Function.
 _FUNCTION_CLASS_RULES = frozenset({"AMP013"})
 # A class statement nested in a function, and its bases.
@@ -287,7 +287,7 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
     for code in sorted(codes - {"AMP000"}):
         kept |= graph.reach(TRIGGERS[code], follow_calls=code in _FOLLOW_CALLS, function_classes=code in _FUNCTION_CLASS_RULES)
     if "AMP009" in codes:
-        kept |= _backward_witness(graph, kept)
+        kept |= _backward_witness(graph, kept, screen)
     keep = set(skeleton.kept_lines)
     for unit in kept:
         keep.update(range(unit.first, unit.last + 1))
@@ -393,14 +393,14 @@ def _called_in_regions(graph: _CallGraph, screen: Screen, code: str) -> bool:
     return call.search(graph.module_level) is not None or any(call.search(unit.text) for unit in region)
 
 
-def _backward_witness(graph: _CallGraph, kept: set[_Unit]) -> frozenset[_Unit]:
+def _backward_witness(graph: _CallGraph, kept: set[_Unit], screen: Screen) -> frozenset[_Unit]:
     """AMP009 asks only whether the module calls `.backward()` somewhere: one function that
-    does answers it. Without one, every function that mentions backward is kept."""
+    does answers it (the screen's walk has every call). Without one, every function that
+    mentions backward is kept."""
+    lines = sorted(c.lineno for c in screen.walk.calls if isinstance(c.func, ast.Attribute) and c.func.attr == "backward")
     for unit in sorted(graph.units, key=lambda u: u not in kept):
-        if _BACKWARD_CALL.search(unit.text) and any(
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward"
-            for node in nodes(unit.node)
-        ):
+        index = bisect_left(lines, unit.first)
+        if index < len(lines) and lines[index] <= unit.last:
             return frozenset({unit})
     return graph.reach(r"backward", follow_calls=True, function_classes=False)
 
