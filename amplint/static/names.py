@@ -6,6 +6,8 @@ module), so a rule never depends on how a user imported it.
 
 from __future__ import annotations
 
+import re
+
 DEPRECATED_AMP = {
     # qualified name -> (device, object kind)
     "torch.cuda.amp.autocast": ("cuda", "autocast"),
@@ -105,3 +107,5 @@ MODEL_FACTORIES = {"timm.create_model", "torch.hub.load"}
 MODEL_PREFIXES = ("torchvision.models.",)
 # Packages whose training loops scale the loss themselves (Lightning, accelerate, DeepSpeed, apex).
 FRAMEWORK_PACKAGES = frozenset({"lightning", "pytorch_lightning", "accelerate", "deepspeed", "apex", "colossalai", "fairscale", "composer"})
+# A name that says it holds a loss scaler (`scaler`, `grad_scaler`, timm's `NativeScaler`), in any case.
+SCALER_WORD = re.compile(r"scaler", re.IGNORECASE)

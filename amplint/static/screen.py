@@ -45,7 +45,6 @@ _DEPRECATED_WORDS = re.compile(
     rb"(?<!def )(?<!class )\b(?:%s)\b"
     % b"|".join(sorted({name.rsplit(".", 1)[-1].encode() for name in (*names.DEPRECATED_AMP, *names.DEPRECATED_AUTOCAST_STATE)}))
 )
-_SCALER_WORD = re.compile(r"scaler", re.IGNORECASE)
 _SCALER_CALL = re.compile(r"(?i:scaler)[^.]*\.(?:step|update|scale)$")  # the receiver's last part names a scaler
 
 
@@ -338,7 +337,7 @@ class Screen:
     @cached_property
     def surely_mentions_scaler(self) -> bool:
         """Sufficient for `mentions_a_scaler`: a call, an assignment or a parameter names a scaler."""
-        return any(_SCALER_WORD.search(name) for name in (*self.walk.callees, *self.walk.assigned, *self.walk.params))
+        return any(names.SCALER_WORD.search(name) for name in (*self.walk.callees, *self.walk.assigned, *self.walk.params))
 
     @cached_property
     def surely_framework_owned(self) -> bool:

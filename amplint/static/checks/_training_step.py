@@ -132,7 +132,6 @@ def framework_owned(facts: AmpFacts) -> bool:
     return cached(facts, "framework", build)
 
 
-_SCALER_WORD = re.compile(r"scaler", re.IGNORECASE)
 
 
 def mentions_a_scaler(facts: AmpFacts) -> bool:
@@ -142,13 +141,13 @@ def mentions_a_scaler(facts: AmpFacts) -> bool:
         if facts.has_scaler:
             return True
         for call in facts.calls:
-            if (call.qualname and call.qualname.endswith("GradScaler")) or _SCALER_WORD.search(call.callee or ""):
+            if (call.qualname and call.qualname.endswith("GradScaler")) or names.SCALER_WORD.search(call.callee or ""):
                 return True
         for assignment in facts.assignments:
-            if _SCALER_WORD.search(assignment.key):
+            if names.SCALER_WORD.search(assignment.key):
                 return True
         for function in facts.functions:
-            if any(_SCALER_WORD.search(p) for p in function.params):
+            if any(names.SCALER_WORD.search(p) for p in function.params):
                 return True
         return False
 
