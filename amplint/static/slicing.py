@@ -414,8 +414,8 @@ class _CallGraph:
     def __init__(self, skeleton: _Skeleton, module_level: str, is_function_base: Callable[[str], bool]) -> None:
         self.units, self.bindings, self.is_function_base = skeleton.units, skeleton.bindings, is_function_base
         self.module_level = module_level
-        units = self.units
-        self.module_calls = set(_PLAIN_NAME.findall(module_level)) & {u.name for u in units if u.owner is None}
+        self.functions = {u.name for u in self.units if u.owner is None}  # module-level ones
+        self.module_calls = set(_PLAIN_NAME.findall(module_level)) & self.functions
         self._reached: dict[tuple[str, bool, bool], frozenset[_Unit]] = {}
 
     def global_names(self, trigger: re.Pattern[str]) -> set[str]:
@@ -439,10 +439,9 @@ class _CallGraph:
         }
         if not follow_calls:
             return frozenset(kept)
-        functions = {u.name for u in self.units if u.owner is None}
         bound_attributes: dict[_Unit, set[str]] = {}
         for _ in range(_CALL_DEPTH):
-            called = self.module_calls.union(*(u.plain_calls for u in kept)) & functions
+            called = self.module_calls.union(*(u.plain_calls for u in kept)) & self.functions
             called_methods = {(u.owner, m) for u in kept if u.owner for m in u.method_calls}
             kept_functions = {u.name for u in kept if u.owner is None}
             kept_methods = {(u.owner, u.name) for u in kept if u.owner}
