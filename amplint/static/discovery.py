@@ -103,16 +103,18 @@ def _walk(folder, resolved, display, excluder, gitignores, respect_gitignore) ->
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError:
         return
+    # Paths are built only for folders and Python files: a package tree holds many times more
+    # headers, libraries and data files than sources.
     for entry in entries:
-        child = resolved / entry.name
-        child_display = os.path.join(display, entry.name)
         if entry.is_dir(follow_symlinks=False):
-            if entry.name in SKIPPED_DIRS or (Path(entry.path) / "pyvenv.cfg").exists():
+            if entry.name in SKIPPED_DIRS or os.path.exists(os.path.join(entry.path, "pyvenv.cfg")):
                 continue
+            child = resolved / entry.name
             if excluder.excludes(child, is_dir=True) or (gitignores and _ignored(child, True, gitignores)):
                 continue
-            yield from _walk(entry.path, child, child_display, excluder, gitignores, respect_gitignore)
+            yield from _walk(entry.path, child, os.path.join(display, entry.name), excluder, gitignores, respect_gitignore)
         elif entry.name.endswith(PYTHON_SUFFIXES) and entry.is_file():
+            child = resolved / entry.name
             if excluder.excludes(child) or (gitignores and _ignored(child, False, gitignores)):
                 continue
-            yield SourceFile(Path(entry.path), child_display, key=str(child))
+            yield SourceFile(Path(entry.path), os.path.join(display, entry.name), key=str(child))
