@@ -67,6 +67,9 @@ def test_plain_file_passes_no_gate() -> None:
         (b"optimizer.step()\nscheduler.update()\n", "AMP007", False),
         (b"scaler.unscale_(opt)\n", "AMP008", True),
         (b"torch._amp_foreach_non_finite_check_and_unscale_(g)\n", "AMP008", False),
+        (b"if s.get_scale() < before:\n    opt.step()\n", "AMP007", True),
+        (b"h = get_scale_value(scales, 0)\nopt.step()\n", "AMP007", False),  # interpolation, not a scaler
+        (b"s = _interpolate_get_scales_and_mode(g)\nopt.step()\n", "AMP011", False),
     ],
 )
 def test_gate_words(source: bytes, code: str, passes: bool) -> None:

@@ -45,6 +45,11 @@ class _Text:
     def unscale(self) -> bool:
         return self.has(b"unscale_") and _UNSCALE.search(self.raw) is not None
 
+    @cached_property
+    def get_scale(self) -> bool:
+        """`get_scale` as a whole word: not `_interpolate_get_scales` or `get_scale_value`."""
+        return self.has(b"get_scale") and _GET_SCALE.search(self.raw) is not None
+
 
 # A word that can only be present where a shorter one is: files without the short one (most of
 # them) answer for the long ones without another scan.
@@ -69,6 +74,7 @@ def _word(word: bytes) -> re.Pattern[bytes]:
 # (`torch.autocast`, `autocast_mode.autocast`, an import), unlike `_autocast_to_full_precision`.
 _AUTOCAST = _word(b"autocast")
 _UNSCALE = _word(b"unscale_")
+_GET_SCALE = _word(b"get_scale")
 # The deprecated API lives under `torch.cuda.amp` / `torch.cpu.amp`, however it is imported
 # (`from torch.cuda import amp`, `import torch.cuda as tc; tc.amp`); `torch.amp` is its
 # replacement, so an `amp` that follows `torch.` leads to nothing deprecated.
@@ -105,7 +111,7 @@ def _scaler(text: _Text) -> bool:
     """Mirrors AmpFacts.is_scaler: constructed, scaling a backward, unscaling, or a `*scaler*.step(`."""
     return (
         text.has(b"GradScaler")
-        or text.has(b"get_scale")
+        or text.get_scale
         or text.scale_call
         or text.unscale
         or (b"scaler" in text.lower and _SCALER_NAME.search(text.lower) is not None)
