@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import libcst as cst
 import pytest
 
-from amplint.static.semantics import AmpFacts, dotted_name, mutually_exclusive, statement_code
+from amplint.static.semantics import AmpFacts, children, dotted_name, mutually_exclusive, statement_code
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def facts_of(source: str) -> AmpFacts:
@@ -287,3 +290,44 @@ def test_method_on_result() -> None:
 def test_module_classes_through_bases() -> None:
     facts = facts_of("import torch.nn as nn\nclass A(nn.Module):\n    pass\nclass B(A):\n    pass\nclass C:\n    pass\n")
     assert facts.is_module_class("A") and facts.is_module_class("B") and not facts.is_module_class("C")
+
+
+# -- the walk -----------------------------------------------------------------------------------
+
+# What the facts walk leaves out: whitespace, comments, brackets and punctuation.
+_LAYOUT = (
+    cst.BaseParenthesizableWhitespace, cst.TrailingWhitespace, cst.EmptyLine, cst.Comment, cst.Newline,
+    cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace,
+    cst.RightCurlyBrace, cst.Comma, cst.Dot, cst.Colon, cst.Semicolon, cst.AssignEqual, cst.Asynchronous,
+    cst.BaseBinaryOp, cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseUnaryOp, cst.BaseAugOp,
+)
+
+
+def _walked(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found = [node]
+    for child in children(node):
+        found.extend(_walked(child))
+    return found
+
+
+@pytest.mark.parametrize(
+    "path",
+    # Every fixture that parses (AMP000's do not) and a file of every construct.
+    [FIXTURES / "syntax" / "every_construct.py", *(p for p in sorted((FIXTURES / "static").glob("AMP*/*.py")) if p.parent.name != "AMP000")],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_walk_visits_the_nodes_libcst_visits_in_the_same_order(path: Path) -> None:
+    """The facts are recorded in program order: the walk must meet every node that is not
+    layout exactly where libcst's own visitor does."""
+    module = cst.parse_module(path.read_text(encoding="utf-8"))
+    visited: list[cst.CSTNode] = []
+
+    class Order(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            visited.append(node)
+            return True
+
+    module.visit(Order())
+    expected = [type(n).__name__ for n in visited if not isinstance(n, _LAYOUT)]
+    assert [type(n).__name__ for n in _walked(module)] == expected
+    assert [id(n) for n in _walked(module)] == [id(n) for n in visited if not isinstance(n, _LAYOUT)]

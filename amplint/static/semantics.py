@@ -11,8 +11,9 @@ import statements gives for a fraction of that.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -184,12 +185,12 @@ def argument(call: cst.Call, position: int | None, keyword: str | None) -> cst.B
 def identifiers(node: cst.CSTNode) -> str:
     """The names in an expression, space-separated; string literals and comments are left out."""
     found: list[str] = []
-
-    class _Names(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.append(name.value)
-
-    node.visit(_Names())
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            found.append(current.value)
+        stack.extend(reversed(list(children(current))))
     return " ".join(found)
 
 
@@ -214,9 +215,50 @@ def source_text(node: cst.CSTNode) -> str:
 # ---------------------------------------------------------------------------------------------
 # The walk
 
+# Fields that only ever hold whitespace, comments, brackets and punctuation (and `whitespace_*`
+# ones). No fact comes from them: leaving them out, and not rebuilding every node as libcst's
+# visit() does, makes the walk ~10x cheaper than a libcst visitor.
+_LAYOUT_FIELDS = frozenset(
+    {
+        "asynchronous", "colon", "comma", "dot", "equal", "first_colon", "footer", "header", "lbrace",
+        "lbracket", "leading_lines", "leading_whitespace", "lines_after_decorators", "lpar", "operator",
+        "rbrace", "rbracket", "relative", "rpar", "second_colon", "semicolon", "separator", "trailing_comma",
+        "trailing_whitespace",
+    }
+)
+# Node types whose dataclass fields are not in source order: the order libcst's own visit() uses.
+# tests/test_semantics.py checks the walk against libcst's visitor on every construct.
+_SOURCE_ORDER: dict[type, tuple[str, ...]] = {
+    cst.Arg: ("keyword", "value"),
+    cst.ClassDef: ("decorators", "name", "type_parameters", "bases", "keywords", "body"),
+    cst.ExceptHandler: ("type", "name", "body"),
+    cst.ExceptStarHandler: ("type", "name", "body"),
+    cst.FunctionDef: ("decorators", "name", "type_parameters", "params", "returns", "body"),
+    cst.IfExp: ("body", "test", "orelse"),
+    cst.MatchCase: ("pattern", "guard", "body"),
+    cst.Parameters: ("posonly_params", "posonly_ind", "params", "star_arg", "kwonly_params", "star_kwarg"),
+    cst.TypeAlias: ("name", "type_parameters", "value"),
+}
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
 
-# libcst finds `visit_<Type>` by formatting and looking up the name for every node; the
-# recorder's hooks are looked up once per node type instead (~10% of the walk on large files).
+
+def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """`node`'s children in source order, without whitespace, comments and punctuation."""
+    kind = node.__class__
+    fields = _CHILD_FIELDS.get(kind)
+    if fields is None:
+        fields = _CHILD_FIELDS[kind] = _SOURCE_ORDER.get(kind) or tuple(
+            f.name for f in dataclasses.fields(kind) if f.name not in _LAYOUT_FIELDS and not f.name.startswith("whitespace")
+        )
+    for name in fields:
+        value = getattr(node, name)
+        if value.__class__ is tuple or value.__class__ is list:
+            yield from value
+        elif isinstance(value, cst.CSTNode):
+            yield value
+
+
+# The recorder's `visit_<Type>` / `leave_<Type>` hooks, looked up once per node type.
 _VISITS: dict[type, Callable | None] = {}
 _LEAVES: dict[type, Callable | None] = {}
 
@@ -229,7 +271,7 @@ def _hook(table: dict[type, Callable | None], prefix: str, kind: type) -> Callab
         return hook
 
 
-class _Recorder(cst.CSTVisitor):
+class _Recorder:
     def __init__(self, facts: AmpFacts) -> None:
         self.facts = facts
         self.scope = facts.module_scope
@@ -246,6 +288,13 @@ class _Recorder(cst.CSTVisitor):
         self._top_level_ids = {id(statement) for statement in facts.module.body}
         self._unit: cst.CSTNode | None = None
         self._path: list[cst.CSTNode] = []  # the nodes from the module down to the one visited
+
+    def walk(self, node: cst.CSTNode) -> None:
+        """`node` and, unless its hook returns False, everything under it, in source order."""
+        if self.on_visit(node):
+            for child in children(node):
+                self.walk(child)
+        self.on_leave(node)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         # The innermost definition (or else the top-level statement) holding each node: positions
@@ -265,21 +314,14 @@ class _Recorder(cst.CSTVisitor):
             leave(self, original_node)
         self._path.pop()
 
-    # The recorder has no `visit_<Type>_<attribute>` hooks: skip libcst's lookup of them.
-    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
-        pass
-
-    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
-        pass
-
     def _claim_import(self, node: cst.Import | cst.ImportFrom) -> None:
         """Imports are read without visiting their parts; a fix still needs their positions."""
-        stack = [(node, part) for part in node.children]
+        stack = [(node, part) for part in children(node)]
         while stack:
             parent, part = stack.pop()
             self.facts.unit_of[id(part)] = self._unit
             self.facts.parent_of[id(part)] = parent
-            stack.extend((part, child) for child in part.children)
+            stack.extend((part, child) for child in children(part))
 
     def _enter_definition(self, node: cst.FunctionDef | cst.ClassDef) -> cst.CSTNode | None:
         self.facts.definitions.append(node)
@@ -375,12 +417,12 @@ class _Recorder(cst.CSTVisitor):
         self.facts.functions.append(scope)
         # Decorators, defaults and annotations are evaluated in the enclosing scope.
         for decorator in node.decorators:
-            decorator.visit(self)
-        node.params.visit(self)
+            self.walk(decorator)
+        self.walk(node.params)
         if node.returns is not None:
-            node.returns.visit(self)
+            self.walk(node.returns)
         self._enter_scope(scope)
-        node.body.visit(self)
+        self.walk(node.body)
         self._leave_scope()
         self.statements.pop()
         self._unit = outer_unit
@@ -393,13 +435,13 @@ class _Recorder(cst.CSTVisitor):
         scope = Scope("class", node.name.value, node, self.scope)
         self.facts.classes.append((scope, bases))
         for decorator in node.decorators:
-            decorator.visit(self)
+            self.walk(decorator)
         for arg in node.bases:
-            arg.visit(self)
+            self.walk(arg)
         self._saved.append((self.scope, self.loops, self.withs, self.ifs, self.branches))
         self.facts.scopes.append(scope)
         self.scope = scope
-        node.body.visit(self)
+        self.walk(node.body)
         self._leave_scope()
         self.statements.pop()
         self._unit = outer_unit
@@ -418,26 +460,26 @@ class _Recorder(cst.CSTVisitor):
     # -- loops, withs, ifs ----------------------------------------------------------------------
     def visit_For(self, node: cst.For) -> None:
         self.statements.append(node)
-        node.iter.visit(self)
-        node.target.visit(self)
+        self.walk(node.iter)
+        self.walk(node.target)
         words = f"{identifiers(node.target)} {identifiers(node.iter)}"
         self.loops.append(Loop(node, "for", source_text(node.target), source_text(node.iter), words))
         self.facts.loop_targets.append((node.target, self._context()))
-        node.body.visit(self)
+        self.walk(node.body)
         self.loops.pop()
         if node.orelse is not None:
-            node.orelse.visit(self)
+            self.walk(node.orelse)
         self.statements.pop()
         return False
 
     def visit_While(self, node: cst.While) -> None:
         self.statements.append(node)
         self.loops.append(Loop(node, "while", "", source_text(node.test), identifiers(node.test)))
-        node.test.visit(self)
-        node.body.visit(self)
+        self.walk(node.test)
+        self.walk(node.body)
         self.loops.pop()
         if node.orelse is not None:
-            node.orelse.visit(self)
+            self.walk(node.orelse)
         self.statements.pop()
         return False
 
@@ -457,25 +499,25 @@ class _Recorder(cst.CSTVisitor):
     def visit_With(self, node: cst.With) -> None:
         self.statements.append(node)
         for item in node.items:
-            item.visit(self)
+            self.walk(item)
         self.withs.extend(node.items)
         self.facts.with_items.extend((item, self.scope) for item in node.items)
-        node.body.visit(self)
+        self.walk(node.body)
         del self.withs[len(self.withs) - len(node.items) :]
         self.statements.pop()
         return False
 
     def visit_If(self, node: cst.If) -> None:
         self.statements.append(node)
-        node.test.visit(self)
+        self.walk(node.test)
         self.ifs.append(node)
         self.branches.append((id(node), "body"))
-        node.body.visit(self)
+        self.walk(node.body)
         self.branches.pop()
         self.ifs.pop()
         if node.orelse is not None:
             self.branches.append((id(node), "else"))
-            node.orelse.visit(self)
+            self.walk(node.orelse)
             self.branches.pop()
         self.statements.pop()
         return False
@@ -599,7 +641,7 @@ class AmpFacts:
         self.grad_reads: list[GradRead] = []
         self.with_items: list[tuple[cst.WithItem, Scope]] = []
         self.loop_targets: list[tuple[cst.BaseExpression, Context]] = []
-        module.visit(_Recorder(self))
+        _Recorder(self).walk(module)
         for call in self.calls:
             call.qualname = self.callee_qualname(call)
 
