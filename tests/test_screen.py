@@ -197,6 +197,13 @@ def test_a_compiled_function_may_be_called_by_any_name() -> None:
         ("enabled = torch.is_autocast_cpu_enabled()\n", True),
         ("from torch.cuda.amp import autocast as ac\n", True),
         ("# torch.cuda.amp.GradScaler is deprecated\n", False),
+        ("from torch import amp as amp\nwith torch.autocast('cuda'):\n    pass\n", False),  # the replacement API
+        ("scaler = torch.amp.GradScaler('cuda')\n", False),
+        ("import torch.cuda as tc\nwith tc.amp.autocast():\n    pass\n", True),
+        ("from torch.cuda import amp\nscaler = amp.GradScaler()\n", True),
+        ("from torch.cuda import *\nscaler = amp.GradScaler()\n", True),
+        ("from torch import cuda\nwith cuda.amp.autocast():\n    pass\n", True),
+        ("import torch.cuda as torch\nwith torch.amp.autocast():\n    pass\n", True),
     ],
 )
 def test_amp001_needs_a_deprecated_name_used_in_code(source: str, uses: bool) -> None:

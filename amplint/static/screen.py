@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -39,12 +39,21 @@ _GRAD_SCALER = _last_parts(names.GRAD_SCALER)
 _AUTOGRAD_FUNCTION = frozenset({"Function"})
 _BACKWARD = _last_parts(names.AUTOGRAD_BACKWARD)
 _COMPILE = frozenset({"compile", "optimize"})  # torch.compile, model.compile(), torch._dynamo.optimize
-# The last parts of the deprecated API's names, used in code rather than defined: every import or
-# attribute chain that reaches one spells it out.
-_DEPRECATED_WORDS = re.compile(
-    rb"(?<!def )(?<!class )\b(?:%s)\b"
-    % b"|".join(sorted({name.rsplit(".", 1)[-1].encode() for name in (*names.DEPRECATED_AMP, *names.DEPRECATED_AUTOCAST_STATE)}))
-)
+
+
+def _used_words(qualified: Iterable[str]) -> re.Pattern[bytes]:
+    """The last parts of these names, used in code rather than defined: every import or
+    attribute chain that reaches one spells it out."""
+    words = b"|".join(sorted({name.rsplit(".", 1)[-1].encode() for name in qualified}))
+    return re.compile(rb"(?<!def )(?<!class )\b(?:%s)\b" % words)
+
+
+_DEPRECATED_STATE = _used_words(names.DEPRECATED_AUTOCAST_STATE)
+_DEVICE_AMP_NAMES = _used_words(names.DEPRECATED_AMP)
+# A way to reach `torch.cuda.amp` / `torch.cpu.amp`: an `amp` attribute of anything but `torch`
+# itself (`torch.cuda.amp`, `tc.amp`; `torch.amp` is the replacement), an import from
+# `torch.cuda` / `torch.cpu` (`from torch.cuda import amp`, or `*`), or `torch` rebound.
+_DEVICE_AMP_PATH = re.compile(rb"(?<!\btorch)\.\s*amp\b|\bfrom\s+torch\s*\.\s*(?:cuda|cpu)\s+import\b|\bas\s+torch\b|\btorch\s*=[^=]")
 _SCALER_CALL = re.compile(r"(?i:scaler)[^.]*\.(?:step|update|scale)$")  # the receiver's last part names a scaler
 
 
@@ -244,8 +253,11 @@ class Screen:
 
     @cached_property
     def uses_deprecated_names(self) -> bool:
-        """Necessary for AMP001: a name of the deprecated API in code, other than a definition's."""
-        return _DEPRECATED_WORDS.search(self.code) is not None
+        """Necessary for AMP001: a deprecated state function used, or a name of the device `amp`
+        modules used where a way to reach them is spelt out (not `from torch import amp`)."""
+        if _DEPRECATED_STATE.search(self.code):
+            return True
+        return _DEVICE_AMP_NAMES.search(self.code) is not None and _DEVICE_AMP_PATH.search(self.code) is not None
 
     @cached_property
     def opens_autocast(self) -> bool:
