@@ -219,13 +219,14 @@ def prepare(text: str, codes: frozenset[str], check_syntax: bool = True) -> tupl
 # start one, so one pass of this pattern (at C speed) finds them all in code that parses. A
 # string's prefix letters are looked at separately. Python 3.12 lets an f-string reuse its own
 # quote inside a replacement field; such a field is cut short here, which at worst blanks a
-# little more of the line that holds it.
+# little more of the line that holds it. Each body is written as a run of ordinary characters
+# between escapes and lone quotes (the "unrolled loop"): twice as fast as one alternation a character.
 _LEXEMES = re.compile(
     rb"#[^\r\n]*"
-    rb"|'''(?:[^'\\]|\\[\s\S]|'(?!''))*'''"
-    rb'|"""(?:[^"\\]|\\[\s\S]|"(?!""))*"""'
-    rb"|'(?:[^'\\\r\n]|\\[\s\S])*'"
-    rb'|"(?:[^"\\\r\n]|\\[\s\S])*"'
+    rb"|'''[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*'''"
+    rb'|"""[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*"""'
+    rb"|'[^'\\\r\n]*(?:\\[\s\S][^'\\\r\n]*)*'"
+    rb'|"[^"\\\r\n]*(?:\\[\s\S][^"\\\r\n]*)*"'
 )
 _PREFIX_LETTERS = frozenset(b"rRbBuUfF")
 _NOT_A_LINE_BREAK = re.compile(rb"[^\r\n]")
