@@ -6,11 +6,12 @@ import ast
 import io
 import re
 import tokenize
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cached_property
 
 import libcst as cst
-from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata import CodePosition, CodeRange, PositionProvider
+from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 from amplint.catalogue import rule_info
 from amplint.model import Edit, Finding, Fix
@@ -178,8 +179,18 @@ class _Locator:
 
     def _whole_file(self):
         if self._whole is None:
-            self._whole = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+            self._whole, _code = _positions(self.module)
         return self._whole
+
+
+def _positions(module: cst.Module) -> tuple[Mapping[cst.CSTNode, CodeRange], str]:
+    """libcst's PositionProvider's positions of every node of `module`, and the code they refer
+    to, from one code generation: resolving them through a MetadataWrapper walks the whole tree
+    once more, and `module.code` generates it again (together two thirds of the cost)."""
+    provider = PositionProvider()
+    state = PositionProvidingCodegenState(default_indent=module.default_indent, default_newline=module.default_newline, provider=provider)
+    module._codegen(state)
+    return provider._computed, "".join(state.tokens)
 
 
 class _UnitPositions:
@@ -191,9 +202,8 @@ class _UnitPositions:
     """
 
     def __init__(self, module: cst.Module, unit, origin: tuple[int, int], lines: list[str]) -> None:
-        alone = module.with_changes(body=[unit], header=[], footer=[])
-        self.positions = MetadataWrapper(alone, unsafe_skip_copy=True).resolve(PositionProvider)
-        self.generated = physical_lines(alone.code)
+        self.positions, code = _positions(module.with_changes(body=[unit], header=[], footer=[]))
+        self.generated = physical_lines(code)
         self.lines, self.indent = lines, origin[1]
         # A decorated definition's position starts at `def`/`class`; CPython's first line is the decorator's.
         anchor = unit.decorators[0] if getattr(unit, "decorators", None) else unit
