@@ -204,3 +204,27 @@ def test_nested_functions_no_rule_can_see_become_pass() -> None:
     assert "handle_op_7" not in sliced and "torch.is_autocast_cpu_enabled" in sliced
     assert "def worker():" in sliced  # named elsewhere: rules may look into it
     assert [f[0] for f in _sliced_equals_whole(source)] == ["AMP001"]
+
+
+def test_blanked_functions_become_one_string_statement_and_no_line_moves() -> None:
+    """libcst makes nodes of every empty line; a run of them that starts where a statement may
+    is folded into one string statement, at the indentation of the block it is in."""
+    helpers = "".join(f"    def helper_{i}(self):\n        return {i}\n\n" for i in range(20))
+    source = _large(
+        "\n\nclass Trainer:\n" + helpers
+        + "    def step(self, model, x):\n        with torch.cuda.amp.autocast():\n            return model(x)\n"
+        + "\n\nclass Unrelated:\n" + helpers
+    )
+    sliced = _amp001_slice(source)
+    assert "helper_7" not in sliced
+    assert '    """\n' in sliced  # the methods of Trainer, at the class body's indentation
+    assert "\n\"\"\"\n" in sliced  # and the filler's module-level functions
+    assert "class Unrelated:\n    pass\n    \"\"\"\n" in sliced  # a class left with no method keeps a body
+    assert sliced.count("\n") == source.count("\n")
+    assert [f[:2] for f in _sliced_equals_whole(source)] == [("AMP001", 67)]
+
+
+def test_a_short_blank_run_is_left_as_it_is() -> None:
+    out = ["x = 1\n", "\n", "\n", "y = 2\n"]
+    slicing._fold_blank_runs(out, {2: ""})  # two lines: nothing to gain
+    assert out == ["x = 1\n", "\n", "\n", "y = 2\n"]

@@ -302,12 +302,42 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
     for first, last, _indent in placeholders:
         keep.difference_update(range(first, last + 1))
     out = [line if number in keep else _ending(line) for number, line in enumerate(lines, start=1)]
+    # Where a statement may start on a blanked line, and at which indentation.
+    statement_starts = {u.first: _indentation(lines[u.first - 1]) for u in skeleton.units if u not in kept}
     for first, _last, indent in placeholders:  # the body that held it must not end up empty
         out[first - 1] = indent + "pass" + _ending(lines[first - 1])
+        statement_starts[first + 1] = indent
     for body_first, indent, members in skeleton.class_bodies:
         if body_first not in keep and members and not any(u in kept for u in members):
             out[body_first - 1] = " " * indent + "pass" + _ending(lines[body_first - 1])
+            statement_starts[body_first + 1] = " " * indent
+    _fold_blank_runs(out, statement_starts)
     return codes, "".join(out)
+
+
+# libcst makes several nodes of every empty line: they were two thirds of its parse of a slice.
+_FOLD_MIN_LINES = 3
+
+
+def _fold_blank_runs(out: list[str], statement_starts: dict[int, str]) -> None:
+    """Each run of blank lines that starts where a statement may becomes one string statement
+    spanning the same lines, so no line moves. Such a run holds no code: the line after it
+    starts a statement, a dedent or a comment."""
+    folded_until = 0
+    for start, indent in sorted(statement_starts.items()):
+        if start <= folded_until or start > len(out) or out[start - 1].strip():
+            continue
+        end = start
+        while end < len(out) and not out[end].strip():
+            end += 1
+        if end - start + 1 >= _FOLD_MIN_LINES:
+            out[start - 1] = indent + '"""' + _ending(out[start - 1])
+            out[end - 1] = '"""' + _ending(out[end - 1])
+            folded_until = end
+
+
+def _indentation(line: str) -> str:
+    return line[: len(line) - len(line.lstrip(" \t"))]
 
 
 def _never(name: str) -> bool:
