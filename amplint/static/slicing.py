@@ -315,7 +315,7 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
     return codes, "".join(out)
 
 
-# libcst makes several nodes of every empty line: they were two thirds of its parse of a slice.
+# libcst makes several nodes of every empty line: they were nearly half of its parse of a slice.
 _FOLD_MIN_LINES = 3
 
 
