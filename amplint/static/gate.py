@@ -83,7 +83,7 @@ _AUTOCAST_DEVICE = re.compile(rb"autocast_(?:gpu|cpu|xla|ipu)_")
 
 
 def _amp001(text: _Text) -> bool:
-    return _DEPRECATED_AMP.search(text.raw) is not None or _AUTOCAST_DEVICE.search(text.raw) is not None
+    return _DEPRECATED_AMP.search(text.raw) is not None or (text.has(b"autocast") and _AUTOCAST_DEVICE.search(text.raw) is not None)
 
 
 def _amp002(text: _Text) -> bool:
