@@ -228,3 +228,17 @@ def test_a_short_blank_run_is_left_as_it_is() -> None:
     out = ["x = 1\n", "\n", "\n", "y = 2\n"]
     slicing._fold_blank_runs(out, {2: ""})  # two lines: nothing to gain
     assert out == ["x = 1\n", "\n", "\n", "y = 2\n"]
+
+
+def test_the_methods_that_assign_what_kept_methods_use_are_kept() -> None:
+    """The facts read what `self.net` is from its assignments in the same class (else in any):
+    `__init__` stays, a nested class's own `self.net` does not."""
+    source = _large(
+        "\n\nclass Trainer:\n"
+        "    def __init__(self):\n        self.net = build_network()\n\n"
+        "    def make_toy(self):\n        class Toy:\n            def __init__(self):\n                self.net = None\n        return Toy()\n\n"
+        "    def fit(self, x):\n        with torch.cuda.amp.autocast():\n            return self.net(x)\n"
+    )
+    sliced = _amp001_slice(source)
+    assert "self.net = build_network()" in sliced
+    assert "class Toy" not in sliced

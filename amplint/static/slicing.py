@@ -31,9 +31,17 @@ from functools import cached_property
 
 from amplint.static.gate import possible_rules
 from amplint.static.screen import Screen, dotted, nodes
-from amplint.static.source import lines_with_endings
+from amplint.static.source import lines_with_endings, physical_lines
 
-_SCALER = r"\.scale\s*\(|unscale_|GradScaler|[sS]caler"
+_SCALER = r"\.scale\s*\(|unscale_|get_scale|GradScaler|[sS]caler"
+# Where optimizers and schedulers are built (the constructors semantics._kind_of_constructor
+# knows, and the module-level names bound to them). The facts know a receiver is one from any
+# assignment in the module (`solver = torch.optim.SGD(...)` in a setup function, `self.decay =
+# StepLR(...)` in `__init__`): the rules that tell an optimizer's step from a scheduler's keep
+# those functions, without following their calls. Not `optimizer`: that word is in every
+# function that steps one.
+_BUILDS_OPTIMIZERS = r"\boptim\b|\boptimizers\b|AdamW|Adafactor|get_\w*schedule"
+_OPTIMIZER_RULES = frozenset({"AMP003", "AMP006", "AMP007", "AMP008", "AMP011", "AMP012"})
 # Words whose presence makes a function relevant to a rule. Rules not listed disable slicing.
 TRIGGERS: dict[str, str] = {
     "AMP001": r"(?<!torch\.)\bamp\b|_autocast_|is_autocast_",
@@ -51,7 +59,9 @@ TRIGGERS: dict[str, str] = {
     # where a framework is imported). A backward anywhere needs one witness (_backward_witness).
     "AMP009": r"autocast|" + _SCALER + r"|manual_backward|backward_step|(?:accelerator|fabric|engine|trainer|strategy)\s*\.\s*backward\b",
     "AMP010": r"autocast|bfloat16|" + _SCALER,
-    "AMP012": r"save|state_dict|" + _SCALER,
+    # A checkpoint saved or restored, and anywhere `torch.load` is called (the module-wide
+    # question its restore check starts from).
+    "AMP012": r"save|state_dict|\bload\b|" + _SCALER,
     # What makes the module AMP-aware; a Function's own methods are kept by _FUNCTION_CLASS_RULES.
     "AMP013": r"custom_fwd|custom_bwd|autocast|" + _SCALER,
     "AMP014": r"autocast",
@@ -110,6 +120,78 @@ class _Unit:
     @cached_property
     def words(self) -> set[str]:
         return set(_WORD.findall(self.text))
+
+    @cached_property
+    def self_attributes(self) -> tuple[set[tuple[str | None, str]], set[tuple[str | None, str]]]:
+        """The `self.x` / `cls.x` it uses and those it assigns (`self.x.y = v` assigns under
+        `x`), each with the class whose methods the facts say they belong to: its own class in
+        its body, a nested class's in that class's methods, none in a nested function
+        (semantics' `Scope.class_name`). Only statements are walked; uses are read from the
+        lines, each in the innermost scope that holds it."""
+        owner_of_line: dict[int, str | None] = {}
+        assigns: set[tuple[str | None, str]] = set()
+
+        def visit(statements: list[ast.stmt], owner: str | None, in_class_body: bool) -> None:
+            for node in statements:
+                if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    inner = node.name if isinstance(node, ast.ClassDef) else owner if in_class_body else None
+                    owner_of_line.update(dict.fromkeys(range(node.lineno, (node.end_lineno or node.lineno) + 1), inner))
+                    visit(node.body, inner, isinstance(node, ast.ClassDef))
+                    continue
+                if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                    assigns.update((owner, name) for name in _assigned_self_attributes(node))
+                for block in _blocks(node):
+                    visit(block, owner, False)
+
+        visit(self.node.body, self.owner, False)
+        uses: set[tuple[str | None, str]] = set()
+        for number, line in enumerate(physical_lines(self.text), start=self.first):
+            if "self." in line or "cls." in line:
+                owners = {owner_of_line.get(number, self.owner)}
+                if "lambda" in line:
+                    owners.add(None)  # a lambda's own scope belongs to no class
+                uses.update((owner, name) for owner in owners for name in _SELF_ATTRIBUTE.findall(line))
+        return uses, assigns
+
+
+def _assigned_self_attributes(node: ast.Assign | ast.AnnAssign) -> Iterator[str]:
+    """The `x` of every `self.x...` / `cls.x...` an assignment binds, unpacked targets included."""
+    targets = list(node.targets) if isinstance(node, ast.Assign) else [node.target]
+    while targets:
+        target = targets.pop()
+        if isinstance(target, (ast.Tuple, ast.List)):
+            targets.extend(target.elts)
+        elif isinstance(target, ast.Starred):
+            targets.append(target.value)
+        elif isinstance(target, ast.Attribute):
+            while isinstance(target.value, ast.Attribute):
+                target = target.value
+            if isinstance(target.value, ast.Name) and target.value.id in ("self", "cls"):
+                yield target.attr
+
+
+def _assigns_self(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether a function, or anything nested in it, assigns a `self.x` or `cls.x`."""
+    stack: list[ast.stmt] = list(function.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and next(_assigned_self_attributes(node), None):
+            return True
+        for block in _blocks(node):
+            stack.extend(block)
+    return False
+
+
+def _blocks(node: ast.stmt) -> Iterator[list[ast.stmt]]:
+    """The statement lists a compound statement holds."""
+    for name in ("body", "orelse", "finalbody"):
+        block = getattr(node, name, None)
+        if block and isinstance(block, list):
+            yield block
+    for handler in getattr(node, "handlers", ()):
+        yield handler.body
+    for case in getattr(node, "cases", ()):
+        yield case.body
 
 
 @dataclass
@@ -289,10 +371,16 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
         kept |= graph.reach(TRIGGERS[code], follow_calls=code in _FOLLOW_CALLS, function_classes=code in _FUNCTION_CLASS_RULES)
     if "AMP009" in codes:
         kept |= _backward_witness(graph, kept, screen)
+    if not codes.isdisjoint(_OPTIMIZER_RULES):
+        kept |= graph.reach(_BUILDS_OPTIMIZERS, follow_calls=False, function_classes=False)
+    kept = graph.with_binders(kept)
     keep = set(skeleton.kept_lines)
     for unit in kept:
         keep.update(range(unit.first, unit.last + 1))
-    words = re.compile("|".join(TRIGGERS[code] for code in sorted(codes - {"AMP000"})) or "(?!)")
+    triggers = [TRIGGERS[code] for code in sorted(codes - {"AMP000"})]
+    if not codes.isdisjoint(_OPTIMIZER_RULES):
+        triggers.append(_BUILDS_OPTIMIZERS)
+    words = re.compile("|".join(triggers) or "(?!)")
     names = graph.global_names(words)
     keep -= _inert_elements(screen.walk.tables, code_lines, keep, words, names)
     # A nested function that calls none of the kept functions is as inert as a blanked one.
@@ -348,9 +436,10 @@ def _inert_definitions(
     functions: list[ast.FunctionDef | ast.AsyncFunctionDef], code_lines: list[str], keep: set[int], words: re.Pattern[str], names: set[str], units: set[int]
 ) -> list[tuple[int, int, str]]:
     """Functions nested in kept code (handlers registered in a 90 KB method) with no rule's word,
-    no name bound to one, no call of a kept function, and whose own name is used nowhere else
-    (a thread's target, a helper called by name: rules look into those): (first line, last
-    line, indentation) of each outermost one, to be replaced by `pass`."""
+    no name bound to one, no call of a kept function, no `self.x` assigned (the facts read what a
+    receiver is from those), and whose own name is used nowhere else (a thread's target, a
+    helper called by name: rules look into those): (first line, last line, indentation) of each
+    outermost one, to be replaced by `pass`."""
     found: list[tuple[int, int, str]] = []
     uses: Counter[str] | None = None
     for node in functions:
@@ -361,7 +450,7 @@ def _inert_definitions(
             continue
         text = "".join(code_lines[first - 1 : last])
         indent = code_lines[first - 1][: node.col_offset]
-        if indent.strip() or words.search(text) or not names.isdisjoint(_WORD.findall(text)):
+        if indent.strip() or words.search(text) or not names.isdisjoint(_WORD.findall(text)) or _assigns_self(node):
             continue
         if uses is None:
             uses = Counter(_WORD.findall("".join(code_lines)))
@@ -458,6 +547,28 @@ class _CallGraph:
         if key not in self._reached:  # rules that share their words share the answer
             self._reached[key] = self._reach(re.compile(pattern), follow_calls, function_classes)
         return self._reached[key]
+
+    def with_binders(self, kept: set[_Unit]) -> set[_Unit]:
+        """`kept` and the functions that assign the attributes kept ones use (`self.tower =
+        resnet50()` in `__init__`): the facts read what a receiver is (a model, an optimizer, a
+        scheduler) from its assignments, those made in the methods of its class if any, else
+        all of them (semantics' `AmpFacts.bindings`)."""
+        in_class: dict[tuple[str | None, str], set[_Unit]] = {}  # (class, attribute) -> units assigning it there
+        anywhere: dict[str, set[_Unit]] = {}  # attribute -> units assigning it in any class
+        for unit in self.units:
+            for owner, name in unit.self_attributes[1]:
+                in_class.setdefault((owner, name), set()).add(unit)
+                anywhere.setdefault(name, set()).add(unit)
+        kept = set(kept)
+        for _ in range(_CALL_DEPTH):
+            added: set[_Unit] = set()
+            for owner, name in {used for u in kept for used in u.self_attributes[0]}:
+                added |= in_class.get((owner, name)) or anywhere.get(name, set())
+            added -= kept
+            if not added:
+                break
+            kept |= added
+        return kept
 
     def _reach(self, trigger: re.Pattern[str], follow_calls: bool, function_classes: bool) -> frozenset[_Unit]:
         global_names = self.global_names(trigger)
