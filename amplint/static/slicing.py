@@ -33,7 +33,7 @@ from amplint.static.gate import possible_rules
 from amplint.static.screen import Screen, dotted, nodes
 from amplint.static.source import lines_with_endings, physical_lines
 
-_SCALER = r"\.scale\s*\(|unscale_|get_scale|GradScaler|[sS]caler"
+_SCALER = r"\.scale\s*\(|unscale_|get_scale|GradScaler|(?i:scaler)"  # any case, as names.SCALER_WORD
 # Where optimizers and schedulers are built (the constructors semantics._kind_of_constructor
 # knows, and the module-level names bound to them). The facts know a receiver is one from any
 # assignment in the module (`solver = torch.optim.SGD(...)` in a setup function, `self.decay =
@@ -42,6 +42,7 @@ _SCALER = r"\.scale\s*\(|unscale_|get_scale|GradScaler|[sS]caler"
 # function that steps one.
 _BUILDS_OPTIMIZERS = r"\boptim\b|\boptimizers\b|AdamW|Adafactor|get_\w*schedule"
 _OPTIMIZER_RULES = frozenset({"AMP003", "AMP006", "AMP007", "AMP008", "AMP011", "AMP012"})
+_SAVES = r"\bsave\s*\("
 # Words whose presence makes a function relevant to a rule. Rules not listed disable slicing.
 TRIGGERS: dict[str, str] = {
     "AMP001": r"(?<!torch\.)\bamp\b|_autocast_|is_autocast_",
@@ -373,6 +374,8 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
         kept |= _backward_witness(graph, kept, screen)
     if not codes.isdisjoint(_OPTIMIZER_RULES):
         kept |= graph.reach(_BUILDS_OPTIMIZERS, follow_calls=False, function_classes=False)
+    if "AMP012" in codes:  # what a saved checkpoint is built from: the helpers that return it
+        kept |= graph.callees(graph.reach(_SAVES, follow_calls=False, function_classes=False))
     kept = graph.with_binders(kept)
     keep = set(skeleton.kept_lines)
     for unit in kept:
@@ -547,6 +550,24 @@ class _CallGraph:
         if key not in self._reached:  # rules that share their words share the answer
             self._reached[key] = self._reach(re.compile(pattern), follow_calls, function_classes)
         return self._reached[key]
+
+    def callees(self, callers: frozenset[_Unit]) -> frozenset[_Unit]:
+        """The functions and same-class methods `callers` call, and those they call, as deep as
+        the rules follow a value through helpers that return it."""
+        found: set[_Unit] = set()
+        current = set(callers)
+        for _ in range(_CALL_DEPTH):
+            called = set().union(*(u.plain_calls for u in current)) & self.functions
+            methods = {(u.owner, m) for u in current if u.owner for m in u.method_calls}
+            current = {
+                unit
+                for unit in self.units
+                if unit not in found and ((unit.owner is None and unit.name in called) or (unit.owner is not None and (unit.owner, unit.name) in methods))
+            }
+            if not current:
+                break
+            found |= current
+        return frozenset(found)
 
     def with_binders(self, kept: set[_Unit]) -> set[_Unit]:
         """`kept` and the functions that assign the attributes kept ones use (`self.tower =
