@@ -43,9 +43,10 @@ _COMPILE = frozenset({"compile", "optimize"})  # torch.compile, model.compile(),
 
 def _used_words(qualified: Iterable[str]) -> re.Pattern[bytes]:
     """The last parts of these names, used in code rather than defined: every import or
-    attribute chain that reaches one spells it out."""
-    words = b"|".join(sorted({name.rsplit(".", 1)[-1].encode() for name in qualified}))
-    return re.compile(rb"(?<!def )(?<!class )\b(?:%s)\b" % words)
+    attribute chain that reaches one spells it out. Each word's boundary is checked after its
+    literal, not before it, so that `re` skips ahead at C speed."""
+    words = sorted({re.escape(name.rsplit(".", 1)[-1]).encode() for name in qualified})
+    return re.compile(b"|".join(rb"%s(?<!\w%s)(?<!def %s)(?<!class %s)\b" % (w, w, w, w) for w in words))
 
 
 _DEPRECATED_STATE = _used_words(names.DEPRECATED_AUTOCAST_STATE)

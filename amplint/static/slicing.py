@@ -33,20 +33,22 @@ from amplint.static.gate import possible_rules
 from amplint.static.screen import Screen, dotted, nodes
 from amplint.static.source import lines_with_endings, physical_lines
 
-_SCALER = r"\.scale\s*\(|unscale_|get_scale|GradScaler|(?i:scaler)"  # any case, as names.SCALER_WORD
+_SCALER = r"\.scale\s*\(|unscale_|get_scale|GradScaler|caler|CALER"  # `scaler` as names.SCALER_WORD finds it
 # Where optimizers and schedulers are built (the constructors semantics._kind_of_constructor
 # knows, and the module-level names bound to them). The facts know a receiver is one from any
 # assignment in the module (`solver = torch.optim.SGD(...)` in a setup function, `self.decay =
 # StepLR(...)` in `__init__`): the rules that tell an optimizer's step from a scheduler's keep
 # those functions, without following their calls. Not `optimizer`: that word is in every
 # function that steps one.
-_BUILDS_OPTIMIZERS = r"\boptim\b|\boptimizers\b|AdamW|Adafactor|get_\w*schedule"
+_BUILDS_OPTIMIZERS = r"optim(?<!\woptim)(?:izers)?\b|AdamW|Adafactor|get_\w*schedule"
 _OPTIMIZER_RULES = frozenset({"AMP003", "AMP006", "AMP007", "AMP008", "AMP011", "AMP012"})
-_SAVES = r"\bsave\s*\("
+_SAVES = r"save(?<!\wsave)\s*\("
 # Words whose presence makes a function relevant to a rule. Rules not listed disable slicing.
+# Each alternative starts with its literal, and a whole word is checked after it (`amp(?<!\wamp)`
+# rather than `\bamp`): a leading `\b` or class makes `re` try every position, 5-10x slower.
 TRIGGERS: dict[str, str] = {
-    "AMP001": r"(?<!torch\.)\bamp\b|_autocast_|is_autocast_",
-    "AMP002": r"\.(?:half|bfloat16)\(|float16|\bhalf\b|HalfTensor|autocast|GradScaler",
+    "AMP001": r"amp(?<!\wamp)(?<!torch\.amp)\b|_autocast_|is_autocast_",
+    "AMP002": r"\.(?:half|bfloat16)\(|float16|half(?<!\whalf)\b|HalfTensor|autocast|GradScaler",
     "AMP003": r"autocast",
     "AMP004": r"GradScaler",
     # `.grad` reads are reached through the helpers a kept function calls.
@@ -58,11 +60,12 @@ TRIGGERS: dict[str, str] = {
     "AMP011": _SCALER,
     # Module-wide facts: a scaler anywhere, a framework's backward (the screen sets AMP009 aside
     # where a framework is imported). A backward anywhere needs one witness (_backward_witness).
-    "AMP009": r"autocast|" + _SCALER + r"|manual_backward|backward_step|(?:accelerator|fabric|engine|trainer|strategy)\s*\.\s*backward\b",
+    "AMP009": r"autocast|" + _SCALER + r"|manual_backward|backward_step|"
+    + "|".join(rf"{owner}\s*\.\s*backward\b" for owner in ("accelerator", "fabric", "engine", "trainer", "strategy")),
     "AMP010": r"autocast|bfloat16|" + _SCALER,
     # A checkpoint saved or restored, and anywhere `torch.load` is called (the module-wide
     # question its restore check starts from).
-    "AMP012": r"save|state_dict|\bload\b|" + _SCALER,
+    "AMP012": r"save|state_dict|load(?<!\wload)\b|" + _SCALER,
     # What makes the module AMP-aware; a Function's own methods are kept by _FUNCTION_CLASS_RULES.
     "AMP013": r"custom_fwd|custom_bwd|autocast|" + _SCALER,
     "AMP014": r"autocast",
@@ -90,9 +93,12 @@ _REGION_RULES = frozenset({*_CALLED_IN_REGIONS, "AMP017"})
 _FUNCTION_CLASS_RULES = frozenset({"AMP013"})
 # A class statement nested in a function, and its bases.
 _CLASS_HEADER = re.compile(r"^[ \t]*class\s+\w+\s*\(([^)]*)\)", re.MULTILINE)
-# Functions and methods a unit uses: called, or passed on (`Thread(target=worker)`).
-_PLAIN_NAME = re.compile(r"(?<![\w.])([A-Za-z_]\w*)")
-_SELF_ATTRIBUTE = re.compile(r"\b(?:self|cls)\.([A-Za-z_]\w*)")
+# Functions and methods a unit uses: called, or passed on (`Thread(target=worker)`). A name, or
+# an attribute with its dot (`.name`), which _plain_names() drops: a lookbehind for the dot
+# instead would make `re` try every position. Whole words are checked after the literal (`self`
+# then `(?<!\wself)`) for the same reason.
+_NAME_OR_ATTRIBUTE = re.compile(r"\.?[A-Za-z_]\w*")
+_SELF_ATTRIBUTE = re.compile(r"(?:self(?<!\wself)|cls(?<!\wcls))\.([A-Za-z_]\w*)")
 _WORD = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -111,7 +117,7 @@ class _Unit:
     @cached_property
     def plain_calls(self) -> set[str]:
         """Plain names it uses (`f(...)`, `target=f`), as the rules' call graph follows them."""
-        return set(_PLAIN_NAME.findall(self.text))
+        return _plain_names(self.text)
 
     @cached_property
     def method_calls(self) -> set[str]:
@@ -153,6 +159,11 @@ class _Unit:
                     owners.add(None)  # a lambda's own scope belongs to no class
                 uses.update((owner, name) for owner in owners for name in _SELF_ATTRIBUTE.findall(line))
         return uses, assigns
+
+
+def _plain_names(code: str) -> set[str]:
+    """The names in code that are not attributes (`f` in `f(x)` and `target=f`, not `m.f`)."""
+    return {name for name in _NAME_OR_ATTRIBUTE.findall(code) if name[0] != "."}
 
 
 def _assigned_self_attributes(node: ast.Assign | ast.AnnAssign) -> Iterator[str]:
@@ -538,7 +549,7 @@ class _CallGraph:
         self.units, self.bindings, self.is_function_base = skeleton.units, skeleton.bindings, is_function_base
         self.module_level = module_level
         self.functions = {u.name for u in self.units if u.owner is None}  # module-level ones
-        self.module_calls = set(_PLAIN_NAME.findall(module_level)) & self.functions
+        self.module_calls = _plain_names(module_level) & self.functions
         self._reached: dict[tuple[str, bool, bool], frozenset[_Unit]] = {}
 
     def global_names(self, trigger: re.Pattern[str]) -> set[str]:
