@@ -147,8 +147,8 @@ class _Unit:
                     continue
                 if isinstance(node, (ast.Assign, ast.AnnAssign)):
                     assigns.update((owner, name) for name in _assigned_self_attributes(node))
-                for block in _blocks(node):
-                    visit(block, owner, False)
+                for block in _blocks(node):  # an `if` in a class body is still the class's
+                    visit(block, owner, in_class_body)
 
         visit(self.node.body, self.owner, False)
         uses: set[tuple[str | None, str]] = set()
