@@ -323,7 +323,8 @@ _LEXEMES = re.compile(
     rb'|"[^"\\\r\n]*(?:\\[\s\S][^"\\\r\n]*)*"'
 )
 _PREFIX_LETTERS = frozenset(b"rRbBuUfF")
-_NOT_A_LINE_BREAK = re.compile(rb"[^\r\n]")
+# Every byte a space, but line breaks, which stay put.
+_BLANKED = bytes(byte if byte in b"\r\n" else ord(" ") for byte in range(256))
 
 
 def _code_view(text: str) -> bytes:
@@ -340,9 +341,7 @@ def _code_view(text: str) -> bytes:
             if b"f" in data[start : match.start()].lower():
                 continue
         pieces.append(data[last:start])
-        lexeme = data[start:end]
-        multiline = b"\n" in lexeme or b"\r" in lexeme
-        pieces.append(_NOT_A_LINE_BREAK.sub(b" ", lexeme) if multiline else b" " * (end - start))
+        pieces.append(data[start:end].translate(_BLANKED))
         last = end
     pieces.append(data[last:])
     return b"".join(pieces)
