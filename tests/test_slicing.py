@@ -242,3 +242,19 @@ def test_the_methods_that_assign_what_kept_methods_use_are_kept() -> None:
     sliced = _amp001_slice(source)
     assert "self.net = build_network()" in sliced
     assert "class Toy" not in sliced
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_slice_parses_as_it_is(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slice that did not parse would be analysed whole again: right, but silently slow."""
+    import libcst
+
+    monkeypatch.setattr(slicing, "SLICE_MIN_CHARS", 0)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        pytest.skip("not UTF-8")
+    _codes_kept, sliced = slicing.prepare(text + FILLER, _codes())
+    if sliced is None:
+        pytest.skip("not sliced")
+    libcst.parse_module(sliced)
