@@ -10,6 +10,9 @@ pass, ~13x cheaper than libcst) to find statement ranges, keeps
   many levels as the rules follow calls: functions called from kept ones, functions that call
   kept ones, and functions that mention a name bound to an AMP object in kept code
   (`self.amp_ctx`, `scaler`); the slice is the union over the rules;
+- what the facts read across functions: the functions that assign the `self` attributes kept
+  code uses, those that build optimizers and schedulers, and for AMP012 `torch.load` and the
+  helpers a saved checkpoint is built by;
 
 and blanks every other line. Line numbers and columns are unchanged, so findings on the slice
 are findings on the file. Before slicing, rules that report a call inside an autocast region
@@ -129,12 +132,11 @@ class _Unit:
         return set(_WORD.findall(self.text))
 
     @cached_property
-    def self_attributes(self) -> tuple[set[tuple[str | None, str]], set[tuple[str | None, str]]]:
-        """The `self.x` / `cls.x` it uses and those it assigns (`self.x.y = v` assigns under
-        `x`), each with the class whose methods the facts say they belong to: its own class in
-        its body, a nested class's in that class's methods, none in a nested function
-        (semantics' `Scope.class_name`). Only statements are walked; uses are read from the
-        lines, each in the innermost scope that holds it."""
+    def _self_scopes(self) -> tuple[dict[int, str | None], set[tuple[str | None, str]]]:
+        """The class each nested line's `self` belongs to, as the facts say (semantics'
+        `Scope.class_name`: a nested class's in that class's methods, none in a nested
+        function), and the `self.x` / `cls.x` it assigns (`self.x.y = v` assigns under `x`)
+        with that class. Only statements are walked."""
         owner_of_line: dict[int, str | None] = {}
         assigns: set[tuple[str | None, str]] = set()
 
@@ -151,6 +153,18 @@ class _Unit:
                     visit(block, owner, in_class_body)
 
         visit(self.node.body, self.owner, False)
+        return owner_of_line, assigns
+
+    @property
+    def assigned_self_attributes(self) -> set[tuple[str | None, str]]:
+        """(class, x) of every `self.x` / `cls.x` it assigns."""
+        return self._self_scopes[1]
+
+    @cached_property
+    def used_self_attributes(self) -> set[tuple[str | None, str]]:
+        """(class, x) of every `self.x` / `cls.x` it uses, read from the lines, each in the
+        innermost scope that holds it."""
+        owner_of_line = self._self_scopes[0]
         uses: set[tuple[str | None, str]] = set()
         for number, line in enumerate(physical_lines(self.text), start=self.first):
             if "self." in line or "cls." in line:
@@ -158,7 +172,7 @@ class _Unit:
                 if "lambda" in line:
                     owners.add(None)  # a lambda's own scope belongs to no class
                 uses.update((owner, name) for owner in owners for name in _SELF_ATTRIBUTE.findall(line))
-        return uses, assigns
+        return uses
 
 
 def _plain_names(code: str) -> set[str]:
@@ -382,7 +396,9 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
         kept |= graph.reach(TRIGGERS[code], follow_calls=code in _FOLLOW_CALLS, function_classes=code in _FUNCTION_CLASS_RULES)
     if "AMP009" in codes:
         kept |= _backward_witness(graph, kept, screen)
+    triggers = [TRIGGERS[code] for code in sorted(codes - {"AMP000"})]
     if not codes.isdisjoint(_OPTIMIZER_RULES):
+        triggers.append(_BUILDS_OPTIMIZERS)
         kept |= graph.reach(_BUILDS_OPTIMIZERS, follow_calls=False, function_classes=False)
     if "AMP012" in codes:  # what a saved checkpoint is built from: the helpers that return it
         kept |= graph.callees(graph.reach(_SAVES, follow_calls=False, function_classes=False))
@@ -390,9 +406,6 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
     keep = set(skeleton.kept_lines)
     for unit in kept:
         keep.update(range(unit.first, unit.last + 1))
-    triggers = [TRIGGERS[code] for code in sorted(codes - {"AMP000"})]
-    if not codes.isdisjoint(_OPTIMIZER_RULES):
-        triggers.append(_BUILDS_OPTIMIZERS)
     words = re.compile("|".join(triggers) or "(?!)")
     names = graph.global_names(words)
     keep -= _inert_elements(screen.walk.tables, code_lines, keep, words, names)
@@ -561,19 +574,19 @@ class _CallGraph:
             self._reached[key] = self._reach(re.compile(pattern), follow_calls, function_classes)
         return self._reached[key]
 
+    def _called_by(self, callers: set[_Unit] | frozenset[_Unit]) -> set[_Unit]:
+        """The module-level functions and same-class methods `callers` call."""
+        called = set().union(*(u.plain_calls for u in callers)) & self.functions
+        methods = {(u.owner, m) for u in callers if u.owner for m in u.method_calls}
+        return {u for u in self.units if (u.name in called if u.owner is None else (u.owner, u.name) in methods)}
+
     def callees(self, callers: frozenset[_Unit]) -> frozenset[_Unit]:
         """The functions and same-class methods `callers` call, and those they call, as deep as
         the rules follow a value through helpers that return it."""
         found: set[_Unit] = set()
-        current = set(callers)
+        current: set[_Unit] = set(callers)
         for _ in range(_CALL_DEPTH):
-            called = set().union(*(u.plain_calls for u in current)) & self.functions
-            methods = {(u.owner, m) for u in current if u.owner for m in u.method_calls}
-            current = {
-                unit
-                for unit in self.units
-                if unit not in found and ((unit.owner is None and unit.name in called) or (unit.owner is not None and (unit.owner, unit.name) in methods))
-            }
+            current = self._called_by(current) - found
             if not current:
                 break
             found |= current
@@ -587,13 +600,13 @@ class _CallGraph:
         in_class: dict[tuple[str | None, str], set[_Unit]] = {}  # (class, attribute) -> units assigning it there
         anywhere: dict[str, set[_Unit]] = {}  # attribute -> units assigning it in any class
         for unit in self.units:
-            for owner, name in unit.self_attributes[1]:
+            for owner, name in unit.assigned_self_attributes:
                 in_class.setdefault((owner, name), set()).add(unit)
                 anywhere.setdefault(name, set()).add(unit)
         kept = set(kept)
         for _ in range(_CALL_DEPTH):
             added: set[_Unit] = set()
-            for owner, name in {used for u in kept for used in u.self_attributes[0]}:
+            for owner, name in {used for u in kept for used in u.used_self_attributes}:
                 added |= in_class.get((owner, name)) or anywhere.get(name, set())
             added -= kept
             if not added:
@@ -614,26 +627,21 @@ class _CallGraph:
             return frozenset(kept)
         bound_attributes: dict[_Unit, set[str]] = {}
         for _ in range(_CALL_DEPTH):
-            called = self.module_calls.union(*(u.plain_calls for u in kept)) & self.functions
-            called_methods = {(u.owner, m) for u in kept if u.owner for m in u.method_calls}
             kept_functions = {u.name for u in kept if u.owner is None}
             kept_methods = {(u.owner, u.name) for u in kept if u.owner}
             for unit in kept:
                 if unit.owner and unit not in bound_attributes:
                     bound_attributes[unit] = _bound_attributes(unit.text, trigger)
             attributes = {(u.owner, a) for u in kept if u.owner for a in bound_attributes[u]}
-            added = {
+            added = self._called_by(kept) | {  # the callees, and:
                 unit
                 for unit in self.units
-                if unit not in kept
-                and (
-                    (unit.owner is None and unit.name in called)  # a callee
-                    or (unit.owner is not None and (unit.owner, unit.name) in called_methods)
-                    or not kept_functions.isdisjoint(unit.plain_calls)  # a caller
-                    or any((unit.owner, name) in kept_methods for name in unit.method_calls)
-                    or any(owner == unit.owner and f".{name}" in unit.text for owner, name in attributes)
-                )
+                if (unit.owner is None and unit.name in self.module_calls)  # called at module level
+                or not kept_functions.isdisjoint(unit.plain_calls)  # a caller
+                or any((unit.owner, name) in kept_methods for name in unit.method_calls)
+                or any(owner == unit.owner and f".{name}" in unit.text for owner, name in attributes)
             }
+            added -= kept
             if not added:
                 break
             kept |= added
