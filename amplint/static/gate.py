@@ -21,6 +21,7 @@ class _Text:
 
     raw: bytes
     _found: dict[bytes, bool] = field(default_factory=dict)
+    _whole: dict[bytes, bool] = field(default_factory=dict)
 
     def has(self, word: bytes) -> bool:
         if word not in self._found:
@@ -28,27 +29,19 @@ class _Text:
             self._found[word] = (part is None or self.has(part)) and word in self.raw
         return self._found[word]
 
+    def whole_word(self, word: bytes) -> bool:
+        """One of _WHOLE_WORDS present as a whole word."""
+        if word not in self._whole:
+            self._whole[word] = self.has(word) and _WHOLE_WORDS[word].search(self.raw) is not None
+        return self._whole[word]
+
     @cached_property
     def lower(self) -> bytes:
         return self.raw.lower()
 
     @cached_property
-    def autocast(self) -> bool:
-        """`autocast` as a whole word."""
-        return self.has(b"autocast") and _AUTOCAST.search(self.raw) is not None
-
-    @cached_property
     def scale_call(self) -> bool:
         return self.has(b".scale") and _SCALE_CALL.search(self.raw) is not None
-
-    @cached_property
-    def unscale(self) -> bool:
-        return self.has(b"unscale_") and _UNSCALE.search(self.raw) is not None
-
-    @cached_property
-    def get_scale(self) -> bool:
-        """`get_scale` as a whole word: not `_interpolate_get_scales` or `get_scale_value`."""
-        return self.has(b"get_scale") and _GET_SCALE.search(self.raw) is not None
 
 
 # A word that can only be present where a shorter one is: files without the short one (most of
@@ -71,10 +64,9 @@ def _word(word: bytes) -> re.Pattern[bytes]:
 
 
 # Whole words: every spelling that reaches torch's autocast names `autocast` itself somewhere
-# (`torch.autocast`, `autocast_mode.autocast`, an import), unlike `_autocast_to_full_precision`.
-_AUTOCAST = _word(b"autocast")
-_UNSCALE = _word(b"unscale_")
-_GET_SCALE = _word(b"get_scale")
+# (`torch.autocast`, `autocast_mode.autocast`, an import), unlike `_autocast_to_full_precision`;
+# a scaler's `unscale_` and `get_scale` are not `_amp_..._unscale_` or `get_scale_value`.
+_WHOLE_WORDS = {word: _word(word) for word in (b"autocast", b"unscale_", b"get_scale")}
 # The deprecated API lives under `torch.cuda.amp` / `torch.cpu.amp`, however it is imported
 # (`from torch.cuda import amp`, `import torch.cuda as tc; tc.amp`); `torch.amp` is its
 # replacement, so an `amp` that follows `torch.` leads to nothing deprecated.
@@ -87,13 +79,13 @@ def _amp001(text: _Text) -> bool:
 
 
 def _amp002(text: _Text) -> bool:
-    if not (text.has(b"GradScaler") or text.autocast):
+    if not (text.has(b"GradScaler") or text.whole_word(b"autocast")):
         return False
     return b"half" in text.lower or b"float16" in text.lower
 
 
 def _amp003(text: _Text) -> bool:
-    return text.autocast and (text.has(b"backward") or text.has(b"step"))
+    return text.whole_word(b"autocast") and (text.has(b"backward") or text.has(b"step"))
 
 
 def _amp004(text: _Text) -> bool:
@@ -111,9 +103,9 @@ def _scaler(text: _Text) -> bool:
     """Mirrors AmpFacts.is_scaler: constructed, scaling a backward, unscaling, or a `*scaler*.step(`."""
     return (
         text.has(b"GradScaler")
-        or text.get_scale
+        or text.whole_word(b"get_scale")
         or text.scale_call
-        or text.unscale
+        or text.whole_word(b"unscale_")
         or (b"scaler" in text.lower and _SCALER_NAME.search(text.lower) is not None)
     )
 
@@ -134,11 +126,11 @@ def _scaler_steps(text: _Text) -> bool:
 
 
 def _amp008(text: _Text) -> bool:
-    return text.unscale
+    return text.whole_word(b"unscale_")
 
 
 def _amp009(text: _Text) -> bool:
-    return text.autocast and text.has(b"backward")
+    return text.whole_word(b"autocast") and text.has(b"backward")
 
 
 def _amp010(text: _Text) -> bool:
@@ -150,7 +142,7 @@ def _amp012(text: _Text) -> bool:
 
 
 def _amp013(text: _Text) -> bool:
-    amp_aware = text.has(b"GradScaler") or text.has(b"custom_fwd") or text.has(b"custom_bwd") or text.autocast
+    amp_aware = text.has(b"GradScaler") or text.has(b"custom_fwd") or text.has(b"custom_bwd") or text.whole_word(b"autocast")
     return amp_aware and text.has(b"Function")
 
 
@@ -158,16 +150,16 @@ _THREAD_WORDS = (b"Thread", b"submit", b"Executor", b"Pool", b".map(", b"apply_a
 
 
 def _amp015(text: _Text) -> bool:
-    return text.autocast and any(text.has(word) for word in _THREAD_WORDS)
+    return text.whole_word(b"autocast") and any(text.has(word) for word in _THREAD_WORDS)
 
 
 def _amp017(text: _Text) -> bool:
-    return text.autocast and text.has(b"compile") and text.has(b"backward")
+    return text.whole_word(b"autocast") and text.has(b"compile") and text.has(b"backward")
 
 
 def _amp014(text: _Text) -> bool:
     """A region switched off by a literal `False` inside another."""
-    return text.autocast and text.has(b"False")
+    return text.whole_word(b"autocast") and text.has(b"False")
 
 
 _AMP016_DTYPES = re.compile(rb"float32|float64|double|torch\.float\b|bfloat16|binary_cross_entropy|BCELoss")
@@ -175,7 +167,7 @@ _AMP016_DTYPES = re.compile(rb"float32|float64|double|torch\.float\b|bfloat16|bi
 
 def _amp016(text: _Text) -> bool:
     """A dtype autocast ignores, bfloat16 (on CUDA), or binary cross-entropy."""
-    return text.autocast and _AMP016_DTYPES.search(text.raw) is not None
+    return text.whole_word(b"autocast") and _AMP016_DTYPES.search(text.raw) is not None
 
 
 GATES = {
