@@ -132,8 +132,6 @@ def framework_owned(facts: AmpFacts) -> bool:
     return cached(facts, "framework", build)
 
 
-
-
 def mentions_a_scaler(facts: AmpFacts) -> bool:
     """Any GradScaler-like object in the module: constructed, passed in, or used (also timm's NativeScaler)."""
 
