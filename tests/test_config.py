@@ -253,6 +253,63 @@ def test_named_excluded_file_is_checked_unless_force_exclude(tmp_path: Path) -> 
     assert result.returncode == 0, result.stdout
 
 
+def checked(result: subprocess.CompletedProcess) -> set[str]:
+    assert "Traceback" not in result.stderr, result.stderr
+    return {Path(f["path"]).as_posix() for f in json.loads(result.stdout)}
+
+
+def repository(root: Path, gitignore: str) -> Path:
+    (root / ".git").mkdir(parents=True)
+    write(root / ".gitignore", gitignore)
+    return root
+
+
+def test_gitignored_folders_and_files_are_skipped_when_walking(tmp_path: Path) -> None:
+    repository(tmp_path, "generated/\n*_pb2.py\n")
+    write(tmp_path / "sub" / ".gitignore", "scratch.py\n")
+    for name in ("generated/a.py", "src/model_pb2.py", "sub/scratch.py", "sub/train.py", "train.py"):
+        write(tmp_path / name, TWO_RULES)
+    assert checked(amplint(".", "--format", "json", "--select", "AMP001", cwd=tmp_path)) == {"sub/train.py", "train.py"}
+
+
+def test_a_gitignore_above_the_named_folder_applies_up_to_the_repository_root(tmp_path: Path) -> None:
+    repository(tmp_path / "repo", "src/legacy.py\n")
+    write(tmp_path / ".gitignore", "*.py\n")  # outside the repository: not ours
+    write(tmp_path / "repo" / "src" / "legacy.py", TWO_RULES)
+    write(tmp_path / "repo" / "src" / "train.py", TWO_RULES)
+    result = amplint("src", "--format", "json", "--select", "AMP001", cwd=tmp_path / "repo")
+    assert checked(result) == {"src/train.py"}
+
+
+def test_a_named_folder_is_checked_though_a_gitignore_ignores_it(tmp_path: Path) -> None:
+    """As in ruff: `amplint .venv/lib/python3.11/site-packages/pkg` checks the package; the
+    patterns that do not ignore the folder itself still apply below it."""
+    repository(tmp_path, ".venv/\n*_pb2.py\n")
+    package = tmp_path / ".venv" / "lib" / "pkg"
+    write(package / "train.py", TWO_RULES)
+    write(package / "model_pb2.py", TWO_RULES)
+    result = amplint(".venv/lib/pkg", "--format", "json", "--select", "AMP001", cwd=tmp_path)
+    assert checked(result) == {".venv/lib/pkg/train.py"}
+    assert checked(amplint(".", "--format", "json", cwd=tmp_path)) == set()
+
+
+def test_a_named_folder_is_checked_though_exclude_names_it_unless_force_exclude(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nexclude = ["vendor/", "*_pb2.py"]\n')
+    write(tmp_path / "vendor" / "train.py", TWO_RULES)
+    write(tmp_path / "vendor" / "model_pb2.py", TWO_RULES)
+    result = amplint("vendor", "--format", "json", "--select", "AMP001", cwd=tmp_path)
+    assert checked(result) == {"vendor/train.py"}
+    result = amplint("vendor", "--force-exclude", "--format", "json", cwd=tmp_path)
+    assert checked(result) == set() and result.returncode == 0
+
+
+def test_respect_gitignore_false_walks_ignored_files(tmp_path: Path) -> None:
+    repository(tmp_path, "generated/\n")
+    write(tmp_path / "pyproject.toml", "[tool.amplint]\nrespect-gitignore = false\n")
+    write(tmp_path / "generated" / "a.py", TWO_RULES)
+    assert checked(amplint(".", "--format", "json", "--select", "AMP001", cwd=tmp_path)) == {"generated/a.py"}
+
+
 def test_min_torch_reaches_the_fixes(tmp_path: Path) -> None:
     """torch.amp.GradScaler exists from 2.3: with min-torch 2.2 the finding stays, without a fix."""
     source = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"

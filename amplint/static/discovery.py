@@ -54,11 +54,31 @@ class Excluder:
     def excludes(self, path: Path, is_dir: bool = False) -> bool:
         if self.spec is None:
             return False
+        return self.spec.match_file(self._relative(path, is_dir))
+
+    def below(self, folder: Path) -> Excluder:
+        """The excluder for what lies below a folder named on the command line: naming a folder
+        overrides the patterns that exclude it (as in ruff), and the others still apply."""
+        if self.spec is None or not self.spec.match_file(self._relative(folder, True)):
+            return self
+        narrowed = Excluder((), self.root)
+        narrowed.spec = _without_patterns_matching(self.spec, self._relative(folder, True))
+        return narrowed
+
+    def _relative(self, path: Path, is_dir: bool) -> str:
         try:
             relative = path.resolve().relative_to(self.root).as_posix()
         except ValueError:
             relative = path.as_posix().lstrip("/")
-        return self.spec.match_file(relative + "/" if is_dir else relative)
+        return relative + "/" if is_dir else relative
+
+
+def _without_patterns_matching(spec: pathspec.GitIgnoreSpec, folder: str) -> pathspec.GitIgnoreSpec:
+    """The spec less the patterns that ignore `folder` (a relative path ending in "/"). A
+    pattern that ignores a folder also ignores everything below it."""
+    import pathspec
+
+    return pathspec.GitIgnoreSpec([p for p in spec.patterns if not (p.include and p.match_file(folder))])
 
 
 def _gitignore(folder: Path) -> pathspec.GitIgnoreSpec | None:
@@ -82,16 +102,21 @@ def _ignored(path: Path, is_dir: bool, gitignores: list[tuple[Path, pathspec.Git
 def walk(argument: str, excluder: Excluder, respect_gitignore: bool) -> Iterator[SourceFile]:
     """Python files below a folder named on the command line, in a stable order."""
     top = Path(argument)
+    resolved = top.resolve()
     gitignores: list[tuple[Path, pathspec.GitIgnoreSpec]] = []
     if respect_gitignore:
-        # .gitignore files above the folder, up to the repository root, apply too.
-        for parent in [top.resolve(), *top.resolve().parents]:
+        # .gitignore files above the folder, up to the repository root, apply too, less the
+        # patterns that ignore the folder itself: naming it is asking for it (a package in an
+        # ignored virtual environment, a build output).
+        for parent in [resolved, *resolved.parents]:
             spec = _gitignore(parent)
             if spec is not None:
+                if parent != resolved and _ignored(resolved, True, [(parent, spec)]):
+                    spec = _without_patterns_matching(spec, resolved.relative_to(parent).as_posix() + "/")
                 gitignores.append((parent, spec))
             if (parent / ".git").exists():
                 break
-    yield from _walk(top, top.resolve(), argument, excluder, gitignores, respect_gitignore)
+    yield from _walk(top, resolved, argument, excluder.below(top), gitignores, respect_gitignore)
 
 
 def _walk(folder, resolved, display, excluder, gitignores, respect_gitignore) -> Iterator[SourceFile]:

@@ -70,6 +70,8 @@ def collect_files(arguments: list[str], settings: Settings, force_exclude: bool,
     for argument in arguments:
         path = Path(argument)
         if path.is_dir():
+            if force_exclude and excluder.excludes(path, is_dir=True):
+                continue
             for source in walk(argument, excluder, settings.respect_gitignore):
                 if source.key not in seen:
                     seen.add(source.key)
