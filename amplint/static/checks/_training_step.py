@@ -17,7 +17,7 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import Replacement
-from amplint.static.semantics import AmpFacts, CallSite, Context, Loop, Scope, dotted_name
+from amplint.static.semantics import AmpFacts, CallSite, Context, Loop, Scope, dotted_name, mutually_exclusive
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -62,28 +62,6 @@ def insert_after(facts: AmpFacts, statement: cst.CSTNode, text: str) -> Replacem
     if isinstance(statement, cst.SimpleStatementLine) and statement.trailing_whitespace.comment is not None:
         anchor = statement.trailing_whitespace.comment  # keep a trailing comment on its own line
     return Replacement(anchor, f"{facts.module.code_for_node(anchor).rstrip()}\n{indent}{text}")
-
-
-def branch_of(facts: AmpFacts, node: cst.CSTNode) -> list[tuple[int, str]]:
-    """For every `if` around a node: (id of the If, "body" or "else")."""
-    path = []
-    child = node
-    for parent in ancestors(facts, node):
-        if isinstance(parent, cst.If):
-            path.append((id(parent), "body" if child is parent.body else ("else" if child is parent.orelse else "test")))
-        elif isinstance(parent, cst.Else) or isinstance(parent, cst.If):
-            pass
-        child = parent
-    return path
-
-
-def exclusive(facts: AmpFacts, a: cst.CSTNode, b: cst.CSTNode) -> bool:
-    """Whether two nodes sit in different branches of one `if`, so they never run together."""
-    branches_a = dict(branch_of(facts, a))
-    for if_id, side in branch_of(facts, b):
-        if if_id in branches_a and branches_a[if_id] != side and "test" not in (side, branches_a[if_id]):
-            return True
-    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,6 +149,15 @@ class Event:
     @property
     def order(self) -> tuple[int, int]:
         return (self.anchor.order, self.call.where.order)
+
+
+def exclusive(a: Event, b: Event) -> bool:
+    """Whether two events never run in one call of the analysed function: they sit in different
+    branches of one `if` there or, both coming from one call of a helper, in the helper. Two
+    calls of a helper from the two branches of an `if` are one call per run."""
+    if a.anchor is b.anchor:
+        return mutually_exclusive(a.call.where, b.call.where)
+    return mutually_exclusive(a.anchor, b.anchor)
 
 
 def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:

@@ -27,7 +27,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 continue
             if "scaler" in facts.module.code_for_node(event.call.node).lower():
                 continue  # a custom optimizer that is handed the scaler (`opt.step(grad_scaler=...)`)
-            partners = [s for s in scaled if not ts.exclusive(facts, s.call.node, event.call.node)]
+            partners = [s for s in scaled if not ts.exclusive(s, event)]
             if not partners:
                 continue
             reported.add(id(event.call.node))

@@ -106,7 +106,7 @@ def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> I
             continue
         loop = _iteration_loop(event)
         same_iteration = [
-            e for e in events if _iteration_loop(e) is loop and not ts.exclusive(facts, e.call.node, event.call.node) and e is not event
+            e for e in events if _iteration_loop(e) is loop and not ts.exclusive(e, event) and e is not event
         ]
         later = [e for e in same_iteration if e.order > event.order]
         earlier = [e for e in same_iteration if e.order < event.order]

@@ -60,7 +60,7 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
     for guard in ts.guards_inside(facts, commit.anchor, loop):
         if any(g is guard for g in mine) or _test(facts, guard) in my_tests:
             continue
-        if _AMP_SWITCH.search(_test(facts, guard)) or ts.exclusive(facts, unscale.call.node, commit.call.node):
+        if _AMP_SWITCH.search(_test(facts, guard)) or ts.exclusive(unscale, commit):
             continue
         return _hit(unscale, step, "outside the `if` on line {1} that guards the step", guard)
     guard = _continue_between(facts, loop, unscale, commit)
@@ -117,7 +117,7 @@ def _twice(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> Hit | 
             continue
         if not (earlier.target is None or unscale.target is None or ts.same_object(earlier.target, unscale.target)):
             continue
-        if ts.exclusive(facts, earlier.call.node, unscale.call.node):
+        if ts.exclusive(earlier, unscale):
             continue
         between = [e for e in events if earlier.order < e.order < unscale.order and e.kind == "update" and ts.same_object(e.scaler, unscale.scaler)]
         if between:

@@ -45,7 +45,7 @@ def _last_scaler_event(facts: AmpFacts, before: list[ts.Event], sched: ts.Event)
     for event in reversed(before):
         if event.kind not in ("step", "update"):
             continue
-        if ts.innermost_loop(event.anchor) is not loop or ts.exclusive(facts, event.call.node, sched.call.node):
+        if ts.innermost_loop(event.anchor) is not loop or ts.exclusive(event, sched):
             continue
         return event
     return None
