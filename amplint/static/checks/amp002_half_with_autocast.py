@@ -9,7 +9,7 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts, CallSite, argument, dotted_name, statement_code
+from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, dotted_name, statement_code
 
 CODE = "AMP002"
 
@@ -91,6 +91,32 @@ def _kernel_cast_in_model(call: CallSite, facts: AmpFacts) -> bool:
     return not converts_itself
 
 
+def _test_function(scope: Scope) -> Scope | None:
+    """The test (`def test_...`, a function or a method) a scope belongs to, if any."""
+    while scope is not None:
+        if scope.kind == "function" and scope.name.startswith("test"):
+            return scope
+        scope = scope.parent
+    return None
+
+
+def _amp_tests(facts: AmpFacts) -> list[Scope | None]:
+    """The test each autocast region, autocast decorator and GradScaler sits in (None: not in a test)."""
+    sites = [c.scope for c in facts.calls if c.qualname in names.AUTOCAST or c.qualname in names.GRAD_SCALER]
+    sites += [f for f in facts.functions if any(facts.decorator_autocast(d, f.parent or f) for d in f.decorators)]
+    return [_test_function(scope) for scope in sites]
+
+
+def _in_a_test_of_its_own(call: CallSite, facts: AmpFacts) -> bool:
+    """A conversion in a test whose module uses autocast and GradScalers in other tests only: a
+    test runner runs each test by itself (torch's and timm's suites cast a module to float16 in
+    one test and check autocast in the next). A test that calls another test is not on its own."""
+    test = _test_function(call.scope)
+    if test is None or any(c.callee and c.callee.split(".")[-1].startswith("test") for c in facts.calls if _test_function(c.scope) is test):
+        return False
+    return all(other is not None and other is not test for other in _amp_tests(facts))
+
+
 def check(facts: AmpFacts) -> Iterator[Hit]:
     if not (facts.has_autocast or facts.has_scaler):
         return
@@ -103,6 +129,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _off_graph(call, facts)
             or _kernel_cast_in_model(call, facts)
             or _fresh_model_for_evaluation(call, facts)
+            or _in_a_test_of_its_own(call, facts)
         ):
             continue
         subject = facts.module.code_for_node(call.receiver) if call.receiver is not None else "value"
