@@ -461,6 +461,7 @@ class _Recorder:
     def visit_For(self, node: cst.For) -> None:
         self.statements.append(node)
         self.walk(node.iter)
+        self._stored(node.target)
         self.walk(node.target)
         words = f"{identifiers(node.target)} {identifiers(node.iter)}"
         self.loops.append(Loop(node, "for", source_text(node.target), source_text(node.iter), words))
@@ -546,14 +547,34 @@ class _Recorder:
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
+            self._stored(target.target)
             self._bind(target.target, node.value)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._stored(node.target)
         if node.value is not None:
             self._bind(node.target, node.value)
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._stored(node.target)
         self._bind(node.target, node.value)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self._stored(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self._stored(node.name)  # `with ... as x`, `except E as e`
+
+    def _stored(self, target: cst.BaseExpression) -> None:
+        """Names a statement binds are not references to what they named before
+        (`GradScaler = None` after a failed import uses nothing)."""
+        if isinstance(target, cst.Name):
+            self._not_references.add(id(target))
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._stored(element.value)
+        elif isinstance(target, cst.StarredElement):
+            self._stored(target.value)
 
     def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         key = dotted_name(target)
@@ -868,6 +889,13 @@ class AmpFacts:
                         changed = True
                         break
         return found
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        """The nodes holding `node`, innermost first, as the facts pass recorded them."""
+        current = self.parent_of.get(id(node))
+        while current is not None:
+            yield current
+            current = self.parent_of.get(id(current))
 
     def is_module_class(self, name: str) -> bool:
         return name in self._module_classes

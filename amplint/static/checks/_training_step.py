@@ -38,18 +38,10 @@ def parents(facts: AmpFacts) -> dict[int, cst.CSTNode]:
     return facts.parent_of
 
 
-def ancestors(facts: AmpFacts, node: cst.CSTNode):
-    table = parents(facts)
-    current = table.get(id(node))
-    while current is not None:
-        yield current
-        current = table.get(id(current))
-
-
 def indentation(facts: AmpFacts, statement: cst.CSTNode) -> str:
     """The indentation of a statement: the indents of every block around it."""
     parts = []
-    for node in ancestors(facts, statement):
+    for node in facts.ancestors(statement):
         if isinstance(node, cst.IndentedBlock):
             parts.append(node.indent if node.indent is not None else facts.module.default_indent)
     return "".join(reversed(parts))
@@ -231,7 +223,7 @@ def guards_inside(facts: AmpFacts, where: Context, loop: Loop | None) -> list[cs
 
 
 def within(facts: AmpFacts, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
-    return any(a is outer for a in ancestors(facts, node))
+    return any(a is outer for a in facts.ancestors(node))
 
 
 def mentions(facts: AmpFacts, node: cst.CSTNode, pattern: re.Pattern) -> bool:

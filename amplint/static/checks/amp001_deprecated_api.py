@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+
+import libcst as cst
 
 from amplint.static import autofix, names
 from amplint.static.checks import Hit
@@ -30,14 +33,89 @@ def _is_deprecated(qualname: str | None) -> bool:
     return qualname in names.DEPRECATED_AMP or qualname in names.DEPRECATED_AUTOCAST_STATE
 
 
+def _is_replacement(qualname: str | None) -> bool:
+    return qualname is not None and (
+        qualname.startswith("torch.amp.") or qualname == "torch.autocast" or qualname in _STATE_REPLACEMENTS
+    )
+
+
+_STATE_REPLACEMENTS = frozenset(text.partition("(")[0] for text in names.DEPRECATED_AUTOCAST_STATE.values())
+
+
+# What a test of the torch version or of a feature reads like (`is_torch_version(">=", "2.4")`,
+# `_TORCH_GREATER_EQUAL_2_4`, `TORCH_2_4`, `hasattr(torch, "get_autocast_dtype")`); a test of
+# the device (`if x.device.type == "cpu"`) chooses between APIs, not between torch releases.
+_VERSION_TEST = re.compile(r"(?i)version|hasattr|getattr|torch_?\d|greater|less|_ge_|_lt_|_ge\b|_lt\b|older|newer|legacy")
+
+
+def _alternatives(facts: AmpFacts, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """For each version or feature check around `node` (`if`, conditional expression, `try`),
+    the other side of it."""
+    child = node
+    for parent in facts.ancestors(node):
+        if isinstance(parent, (cst.If, cst.IfExp)) and _VERSION_TEST.search(facts.module.code_for_node(parent.test)):
+            if child is parent.body:
+                yield parent.orelse
+            elif child is parent.orelse:
+                yield parent.body
+        elif isinstance(parent, cst.Try):
+            if child is parent.body:
+                yield from parent.handlers
+            elif child in parent.handlers:
+                yield parent.body
+        child = parent
+
+
+def _replacements(facts: AmpFacts) -> list[cst.CSTNode]:
+    return [
+        *(c.node for c in facts.calls if _is_replacement(c.qualname)),
+        *(r.node for r in facts.references if _is_replacement(r.where.scope.resolve(r.dotted))),
+        *(i.node for i in facts.imports if _is_replacement(i.qualname)),
+    ]
+
+
+def _fallback_for_older_torch(facts: AmpFacts, node: cst.CSTNode, replacements: list[cst.CSTNode]) -> bool:
+    """A deprecated name on one side of a version or feature check whose other side uses the
+    `torch.amp` replacement (`torch.amp.GradScaler("cuda") if TORCH_2_4 else
+    torch.cuda.amp.GradScaler()`, `except ImportError: from torch.cuda.amp import autocast`):
+    code that already moved and keeps the old API for older torch."""
+    if not replacements:
+        return False
+    others = {id(side) for side in _alternatives(facts, node) if side is not None}
+    return any(id(ancestor) in others for r in replacements for ancestor in (r, *facts.ancestors(r)))
+
+
+def _bound_name(alias: cst.ImportAlias) -> str | None:
+    """The name an import binds, when it is the imported object itself (not `torch` of `import torch.cuda.amp`)."""
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    return alias.name.value if isinstance(alias.name, cst.Name) else None
+
+
 def check(facts: AmpFacts) -> Iterator[Hit]:
+    replacements = _replacements(facts)
+    # Names imported from the deprecated modules only as a fallback also name the replacement.
+    fallback_names: set[str | None] = set()
     for ref in facts.imports:
-        if _is_deprecated(ref.qualname):
+        if not _is_deprecated(ref.qualname):
+            continue
+        if _fallback_for_older_torch(facts, ref.node, replacements):
+            fallback_names.add(_bound_name(ref.node))
+        else:
             yield Hit(ref.node, message_for(ref.qualname), ref.statement, autofix.deprecated_import(ref, facts))
     for call in facts.calls:
-        if _is_deprecated(call.qualname) and facts.qualname(call.node.func, call.scope) == call.qualname:
+        if (
+            _is_deprecated(call.qualname)
+            and facts.qualname(call.node.func, call.scope) == call.qualname
+            and call.callee.split(".")[0] not in fallback_names
+            and not _fallback_for_older_torch(facts, call.node, replacements)
+        ):
             yield Hit(call.node.func, message_for(call.qualname), call.where.statement, autofix.deprecated_call(call, facts))
     for ref in facts.references:
         qualname = ref.where.scope.resolve(ref.dotted)
-        if _is_deprecated(qualname):
+        if (
+            _is_deprecated(qualname)
+            and ref.dotted.split(".")[0] not in fallback_names
+            and not _fallback_for_older_torch(facts, ref.node, replacements)
+        ):
             yield Hit(ref.node, message_for(qualname), ref.where.statement, autofix.deprecated_reference(ref, qualname, facts))

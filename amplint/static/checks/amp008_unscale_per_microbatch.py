@@ -76,7 +76,7 @@ def _test(facts: AmpFacts, guard: cst.If) -> str:
 def _continue_between(facts: AmpFacts, loop, first: ts.Event, second: ts.Event) -> cst.If | None:
     body = getattr(loop.node.body, "body", ())
     def top(node):
-        chain = [node, *ts.ancestors(facts, node)]
+        chain = [node, *facts.ancestors(node)]
         for candidate in chain:
             if any(candidate is statement for statement in body):
                 return candidate

@@ -77,7 +77,7 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, scalers: list[str]) ->
 
 
 def _statement_of(facts: AmpFacts, node: cst.CSTNode) -> cst.CSTNode | None:
-    for parent in ts.ancestors(facts, node):
+    for parent in facts.ancestors(node):
         if isinstance(parent, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             return parent
     return None
