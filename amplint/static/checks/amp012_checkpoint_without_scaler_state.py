@@ -24,6 +24,11 @@ def _literally_disabled(call: CallSite) -> bool:
     return isinstance(enabled, cst.Name) and enabled.value == "False"
 
 
+def _handed_to_the_caller(facts: AmpFacts, call: CallSite) -> bool:
+    """`return GradScaler(...)`: a factory's caller holds the scaler and checkpoints it."""
+    return isinstance(facts.parent_of.get(id(call.node)), cst.Return)
+
+
 def _enabled_scaler_keys(facts: AmpFacts) -> list[str]:
     keys = []
     for assignment in facts.assignments:
@@ -39,7 +44,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     if not facts.has_scaler:
         return
     scalers = _enabled_scaler_keys(facts)
-    if all(_literally_disabled(c) for c in facts.scalers_in()):
+    if all(_literally_disabled(c) or _handed_to_the_caller(facts, c) for c in facts.scalers_in()):
         return
     for call in facts.calls:
         if call.qualname in _SAVE:
