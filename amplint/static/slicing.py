@@ -17,7 +17,7 @@ pass, ~13x cheaper than libcst) to find statement ranges, keeps
 and blanks every other line. Line numbers and columns are unchanged, so findings on the slice
 are findings on the file. Before slicing, rules that report a call inside an autocast region
 (AMP003, AMP015, AMP017) are set aside when what autocast reaches makes no such call, and
-AMP009 keeps a single backward call as its witness rather than every function that has one.
+AMP002 and AMP009 keep a single backward call as their witness rather than every function that has one.
 A slice that does not parse falls back to the whole file, and so does a rule without triggers
 here. Tests check slice == whole file on every fixture; bench/check_stages.py on a tree.
 """
@@ -51,7 +51,8 @@ _SAVES = r"save(?<!\wsave)\s*\("
 # rather than `\bamp`): a leading `\b` or class makes `re` try every position, 5-10x slower.
 TRIGGERS: dict[str, str] = {
     "AMP001": r"amp(?<!\wamp)(?<!torch\.amp)\b|_autocast_|is_autocast_",
-    "AMP002": r"\.(?:half|bfloat16)\(|float16|half(?<!\whalf)\b|HalfTensor|autocast|GradScaler",
+    # A backward anywhere (_backward_witness) or a `training_step` says the module trains.
+    "AMP002": r"\.(?:half|bfloat16)\(|float16|half(?<!\whalf)\b|HalfTensor|autocast|GradScaler|training_step",
     "AMP003": r"autocast",
     "AMP004": r"GradScaler",
     # `.grad` reads are reached through the helpers a kept function calls.
@@ -92,6 +93,8 @@ _CALLED_IN_REGIONS: dict[str, frozenset[str]] = {
     "AMP015": frozenset({"Thread", "Timer", "submit", "map", "apply_async", "map_async", "imap", "starmap"}),
 }
 _REGION_RULES = frozenset({*_CALLED_IN_REGIONS, "AMP017"})
+# Rules that ask whether the module calls backward anywhere (AMP002: does it train at all).
+_ASK_FOR_A_BACKWARD = frozenset({"AMP002", "AMP009"})
 # Rules that read every method of a class that may subclass autograd.Function.
 _FUNCTION_CLASS_RULES = frozenset({"AMP013"})
 # A class statement nested in a function, and its bases.
@@ -394,7 +397,7 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
     kept: set[_Unit] = set()
     for code in sorted(codes - {"AMP000"}):
         kept |= graph.reach(TRIGGERS[code], follow_calls=code in _FOLLOW_CALLS, function_classes=code in _FUNCTION_CLASS_RULES)
-    if "AMP009" in codes:
+    if not codes.isdisjoint(_ASK_FOR_A_BACKWARD):
         kept |= _backward_witness(graph, kept, screen)
     triggers = [TRIGGERS[code] for code in sorted(codes - {"AMP000"})]
     if not codes.isdisjoint(_OPTIMIZER_RULES):
@@ -540,7 +543,7 @@ def _called_in_regions(graph: _CallGraph, screen: Screen, code: str) -> bool:
 
 
 def _backward_witness(graph: _CallGraph, kept: set[_Unit], screen: Screen) -> frozenset[_Unit]:
-    """AMP009 asks only whether the module calls `.backward()` somewhere: one function that
+    """AMP002 and AMP009 ask only whether the module calls `.backward()` somewhere: one function that
     does answers it (the screen's walk has every call). Without one, every function that
     mentions backward is kept."""
     lines = sorted(c.lineno for c in screen.walk.calls if isinstance(c.func, ast.Attribute) and c.func.attr == "backward")

@@ -9,6 +9,7 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import Hit
+from amplint.static.checks import _regions as rg
 from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, dotted_name, statement_code
 
 CODE = "AMP002"
@@ -117,8 +118,43 @@ def _in_a_test_of_its_own(call: CallSite, facts: AmpFacts) -> bool:
     return all(other is not None and other is not test for other in _amp_tests(facts))
 
 
+def _trains(facts: AmpFacts) -> bool:
+    """Whether the module trains: a GradScaler, a backward, a Lightning `training_step`. An
+    inference module keeps float16 weights by design (diffusers' pipelines upcast the VAE for
+    decoding and cast it back)."""
+    return facts.has_scaler or rg.has_backward(facts) or any(f.name == "training_step" for f in facts.functions)
+
+
+def _frozen(call: CallSite, facts: AmpFacts) -> bool:
+    """A module frozen in the same function before or after its cast (`vae.requires_grad_(False)`,
+    `vae = AutoencoderKL.from_pretrained(...).requires_grad_(False)`, `p.requires_grad = False`
+    for its parameters): no gradient, no optimizer state, nothing for a GradScaler to unscale."""
+    subject = call.receiver_key
+    if subject is None:
+        return False
+    function = call.scope.function_scope
+    for other in function.calls:
+        if other.method != "requires_grad_" or not _is_false(other.arg(0, "requires_grad")):
+            continue
+        if other.receiver_key == subject:
+            return True
+        if any(a.key == subject and a.value is other.node for a in facts.assignments):
+            return True
+    return any(
+        a.key.endswith(".requires_grad")
+        and _is_false(a.value)
+        and a.where.scope.function_scope is function
+        and any(f"{subject}.parameters()" in loop.iterable for loop in a.where.loops)
+        for a in facts.assignments
+    )
+
+
+def _is_false(node: cst.BaseExpression | None) -> bool:
+    return isinstance(node, cst.Name) and node.value == "False"
+
+
 def check(facts: AmpFacts) -> Iterator[Hit]:
-    if not (facts.has_autocast or facts.has_scaler):
+    if not (facts.has_autocast or facts.has_scaler) or not _trains(facts):
         return
     uses = "autocast" if facts.has_autocast else "a GradScaler"
     for call in facts.calls:
@@ -130,6 +166,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _kernel_cast_in_model(call, facts)
             or _fresh_model_for_evaluation(call, facts)
             or _in_a_test_of_its_own(call, facts)
+            or _frozen(call, facts)
         ):
             continue
         subject = facts.module.code_for_node(call.receiver) if call.receiver is not None else "value"
