@@ -280,6 +280,29 @@ def test_amp008_amp_switch_guards_are_not_accumulation() -> None:
     assert lines(src, "AMP008") == []
 
 
+def test_amp008_names_the_step_of_its_own_branch() -> None:
+    """Swin-Transformer's SimMIM loop: an accumulation branch and a plain branch, each with its
+    own step; the finding points at the step that the unscale_ waits for."""
+    src = """\
+    def train(loader, scaler, optimizer, model, accumulation_steps, clip):
+        for idx, x in enumerate(loader):
+            if accumulation_steps > 1:
+                scaler.scale(model(x) / accumulation_steps).backward()
+                if clip:
+                    scaler.unscale_(optimizer)
+                if (idx + 1) % accumulation_steps == 0:
+                    scaler.step(optimizer)
+                    scaler.update()
+            else:
+                scaler.scale(model(x)).backward()
+                scaler.step(optimizer)
+                scaler.update()
+    """
+    found = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP008"]
+    assert [f.line for f in found] == [6]
+    assert "`scaler.step()` (line 8)" in found[0].message
+
+
 # --------------------------------------------------------------------------------- AMP009
 def test_amp009_default_cuda_dtype_without_scaler() -> None:
     src = """\

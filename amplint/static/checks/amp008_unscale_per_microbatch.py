@@ -31,10 +31,12 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
 
 
 def _partners(event: ts.Event, events: list[ts.Event]) -> list[ts.Event]:
+    """The steps that can run in the same call as `event` (not in another branch of an `if`)."""
     return [
         e for e in events
         if e.kind == "step" and ts.same_object(e.scaler, event.scaler)
         and (event.target is None or e.target is None or ts.same_object(e.target, event.target))
+        and not ts.exclusive(e, event)
     ]
 
 
@@ -54,7 +56,13 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
     if not loops:
         return None
     loop = loops[-1]
-    commit = next((e for e in events if e.kind == "update" and ts.same_object(e.scaler, unscale.scaler) and loop in _loops(e)), step)
+    commit = next(
+        (
+            e for e in events
+            if e.kind == "update" and ts.same_object(e.scaler, unscale.scaler) and loop in _loops(e) and not ts.exclusive(e, unscale)
+        ),
+        step,
+    )
     mine = ts.guards_inside(facts, unscale.anchor, loop)
     my_tests = {_test(facts, g) for g in mine}
     for guard in ts.guards_inside(facts, commit.anchor, loop):
