@@ -723,6 +723,17 @@ class AmpFacts:
                     break
         return [(a.value, a.where.scope) for a in chosen]
 
+    def reaching_assignment(self, key: str, where: Context) -> Assignment | None:
+        """The last assignment to a name before `where` in the same function, outside the other
+        branches of an `if` (`checkpoint = torch.load(...)` early on, `checkpoint = {...}` just
+        before it is saved)."""
+        function = where.scope.function_scope
+        before = [
+            a for a in self._assignments_by_key.get(key, ())
+            if a.where.scope.function_scope is function and a.where.order < where.order and not mutually_exclusive(a.where, where)
+        ]
+        return max(before, key=lambda a: a.where.order, default=None)
+
     @cached_property
     def _assignments_by_key(self) -> dict[str, list[Assignment]]:
         table: dict[str, list[Assignment]] = {}

@@ -10,7 +10,7 @@ import libcst as cst
 from amplint.model import Applicability
 from amplint.static.checks import FixPlan, Hit, Replacement
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, dotted_name
+from amplint.static.semantics import AmpFacts, CallSite, Context, Scope, argument, dotted_name
 
 CODE = "AMP012"
 
@@ -56,7 +56,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
 
 def _save_without_scaler(facts: AmpFacts, call: CallSite, scalers: list[str]) -> Hit | None:
     obj = argument(call.node, 0, "obj")
-    built = _dict_construction(facts, obj, call.scope)
+    built = _dict_construction(facts, obj, call.scope, call.where)
     if built is None:
         return None
     dict_node, texts = built
@@ -94,8 +94,9 @@ def _mentions_optimizer_state(facts: AmpFacts, node: cst.CSTNode, text: str, sco
     return False
 
 
-def _dict_construction(facts: AmpFacts, obj, scope: Scope, depth: int = 0):
-    """The dict a saved object is built from, and all source text that fills it."""
+def _dict_construction(facts: AmpFacts, obj, scope: Scope, where: Context | None = None, depth: int = 0):
+    """The dict a saved object is built from, and all source text that fills it. A name bound
+    several times is read from its assignment that reaches `where`, the save."""
     if obj is None or depth > 2:
         return None
     if isinstance(obj, cst.Dict):
@@ -106,7 +107,7 @@ def _dict_construction(facts: AmpFacts, obj, scope: Scope, depth: int = 0):
         function = facts._function_named(obj.func, scope)
         if function is not None:
             for value in function.returns:
-                found = _dict_construction(facts, value, function, depth + 1)
+                found = _dict_construction(facts, value, function, depth=depth + 1)
                 if found is not None:
                     return found
         return None
@@ -114,10 +115,13 @@ def _dict_construction(facts: AmpFacts, obj, scope: Scope, depth: int = 0):
     if key is None:
         return None
     bindings = facts.bindings(key, scope)
+    reaching = facts.reaching_assignment(key, where) if len(bindings) > 1 and where is not None else None
+    if reaching is not None:
+        bindings = [(reaching.value, reaching.where.scope)]
     if len(bindings) != 1:
         return None
     value, value_scope = bindings[0]
-    found = _dict_construction(facts, value, value_scope, depth + 1)
+    found = _dict_construction(facts, value, value_scope, depth=depth + 1)
     if found is None:
         return None
     node, texts = found
