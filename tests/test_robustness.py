@@ -63,6 +63,39 @@ def test_deeply_nested_expression(tmp_path: Path) -> None:
     json.loads(result.stdout)
 
 
+def test_a_long_chain_of_operators_is_analysed(tmp_path: Path) -> None:
+    """Generated code sums hundreds of terms: libcst's code generation recurses once per term,
+    past Python's default limit, and the analysis runs on a deeper stack instead of failing."""
+    path = tmp_path / "generated.py"
+    path.write_text("import torch\nwith torch.cuda.amp.autocast():\n    y = " + " + ".join(f"x{i}" for i in range(1500)) + "\n")
+    result = _run(str(path))
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr, result.stderr
+    assert result.returncode == 1
+    assert [(f["code"], f["line"]) for f in json.loads(result.stdout)] == [("AMP001", 2)]
+
+
+def _chain(path: Path, operators: int) -> Path:
+    path.write_text("import torch\nwith torch.cuda.amp.autocast():\n    y = " + "+".join(["x"] * (operators + 1)) + "\n")
+    return path
+
+
+def test_a_chain_too_long_for_libcst_is_reported_not_parsed(tmp_path: Path) -> None:
+    """libcst's parse grows with the cube of a chain and crashes past ~8,000 operators."""
+    result = _run(str(_chain(tmp_path / "generated.py", 2500)))
+    assert result.returncode == 1, result.stderr
+    [finding] = json.loads(result.stdout)
+    assert finding["code"] == "AMP000" and "chains 2500 operators" in finding["message"]
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named", "in a folder"])
+def test_a_file_too_deep_for_pythons_parser_is_reported(tmp_path: Path, named: bool) -> None:
+    path = _chain(tmp_path / "generated.py", 20000)
+    result = _run(str(path) if named else str(tmp_path))
+    assert result.returncode == 1, result.stderr
+    [finding] = json.loads(result.stdout)
+    assert finding["code"] == "AMP000" and "nests too deeply" in finding["message"]
+
+
 def test_missing_path_is_a_usage_error(tmp_path: Path) -> None:
     missing = tmp_path / "no_such_file.py"
     result = _run(str(missing))

@@ -61,6 +61,56 @@ def analyse_source(
     """Findings for one file. `slicing=False` analyses every function even in a large file;
     `check_syntax=False` leaves a file whose code holds nothing a rule looks for unparsed (a file
     found in a folder rather than named)."""
+    try:
+        return _analyse_source(source, path, select, min_torch, slicing, check_syntax)
+    except RecursionError:
+        error = SourceError("cannot analyse: an expression nests too deeply")
+        wanted = frozenset(select) if select is not None else frozenset({"AMP000"})
+        return [parse_error_finding(path, error)] if "AMP000" in wanted else []
+
+
+# libcst's code generation takes several Python frames per level of a nested expression, so a
+# 300-term sum (`x1 + x2 + ...`) exceeds Python's default limit of 1,000 frames.
+_DEEP_RECURSION_LIMIT = 50_000
+_DEEP_STACK_BYTES = 512 * 1024 * 1024  # reserved, not committed: only the pages used are
+
+
+def _with_a_deep_stack(function, arguments: tuple):
+    """`function(*arguments)` on a thread whose stack and recursion limit fit deep nesting."""
+    import sys
+    import threading
+
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, function(*arguments)))
+        except BaseException as exc:  # noqa: BLE001 - handed back to the calling thread
+            outcome.append((False, exc))
+
+    old_limit, old_size = sys.getrecursionlimit(), threading.stack_size(_DEEP_STACK_BYTES)
+    sys.setrecursionlimit(_DEEP_RECURSION_LIMIT)
+    try:
+        thread = threading.Thread(target=run, name="amplint-deep")
+        thread.start()
+        thread.join()
+    finally:
+        threading.stack_size(old_size)
+        sys.setrecursionlimit(old_limit)
+    succeeded, value = outcome[0]
+    if not succeeded:
+        raise value
+    return value
+
+
+def _analyse_source(
+    source: bytes | str,
+    path: str,
+    select: Iterable[str] | None,
+    min_torch: tuple[int, ...] | None,
+    slicing: bool,
+    check_syntax: bool,
+) -> list[Finding]:
     wanted = frozenset(select) if select is not None else frozenset(all_checks()) | {"AMP000"}
     try:
         text, _encoding = decode_source(source)
@@ -70,7 +120,10 @@ def analyse_source(
         return []
     sliced = None
     if slicing:
-        wanted, sliced = prepare(text, wanted, check_syntax)
+        try:
+            wanted, sliced = prepare(text, wanted, check_syntax)
+        except SourceError as error:
+            return [parse_error_finding(path, error)] if "AMP000" in wanted else []
         if not wanted - {"AMP000"}:
             return []  # parsed by CPython already (or not asked for), and no rule is left that could fire
     try:
@@ -78,8 +131,12 @@ def analyse_source(
     except SourceError as error:
         if sliced is None:
             return [parse_error_finding(path, error)] if "AMP000" in wanted else []
-        return analyse_source(source, path, select, min_torch, slicing=False)
-    return analyse_module(module, sliced if sliced is not None else text, path, wanted, min_torch)
+        return _analyse_source(source, path, select, min_torch, False, check_syntax)
+    arguments = (module, sliced if sliced is not None else text, path, wanted, min_torch)
+    try:
+        return analyse_module(*arguments)
+    except RecursionError:
+        return _with_a_deep_stack(analyse_module, arguments)
 
 
 def analyse_module(

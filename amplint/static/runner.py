@@ -236,7 +236,10 @@ def _syntax_only(source: bytes, display: str) -> list[Finding]:
         python_tree(text)
     except SourceError as error:
         return [parse_error_finding(display, error)]
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    except (RecursionError, MemoryError):
+        # libcst would take minutes over what CPython's own parser cannot hold, or crash.
+        return [parse_error_finding(display, SourceError("cannot analyse: the file nests too deeply for Python's parser"))]
+    except (SyntaxError, ValueError):
         from amplint.static.analyse import parse
 
         try:

@@ -113,6 +113,10 @@ class _Walk:
     # What the slicer reads from the same walk: large displays (tables) and every function.
     tables: list[ast.expr] = field(default_factory=list, repr=False)
     functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=list, repr=False)
+    # The most operators chained in one expression (`x1 + x2 + ...`, `a or b or ...`): libcst
+    # nests one node per operator, and its parse grows with the cube of the chain.
+    longest_chain: int = 0
+    _chained: set[int] = field(default_factory=set, repr=False)  # inner links already counted
 
     @classmethod
     def of(cls, tree: ast.Module) -> _Walk:
@@ -173,6 +177,18 @@ class _Walk:
         arguments = node.args
         self.params.update(a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs))
 
+    def _binary(self, node: ast.BinOp) -> None:
+        if id(node) in self._chained:
+            return  # counted from the chain's outermost operator, which the walk meets first
+        length, left = 1, node.left
+        while type(left) is ast.BinOp:
+            self._chained.add(id(left))
+            length, left = length + 1, left.left
+        self.longest_chain = max(self.longest_chain, length)
+
+    def _boolean(self, node: ast.BoolOp) -> None:
+        self.longest_chain = max(self.longest_chain, len(node.values) - 1)
+
     def _import(self, node: ast.Import | ast.ImportFrom) -> None:
         if isinstance(node, ast.ImportFrom):
             if node.level or node.module is None or node.names[0].name == "*":
@@ -205,6 +221,8 @@ _HANDLERS = {
     ast.List: _Walk._display,
     ast.Set: _Walk._display,
     ast.Tuple: _Walk._display,
+    ast.BinOp: _Walk._binary,
+    ast.BoolOp: _Walk._boolean,
 }
 
 
