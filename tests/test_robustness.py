@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,23 @@ def test_a_file_too_deep_for_pythons_parser_is_reported(tmp_path: Path, named: b
     assert result.returncode == 1, result.stderr
     [finding] = json.loads(result.stdout)
     assert finding["code"] == "AMP000" and "nests too deeply" in finding["message"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="needs a file system that takes any bytes in names")
+@pytest.mark.parametrize("output_format", ["text", "concise", "json", "sarif", "github"])
+def test_a_file_name_that_is_not_utf8_is_reported_in_every_format(tmp_path: Path, output_format: str) -> None:
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (Path(os.fsdecode(bytes(folder))) / os.fsdecode(b"caf\xe9.py")).write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    report = tmp_path / "report"
+    for extra in ([], ["--output-file", str(report)]):
+        result = subprocess.run(
+            [sys.executable, "-m", "amplint", str(folder), "--no-cache", "--format", output_format, *extra],
+            capture_output=True, timeout=120,
+        )
+        assert result.returncode == 1 and b"Traceback" not in result.stderr and b"internal error" not in result.stderr, result.stderr
+    written = report.read_bytes()
+    assert b"caf\xe9.py" in written or b"caf%E9.py" in written or b"caf\\udce9.py" in written
 
 
 def test_missing_path_is_a_usage_error(tmp_path: Path) -> None:

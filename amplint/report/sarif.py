@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TextIO
 from urllib.parse import quote
@@ -22,7 +23,7 @@ def _uri(path: str) -> str:
     candidate = Path(path)
     if candidate.is_absolute():
         return candidate.as_uri()
-    return quote(candidate.as_posix(), safe="/")
+    return quote(os.fsencode(candidate.as_posix()), safe="/")  # bytes: a name that is not UTF-8 too
 
 
 def render(findings: list[Finding], out: TextIO, context: dict) -> None:
