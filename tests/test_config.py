@@ -293,6 +293,15 @@ def test_a_named_folder_is_checked_though_a_gitignore_ignores_it(tmp_path: Path)
     assert checked(amplint(".", "--format", "json", cwd=tmp_path)) == set()
 
 
+def test_a_pattern_overridden_for_the_named_folder_still_applies_below_it(tmp_path: Path) -> None:
+    """`out*` ignores `out/`; naming `out` overrides that for the folder, not for `out/out_gen.py`."""
+    repository(tmp_path, "out*\n")
+    for name in ("out/train.py", "out/out_gen.py", "out/run/eval.py", "out/run/out_tmp/scratch.py"):
+        write(tmp_path / name, TWO_RULES)
+    result = amplint("out", "--format", "json", "--select", "AMP001", cwd=tmp_path)
+    assert checked(result) == {"out/train.py", "out/run/eval.py"}
+
+
 def test_a_named_folder_is_checked_though_exclude_names_it_unless_force_exclude(tmp_path: Path) -> None:
     write(tmp_path / "pyproject.toml", '[tool.amplint]\nexclude = ["vendor/", "*_pb2.py"]\n')
     write(tmp_path / "vendor" / "train.py", TWO_RULES)

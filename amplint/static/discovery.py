@@ -44,41 +44,44 @@ class Excluder:
     """`exclude` patterns from the configuration, relative to the configuration's folder."""
 
     def __init__(self, patterns: tuple[str, ...], root: Path) -> None:
-        self.root = root.resolve()
-        self.spec = None
+        self.specs: list[tuple[Path, pathspec.GitIgnoreSpec]] = []  # (folder they count from, patterns)
         if patterns:
             import pathspec
 
-            self.spec = pathspec.GitIgnoreSpec.from_lines(patterns)
+            self.specs.append((root.resolve(), pathspec.GitIgnoreSpec.from_lines(patterns)))
 
     def excludes(self, path: Path, is_dir: bool = False) -> bool:
-        if self.spec is None:
-            return False
-        return self.spec.match_file(self._relative(path, is_dir))
+        return any(spec.match_file(_relative(path, root, is_dir)) for root, spec in self.specs)
 
     def below(self, folder: Path) -> Excluder:
         """The excluder for what lies below a folder named on the command line: naming a folder
-        overrides the patterns that exclude it (as in ruff), and the others still apply."""
-        if self.spec is None or not self.spec.match_file(self._relative(folder, True)):
-            return self
-        narrowed = Excluder((), self.root)
-        narrowed.spec = _without_patterns_matching(self.spec, self._relative(folder, True))
-        return narrowed
-
-    def _relative(self, path: Path, is_dir: bool) -> str:
-        try:
-            relative = path.resolve().relative_to(self.root).as_posix()
-        except ValueError:
-            relative = path.as_posix().lstrip("/")
-        return relative + "/" if is_dir else relative
+        overrides the patterns that exclude it (as in ruff). Those then count from the folder,
+        so they still exclude what lies below it by its own name (`out*` on `out/out_gen.py`)."""
+        below = Excluder((), folder)
+        for root, spec in self.specs:
+            below.specs.extend(_rerooted(root, spec, folder.resolve()))
+        return below
 
 
-def _without_patterns_matching(spec: pathspec.GitIgnoreSpec, folder: str) -> pathspec.GitIgnoreSpec:
-    """The spec less the patterns that ignore `folder` (a relative path ending in "/"). A
-    pattern that ignores a folder also ignores everything below it."""
+def _relative(path: Path, root: Path, is_dir: bool) -> str:
+    try:
+        relative = path.resolve().relative_to(root).as_posix()
+    except ValueError:
+        relative = path.as_posix().lstrip("/")
+    return relative + "/" if is_dir else relative
+
+
+def _rerooted(root: Path, spec: pathspec.GitIgnoreSpec, folder: Path) -> list[tuple[Path, pathspec.GitIgnoreSpec]]:
+    """`spec` (counting from `root`) for the paths below `folder`, a folder named on the command
+    line: the patterns that match the folder itself count from the folder instead."""
+    named = _relative(folder, root, True)
+    if not spec.match_file(named):
+        return [(root, spec)]
     import pathspec
 
-    return pathspec.GitIgnoreSpec([p for p in spec.patterns if not (p.include and p.match_file(folder))])
+    matching = [p for p in spec.patterns if p.include and p.match_file(named)]
+    others = [p for p in spec.patterns if not any(p is m for m in matching)]
+    return [(root, pathspec.GitIgnoreSpec(others)), (folder, pathspec.GitIgnoreSpec(matching))]
 
 
 def _gitignore(folder: Path) -> pathspec.GitIgnoreSpec | None:
@@ -105,22 +108,22 @@ def walk(argument: str, excluder: Excluder, respect_gitignore: bool) -> Iterator
     resolved = top.resolve()
     gitignores: list[tuple[Path, pathspec.GitIgnoreSpec]] = []
     if respect_gitignore:
-        # .gitignore files above the folder, up to the repository root, apply too, less the
-        # patterns that ignore the folder itself: naming it is asking for it (a package in an
-        # ignored virtual environment, a build output).
-        for parent in [resolved, *resolved.parents]:
+        own = _gitignore(resolved)
+        if own is not None:
+            gitignores.append((resolved, own))
+        # .gitignore files above the folder, up to the repository root, apply too; naming the
+        # folder overrides those that ignore it (a package in an ignored virtual environment).
+        for parent in [] if (resolved / ".git").exists() else resolved.parents:
             spec = _gitignore(parent)
             if spec is not None:
-                if parent != resolved and _ignored(resolved, True, [(parent, spec)]):
-                    spec = _without_patterns_matching(spec, resolved.relative_to(parent).as_posix() + "/")
-                gitignores.append((parent, spec))
+                gitignores.extend(_rerooted(parent, spec, resolved))
             if (parent / ".git").exists():
                 break
-    yield from _walk(top, resolved, argument, excluder.below(top), gitignores, respect_gitignore)
+    yield from _walk(top, resolved, argument, excluder.below(top), gitignores, respect_gitignore, own_read=True)
 
 
-def _walk(folder, resolved, display, excluder, gitignores, respect_gitignore) -> Iterator[SourceFile]:
-    if respect_gitignore and resolved != (gitignores[0][0] if gitignores else None):
+def _walk(folder, resolved, display, excluder, gitignores, respect_gitignore, own_read=False) -> Iterator[SourceFile]:
+    if respect_gitignore and not own_read:
         spec = _gitignore(resolved)
         if spec is not None:
             gitignores = [*gitignores, (resolved, spec)]
