@@ -146,6 +146,7 @@ class ImportRef:
     node: cst.CSTNode  # the ImportAlias
     qualname: str
     statement: cst.CSTNode
+    scope: Scope | None = None  # where the name is bound
 
 
 @dataclass(eq=False)
@@ -370,7 +371,7 @@ class _Recorder:
             else:
                 head = full.split(".")[0]
                 self.scope.imports.setdefault(head, head)
-            self.facts.imports.append(ImportRef(alias, full, self._statement()))
+            self.facts.imports.append(ImportRef(alias, full, self._statement(), self.scope))
         return False
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
@@ -390,7 +391,7 @@ class _Recorder:
             bound = dotted_name(alias.asname.name) if alias.asname is not None else name
             if bound:
                 self.scope.imports[bound] = f"{module}.{name}"
-            self.facts.imports.append(ImportRef(alias, f"{module}.{name}", self._statement()))
+            self.facts.imports.append(ImportRef(alias, f"{module}.{name}", self._statement(), self.scope))
         return False
 
     def _statement(self) -> cst.CSTNode:
@@ -724,15 +725,17 @@ class AmpFacts:
         return [(a.value, a.where.scope) for a in chosen]
 
     def reaching_assignment(self, key: str, where: Context) -> Assignment | None:
-        """The last assignment to a name before `where` in the same function, outside the other
-        branches of an `if` (`checkpoint = torch.load(...)` early on, `checkpoint = {...}` just
-        before it is saved)."""
+        """The assignment to a name that every path to `where` in its function passes last
+        (`checkpoint = torch.load(...)` on resume, then `checkpoint = {...}` just before it is
+        saved); None when the last one before it sits in an `if` that `where` is not in (each
+        branch may bind its own value)."""
         function = where.scope.function_scope
         before = [
             a for a in self._assignments_by_key.get(key, ())
             if a.where.scope.function_scope is function and a.where.order < where.order and not mutually_exclusive(a.where, where)
         ]
-        return max(before, key=lambda a: a.where.order, default=None)
+        last = max(before, key=lambda a: a.where.order, default=None)
+        return last if last is not None and set(last.where.branches) <= set(where.branches) else None
 
     @cached_property
     def _assignments_by_key(self) -> dict[str, list[Assignment]]:

@@ -25,8 +25,10 @@ def _literally_disabled(call: CallSite) -> bool:
 
 
 def _handed_to_the_caller(facts: AmpFacts, call: CallSite) -> bool:
-    """`return GradScaler(...)`: a factory's caller holds the scaler and checkpoints it."""
-    return isinstance(facts.parent_of.get(id(call.node)), cst.Return)
+    """`return GradScaler(...)` in a factory no code of this file calls: the caller, elsewhere,
+    holds the scaler and checkpoints it."""
+    factory = call.scope.function_scope
+    return isinstance(facts.parent_of.get(id(call.node)), cst.Return) and not facts.callers(factory)
 
 
 def _enabled_scaler_keys(facts: AmpFacts) -> list[str]:
