@@ -9,7 +9,7 @@ import libcst as cst
 
 from amplint.static import autofix, names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts
+from amplint.static.semantics import AmpFacts, Scope
 
 CODE = "AMP001"
 
@@ -43,14 +43,17 @@ _STATE_REPLACEMENTS = frozenset(text.partition("(")[0] for text in names.DEPRECA
 
 
 # What a test of the torch version or of a feature reads like (`is_torch_version(">=", "2.4")`,
-# `_TORCH_GREATER_EQUAL_2_4`, `TORCH_2_4`, `hasattr(torch, "get_autocast_dtype")`); a test of
-# the device (`if x.device.type == "cpu"`) chooses between APIs, not between torch releases.
-_VERSION_TEST = re.compile(r"(?i)version|hasattr|getattr|torch_?\d|greater|less|_ge_|_lt_|_ge\b|_lt\b|older|newer|legacy")
+# `_TORCH_GREATER_EQUAL_2_4`, `TORCH_2_4`, `torch_ge_24`, `hasattr(torch, "get_autocast_dtype")`);
+# a test of the device (`if x.device.type == "cpu"`) or of a setting (`getattr(args, "bf16")`)
+# chooses between APIs, not between torch releases.
+_VERSION_TEST = re.compile(
+    r"(?i)version|\b(?:has|get)attr\(\s*torch\b|\btorch_?\d|_(?:ge|gt|lt|le)_?\d|greater|older|newer|legacy"
+)
 
 
 def _alternatives(facts: AmpFacts, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """For each version or feature check around `node` (`if`, conditional expression, `try`),
-    the other side of it."""
+    """For each version or feature check around `node` (either side of an `if` or conditional
+    expression, the `except` of a `try`), the other side of it."""
     child = node
     for parent in facts.ancestors(node):
         if isinstance(parent, (cst.If, cst.IfExp)) and _VERSION_TEST.search(facts.module.code_for_node(parent.test)):
@@ -58,11 +61,8 @@ def _alternatives(facts: AmpFacts, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
                 yield parent.orelse
             elif child is parent.orelse:
                 yield parent.body
-        elif isinstance(parent, cst.Try):
-            if child is parent.body:
-                yield from parent.handlers
-            elif child in parent.handlers:
-                yield parent.body
+        elif isinstance(parent, cst.Try) and child in parent.handlers:
+            yield parent.body  # the old API in the `except` of a `try` of the new one
         child = parent
 
 
@@ -92,22 +92,36 @@ def _bound_name(alias: cst.ImportAlias) -> str | None:
     return alias.name.value if isinstance(alias.name, cst.Name) else None
 
 
+def _binding_scope(scope: Scope, head: str) -> Scope | None:
+    """The scope whose import a name resolves through, as `Scope.resolve_head` finds it."""
+    current: Scope | None = scope
+    while current is not None and head not in current.imports:
+        current = current.parent
+    return current
+
+
 def check(facts: AmpFacts) -> Iterator[Hit]:
     replacements = _replacements(facts)
-    # Names imported from the deprecated modules only as a fallback also name the replacement.
-    fallback_names: set[str | None] = set()
+    # Names imported from the deprecated modules only as a fallback also name the replacement,
+    # in the scope that imports them.
+    fallbacks: set[tuple[int, str | None]] = set()
     for ref in facts.imports:
         if not _is_deprecated(ref.qualname):
             continue
         if _fallback_for_older_torch(facts, ref.node, replacements):
-            fallback_names.add(_bound_name(ref.node))
+            fallbacks.add((id(ref.scope), _bound_name(ref.node)))
         else:
             yield Hit(ref.node, message_for(ref.qualname), ref.statement, autofix.deprecated_import(ref, facts))
+
+    def through_a_fallback(dotted: str, scope: Scope) -> bool:
+        head = dotted.split(".")[0]
+        return (id(_binding_scope(scope, head)), head) in fallbacks
+
     for call in facts.calls:
         if (
             _is_deprecated(call.qualname)
             and facts.qualname(call.node.func, call.scope) == call.qualname
-            and call.callee.split(".")[0] not in fallback_names
+            and not through_a_fallback(call.callee, call.scope)
             and not _fallback_for_older_torch(facts, call.node, replacements)
         ):
             yield Hit(call.node.func, message_for(call.qualname), call.where.statement, autofix.deprecated_call(call, facts))
@@ -115,7 +129,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         qualname = ref.where.scope.resolve(ref.dotted)
         if (
             _is_deprecated(qualname)
-            and ref.dotted.split(".")[0] not in fallback_names
+            and not through_a_fallback(ref.dotted, ref.where.scope)
             and not _fallback_for_older_torch(facts, ref.node, replacements)
         ):
             yield Hit(ref.node, message_for(qualname), ref.where.statement, autofix.deprecated_reference(ref, qualname, facts))

@@ -95,7 +95,7 @@ def _kernel_cast_in_model(call: CallSite, facts: AmpFacts) -> bool:
 def _test_function(scope: Scope) -> Scope | None:
     """The test (`def test_...`, a function or a method) a scope belongs to, if any."""
     while scope is not None:
-        if scope.kind == "function" and scope.name.startswith("test"):
+        if scope.kind == "function" and (scope.name == "test" or scope.name.startswith("test_")):
             return scope
         scope = scope.parent
     return None
@@ -113,7 +113,7 @@ def _in_a_test_of_its_own(call: CallSite, facts: AmpFacts) -> bool:
     test runner runs each test by itself (torch's and timm's suites cast a module to float16 in
     one test and check autocast in the next). A test that calls another test is not on its own."""
     test = _test_function(call.scope)
-    if test is None or any(c.callee and c.callee.split(".")[-1].startswith("test") for c in facts.calls if _test_function(c.scope) is test):
+    if test is None or any(c.callee and c.callee.split(".")[-1].startswith("test_") for c in facts.calls if _test_function(c.scope) is test):
         return False
     return all(other is not None and other is not test for other in _amp_tests(facts))
 
@@ -140,11 +140,12 @@ def _frozen(call: CallSite, facts: AmpFacts) -> bool:
             return True
         if any(a.key == subject and a.value is other.node for a in facts.assignments):
             return True
+    its_parameters = re.compile(rf"(?<![\w.]){re.escape(subject)}\.parameters\(\)")
     return any(
         a.key.endswith(".requires_grad")
         and _is_false(a.value)
         and a.where.scope.function_scope is function
-        and any(f"{subject}.parameters()" in loop.iterable for loop in a.where.loops)
+        and any(its_parameters.search(loop.iterable) for loop in a.where.loops)
         for a in facts.assignments
     )
 
