@@ -164,6 +164,38 @@ def test_fix_keeps_bom_line_endings_and_other_bytes(tmp_path: Path) -> None:
     assert b"torch.amp.GradScaler(" in fixed and fixed.count(b"\r\n") == 3 and b"\n" not in fixed.replace(b"\r\n", b"")
 
 
+@pytest.mark.parametrize(
+    ("name", "original", "expected"),
+    [
+        # A lone "\r" inside a comment ends a line for Python and libcst, so the lines after it
+        # are numbered one more than "\n" alone would say.
+        ("lone_cr.py", b"import torch\nx = 1  # a\rb\nscaler = torch.cuda.amp.GradScaler()\nz = 3\n",
+         b'import torch\nx = 1  # a\rb\nscaler = torch.amp.GradScaler("cuda")\nz = 3\n'),
+        ("cr_only.py", b"import torch\rscaler = torch.cuda.amp.GradScaler()\r",
+         b'import torch\rscaler = torch.amp.GradScaler("cuda")\r'),
+        ("cr_crlf.py", b"import torch\r\r\nscaler = torch.cuda.amp.GradScaler()\r\r\n",
+         b'import torch\r\r\nscaler = torch.amp.GradScaler("cuda")\r\r\n'),
+        ("form_feed.py", b"import torch\n\x0c\nscaler = torch.cuda.amp.GradScaler()\n",
+         b'import torch\n\x0c\nscaler = torch.amp.GradScaler("cuda")\n'),
+    ],
+)
+def test_fix_and_diff_count_lines_as_python_does(tmp_path: Path, name: str, original: bytes, expected: bytes) -> None:
+    path = tmp_path / name
+    path.write_bytes(original)
+    diff = subprocess.run(  # bytes: text mode would turn the file's "\r" into "\n"
+        [sys.executable, "-m", "amplint", name, "--diff", "--select", "AMP001", "--no-cache"],
+        capture_output=True, cwd=tmp_path, timeout=120,
+    )
+    assert b"Traceback" not in diff.stderr and b"internal error" not in diff.stderr, diff.stderr
+    patched = tmp_path / "patched.py"
+    patched.write_bytes(original)
+    applied = subprocess.run(["patch", "-s", str(patched)], input=diff.stdout, capture_output=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    result = amplint(name, "--fix", "--select", "AMP001", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert path.read_bytes() == patched.read_bytes() == expected
+
+
 def test_fix_keeps_a_latin1_file_in_its_encoding(tmp_path: Path) -> None:
     path = tmp_path / "latin.py"
     original = "# -*- coding: latin-1 -*-\nimport torch\nscaler = torch.cuda.amp.GradScaler()  # déjà\n".encode("latin-1")

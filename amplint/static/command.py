@@ -8,6 +8,7 @@ bad configuration, unreadable path, unwritable output or internal error.
 from __future__ import annotations
 
 import io
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -210,11 +211,16 @@ def _fixed_count(before: list[Finding], fixed) -> int:
     return removed if removed > 0 else fixed.applied
 
 
+_PATCH_LINE = re.compile(r"[^\n]*\n|[^\n]+\Z")
+
+
 def _unified_diff(display: str, before: bytes, after: bytes) -> str:
     import difflib  # only `--diff` needs it
 
-    old = _decoded(before).splitlines(keepends=True)
-    new = _decoded(after).splitlines(keepends=True)
+    # Lines as patch and git read them, ending at "\n" only: str.splitlines also breaks at form
+    # feeds, U+2028 and a lone "\r", which makes hunks no tool can apply.
+    old = _PATCH_LINE.findall(_decoded(before))
+    new = _PATCH_LINE.findall(_decoded(after))
     lines = []
     for line in difflib.unified_diff(old, new, fromfile=f"a/{display}", tofile=f"b/{display}"):
         if not line.endswith("\n"):

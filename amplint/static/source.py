@@ -53,13 +53,13 @@ def parse_error_finding(path: str, error: SourceError) -> Finding:
 
 # Lines as Python numbers them: `str.splitlines` also breaks at form feeds and other separators,
 # which would shift every line after them.
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+LINE_BREAK = re.compile(r"\r\n|\r|\n")  # as Python and libcst end lines
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
 
 def physical_lines(text: str) -> list[str]:
     """The lines without their endings (a final line break leaves an empty last line)."""
-    return _LINE_BREAK.split(text)
+    return LINE_BREAK.split(text)
 
 
 def lines_with_endings(text: str) -> list[str]:
