@@ -107,5 +107,9 @@ MODEL_FACTORIES = {"timm.create_model", "torch.hub.load"}
 MODEL_PREFIXES = ("torchvision.models.",)
 # Packages whose training loops scale the loss themselves (Lightning, accelerate, DeepSpeed, apex).
 FRAMEWORK_PACKAGES = frozenset({"lightning", "pytorch_lightning", "accelerate", "deepspeed", "apex", "colossalai", "fairscale", "composer"})
-# A name that says it holds a loss scaler (`scaler`, `grad_scaler`, timm's `NativeScaler`), in any case.
-SCALER_WORD = re.compile(r"scaler", re.IGNORECASE)
+# A name that says it holds a loss scaler (`scaler`, `grad_scaler`, timm's `NativeScaler`), in any
+# case; not scikit-learn's feature scalers (`StandardScaler`, `MinMaxScaler`, ...).
+SCALER_WORD = re.compile(
+    r"(?<!standard)(?<!standard_)(?<!minmax)(?<!min_max)(?<!robust)(?<!maxabs)(?<!max_abs)scaler", re.IGNORECASE
+)
+FEATURE_SCALER = re.compile(r"(?:standard|min_?max|robust|max_?abs)_?scaler|^sklearn\.", re.IGNORECASE)

@@ -367,8 +367,12 @@ class Screen:
 
     @cached_property
     def surely_mentions_scaler(self) -> bool:
-        """Sufficient for `mentions_a_scaler`: a call, an assignment or a parameter names a scaler."""
-        return any(names.SCALER_WORD.search(name) for name in (*self.walk.callees, *self.walk.assigned, *self.walk.params))
+        """Sufficient for `mentions_a_scaler`: a called name or a parameter names a scaler. Not a
+        receiver or an assigned name: `scaler = StandardScaler()` then `scaler.fit(x)` is
+        scikit-learn's feature scaling, which the facts tell apart."""
+        return any(names.SCALER_WORD.search(name.rpartition(".")[2]) for name in self.walk.callees) or any(
+            names.SCALER_WORD.search(name) for name in self.walk.params
+        )
 
     @cached_property
     def surely_framework_owned(self) -> bool:

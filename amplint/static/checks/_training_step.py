@@ -108,11 +108,14 @@ def mentions_a_scaler(facts: AmpFacts) -> bool:
     def build():
         if facts.has_scaler:
             return True
+        feature_scalers = {a.key for a in facts.assignments if _feature_scaler(facts, a)}
         for call in facts.calls:
-            if (call.qualname and call.qualname.endswith("GradScaler")) or names.SCALER_WORD.search(call.callee or ""):
+            if (call.qualname and call.qualname.endswith("GradScaler")) or (
+                names.SCALER_WORD.search(call.callee or "") and call.receiver_key not in feature_scalers
+            ):
                 return True
         for assignment in facts.assignments:
-            if names.SCALER_WORD.search(assignment.key):
+            if names.SCALER_WORD.search(assignment.key) and assignment.key not in feature_scalers:
                 return True
         for function in facts.functions:
             if any(names.SCALER_WORD.search(p) for p in function.params):
@@ -120,6 +123,16 @@ def mentions_a_scaler(facts: AmpFacts) -> bool:
         return False
 
     return cached(facts, "mentions_scaler", build)
+
+
+def _feature_scaler(facts: AmpFacts, assignment) -> bool:
+    """`scaler = StandardScaler()`: tabular code's feature scaling, not a loss scaler."""
+    value = assignment.value
+    if not isinstance(value, cst.Call):
+        return False
+    callee = dotted_name(value.func) or ""
+    qualified = facts.qualname(value.func, assignment.where.scope) or ""
+    return bool(names.FEATURE_SCALER.search(callee) or names.FEATURE_SCALER.search(qualified))
 
 
 def enabled_scaler_use(facts: AmpFacts, call: CallSite) -> bool:

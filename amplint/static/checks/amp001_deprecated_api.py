@@ -56,14 +56,32 @@ def _alternatives(facts: AmpFacts, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     expression, the `except` of a `try`), the other side of it."""
     child = node
     for parent in facts.ancestors(node):
-        if isinstance(parent, (cst.If, cst.IfExp)) and _VERSION_TEST.search(facts.module.code_for_node(parent.test)):
+        if isinstance(parent, (cst.If, cst.IfExp)) and _version_test(facts, parent):
             if child is parent.body:
                 yield parent.orelse
             elif child is parent.orelse:
                 yield parent.body
         elif isinstance(parent, cst.Try) and child in parent.handlers:
             yield parent.body  # the old API in the `except` of a `try` of the new one
+        elif isinstance(parent, (cst.IndentedBlock, cst.Module)) and child in parent.body:
+            # `if TORCH_2_4: return new` and then `return old`: the rest of the block is the else.
+            for earlier in parent.body[: parent.body.index(child)]:
+                if isinstance(earlier, cst.If) and earlier.orelse is None and _exits(earlier.body) and _version_test(facts, earlier):
+                    yield earlier.body
         child = parent
+
+
+def _version_test(facts: AmpFacts, node: cst.If | cst.IfExp) -> bool:
+    return _VERSION_TEST.search(facts.module.code_for_node(node.test)) is not None
+
+
+def _exits(block: cst.BaseSuite) -> bool:
+    """A block whose last statement returns or raises: what follows runs only when it did not."""
+    last = block.body[-1] if isinstance(block, cst.IndentedBlock) and block.body else None
+    if isinstance(block, cst.SimpleStatementSuite) or isinstance(last, cst.SimpleStatementLine):
+        small = (block if isinstance(block, cst.SimpleStatementSuite) else last).body
+        return bool(small) and isinstance(small[-1], (cst.Return, cst.Raise))
+    return False
 
 
 def _replacements(facts: AmpFacts) -> list[cst.CSTNode]:

@@ -129,7 +129,7 @@ def _frozen(call: CallSite, facts: AmpFacts) -> bool:
     """A module frozen in the same function before or after its cast (`vae.requires_grad_(False)`,
     `vae = AutoencoderKL.from_pretrained(...).requires_grad_(False)`, `p.requires_grad = False`
     for its parameters): no gradient, no optimizer state, nothing for a GradScaler to unscale."""
-    subject = call.receiver_key
+    subject = _converted(call)
     if subject is None:
         return False
     function = call.scope.function_scope
@@ -148,6 +148,14 @@ def _frozen(call: CallSite, facts: AmpFacts) -> bool:
         and any(its_parameters.search(loop.iterable) for loop in a.where.loops)
         for a in facts.assignments
     )
+
+
+def _converted(call: CallSite) -> str | None:
+    """The name of what a conversion converts: `teacher` in `teacher.to(device).half()`."""
+    node = call.receiver
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        node = node.func.value
+    return dotted_name(node)
 
 
 def _is_false(node: cst.BaseExpression | None) -> bool:
@@ -170,7 +178,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _frozen(call, facts)
         ):
             continue
-        subject = facts.module.code_for_node(call.receiver) if call.receiver is not None else "value"
+        subject = _converted(call) or (facts.module.code_for_node(call.receiver) if call.receiver is not None else "value")
         if len(subject) > 40:
             subject = subject[:37] + "..."
         yield Hit(

@@ -86,14 +86,16 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         events = _events_with_helpers(function, facts, own)
         stepped_optimizers = {e.optimizer for e in events if e.kind == "step" and e.optimizer}
         scales: list[_Event] = []  # scaled backwards since the last update()
-        unscales: list[_Event] = []
+        unscales: list[_Event] = []  # unscale_ calls since then that no clip has used yet
+        unscaled: set[str | None] = set()  # every optimizer unscaled since then
         for index, event in enumerate(events):
             if event.kind == "scale":
                 scales.append(event)
             elif event.kind == "unscale":
                 unscales.append(event)
+                unscaled.add(event.optimizer)
             elif event.kind == "update":
-                scales, unscales = [], []
+                scales, unscales, unscaled = [], [], set()
             elif event.kind in ("clip", "grad") and id(event.node) not in reported:
                 # Only what can run in the same pass: `if amp: scale... else: backward; clip` is fine.
                 scale = next((e for e in reversed(scales) if not mutually_exclusive(e.position, event.position)), None)
@@ -101,7 +103,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                     continue
                 fresh = [e for e in unscales if not mutually_exclusive(e.position, event.position)]
                 owner = next((e.optimizer for e in events[index + 1 :] if e.kind == "step"), None)
-                covering = _covering_unscale(owner, fresh, stepped_optimizers)
+                covering = _covering_unscale(owner, fresh, stepped_optimizers, unscaled)
                 if covering is not None:
                     if len(stepped_optimizers) > 1:
                         # Several optimizers: one `unscale_` covers the clip of its own model, not
@@ -112,14 +114,17 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 yield _hit(event, owner, autofix.unscale_before(event, scale.scaler, owner, events, facts))
 
 
-def _covering_unscale(owner: str | None, fresh: list[_Event], stepped: set[str]) -> _Event | None:
+def _covering_unscale(owner: str | None, fresh: list[_Event], stepped: set[str], unscaled: set[str | None]) -> _Event | None:
     """The `unscale_` that makes a clip safe, if any."""
     for event in fresh:
         if owner is not None and event.optimizer == owner:
             return event
     # One optimizer: any `unscale_` covers it even when spelled differently (`opt` vs `self.opt`).
     # Several: an `unscale_` not yet used by an earlier clip (`unscale_(a); unscale_(b)`, then
-    # `clip(model_a); clip(model_b)`).
+    # `clip(model_a); clip(model_b)`), once the optimizer that steps next was unscaled too: an
+    # `unscale_(optimizerG)` alone does not cover a clip before `step(optimizerD)`.
+    if len(stepped) > 1 and owner in stepped and owner not in unscaled:
+        return None
     return fresh[0] if fresh else None
 
 

@@ -27,7 +27,12 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 continue
             if "scaler" in facts.module.code_for_node(event.call.node).lower():
                 continue  # a custom optimizer that is handed the scaler (`opt.step(grad_scaler=...)`)
-            partners = [s for s in scaled if not ts.exclusive(s, event)]
+            # A scaled backward before the step, or after it in a loop both run in (the next
+            # iteration's step follows it); one that only follows the step is not its partner.
+            partners = [
+                s for s in scaled
+                if not ts.exclusive(s, event) and (s.order < event.order or _share_a_loop(s, event))
+            ]
             if not partners:
                 continue
             reported.add(id(event.call.node))
@@ -44,6 +49,11 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 _fix(facts, event, scaler, events) if _same_condition(partner, event) else None,
                 related=(partner.call.node,),
             )
+
+
+def _share_a_loop(a: ts.Event, b: ts.Event) -> bool:
+    loop = ts.innermost_loop(a.anchor)
+    return loop is not None and loop in b.anchor.loops
 
 
 def _same_condition(scaled: ts.Event, step: ts.Event) -> bool:

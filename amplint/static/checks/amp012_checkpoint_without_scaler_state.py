@@ -127,25 +127,25 @@ def _dict_construction(facts: AmpFacts, obj, scope: Scope, where: Context | None
     if found is None:
         return None
     node, texts = found
-    texts = [*texts, *_later_fills(facts, key, value_scope)]
+    texts = [*texts, *_later_fills(facts, key, value_scope, reaching.where.order if reaching is not None else -1)]
     return node, texts
 
 
-def _later_fills(facts: AmpFacts, key: str, scope: Scope) -> list[str]:
-    """Statements of the function that mention the dict again: `ckpt["scaler"] = ...`, `ckpt.update(...)`."""
+def _later_fills(facts: AmpFacts, key: str, scope: Scope, after: int = -1) -> list[str]:
+    """Simple statements of the function, after order `after`, that mention the dict again:
+    `ckpt["scaler"] = ...`, `ckpt.update(...)`. Not a compound statement's whole text: a loop
+    that trains and then fills the dict would bring its `scaler` with it."""
     function = scope.function_scope
     pattern = re.compile(rf"\b{re.escape(key)}\s*(\[|\.update\(|\.setdefault\(|\|=)")
+    places = [c.where for c in function.calls]
+    places += [a.where for a in facts.assignments if a.where.scope.function_scope is function]
     texts = []
-    for call in function.calls:
-        statement = call.where.statement
-        text = facts.module.code_for_node(statement)
+    for where in places:
+        if where.order <= after or not isinstance(where.statement, cst.SimpleStatementLine):
+            continue
+        text = facts.module.code_for_node(where.statement)
         if pattern.search(text):
             texts.append(text)
-    for assignment in facts.assignments:
-        if assignment.where.scope.function_scope is function:
-            text = facts.module.code_for_node(assignment.where.statement)
-            if pattern.search(text):
-                texts.append(text)
     return texts
 
 

@@ -38,14 +38,35 @@ def _bound_to(facts: AmpFacts, call: CallSite, qualnames: set[str]) -> bool:
     return False
 
 
+# Calls that are bookkeeping, not tensor work: logging, containers, queues, events, printing.
+_HARMLESS_METHODS = frozenset({
+    "append", "extend", "insert", "add", "update", "put", "put_nowait", "get", "get_nowait", "pop",
+    "info", "debug", "warning", "warn", "error", "exception", "critical", "log", "write", "flush",
+    "set", "clear", "wait", "is_set", "acquire", "release", "notify", "notify_all", "format", "items",
+    "keys", "values", "join", "split", "strip",
+})
+_HARMLESS_FUNCTIONS = frozenset({
+    "print", "len", "range", "str", "repr", "int", "float", "bool", "min", "max", "sum", "sorted",
+    "enumerate", "zip", "isinstance", "time.sleep", "sleep", "time.time", "time.perf_counter",
+})
+
+
 def _target_does_no_tensor_work(facts: AmpFacts, target: cst.BaseExpression | None, call: CallSite) -> bool:
+    """A same-file worker with no torch, model or `F.` calls: it does input/output, or every call
+    it makes is bookkeeping (`log.info(...)`, `results.append(i)`)."""
     if target is None:
         return False
     function = facts._function_named(target, call.scope)
     if function is None:
         return False
     text = facts.module.code_for_node(function.node)
-    return bool(_IO_WORK.search(text)) and not _TENSOR_WORK.search(text)
+    if _TENSOR_WORK.search(text):
+        return False
+    bookkeeping = all(
+        (c.method in _HARMLESS_METHODS) if c.method is not None else (c.callee in _HARMLESS_FUNCTIONS)
+        for c in function.calls
+    )
+    return bookkeeping or bool(_IO_WORK.search(text))
 
 
 def _target_enters_autocast(facts: AmpFacts, target: cst.BaseExpression | None, call: CallSite) -> bool:
