@@ -97,6 +97,25 @@ def test_a_corrupt_cache_file_is_ignored(project: Path) -> None:
     assert _codes(project) == [("AMP001", 2), ("AMP003", 4)]
 
 
+@pytest.mark.parametrize("content", ["[]", "null", '{"x": [1, 2]}', '{"x": [[1, 2, 3], "h", [{"code": "AMP001"}]]}'])
+def test_a_cache_file_of_the_wrong_shape_is_ignored(project: Path, content: str) -> None:
+    cold = _codes(project)
+    for stored in (project / ".amplint_cache").rglob("*.json"):
+        entries = json.loads(stored.read_text())
+        stored.write_text(content if content[0] != "{" else json.dumps({**entries, **{str(project / "train.py"): json.loads(content)["x"]}}))
+    assert _codes(project) == cold
+
+
+def test_a_file_found_in_a_folder_then_named_still_gets_its_syntax_checked(tmp_path: Path) -> None:
+    """A folder run does not parse a file without AMP code; a later pre-commit run naming it must."""
+    (tmp_path / "broken.py").write_text("x = (\n")
+    settings = Settings(root=tmp_path)
+    assert check_paths([str(tmp_path)], settings).findings == []
+    named = check_paths([str(tmp_path / "broken.py")], settings).findings
+    assert [f.code for f in named] == ["AMP000"]
+    assert check_paths([str(tmp_path)], settings).findings == []
+
+
 def test_two_processes_writing_the_cache_at_once_leave_a_readable_cache(project: Path) -> None:
     for index in range(30):
         (project / f"script_{index}.py").write_text(BAD)

@@ -22,6 +22,21 @@ def content_hash(source: bytes, size: int = 16) -> str:
     return hashlib.blake2b(source, digest_size=size).hexdigest()
 
 
+_FINDING_KEYS = frozenset({"code", "name", "severity", "line", "column", "end_line", "end_column", "message"})
+
+
+def _well_formed(entry: object) -> bool:
+    """[stat key, content hash, findings], as `store` writes it."""
+    return (
+        isinstance(entry, list)
+        and len(entry) == 3
+        and isinstance(entry[0], list)
+        and isinstance(entry[1], str)
+        and isinstance(entry[2], list)
+        and all(isinstance(f, dict) and _FINDING_KEYS <= f.keys() for f in entry[2])
+    )
+
+
 def _stat_key(stat: os.stat_result) -> list[int]:
     return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
 
@@ -34,9 +49,12 @@ class ResultCache:
         self.entries: dict[str, list] = {}
         self.dirty = False
         try:
-            self.entries = json.loads(self.file.read_text(encoding="utf-8"))
+            loaded = json.loads(self.file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            self.entries = {}
+            loaded = {}
+        # A cache written by hand or by another tool is ignored entry by entry, never trusted.
+        if isinstance(loaded, dict):
+            self.entries = {path: entry for path, entry in loaded.items() if _well_formed(entry)}
 
     def lookup_stat(self, path: str, stat: os.stat_result) -> list[dict] | None:
         """Findings (as JSON, without paths) when the file has not been written since."""

@@ -111,11 +111,11 @@ def check_paths(
         except OSError as exc:
             result.errors.append(f"{source_file.display}: cannot read: {exc.strerror or exc}")
             continue
-        cached = cache.lookup_stat(source_file.key, stat) if cache else None
+        cached = cache.lookup_stat(_cache_key(source_file.key, source_file.named), stat) if cache else None
         if cached is not None:
             result.findings.extend(_with_path(cached, source_file.display))
             continue
-        previous = cache.previous(source_file.key) if cache else None
+        previous = cache.previous(_cache_key(source_file.key, source_file.named)) if cache else None
         tasks.append(_Task(source_file.key, source_file.display, source_file.named, enabled, settings.min_torch, previous, cache is not None))
         stats.append(stat)
     for task, stat, outcome in zip(tasks, stats, _check_all(tasks, stats, jobs)):
@@ -123,7 +123,7 @@ def check_paths(
             result.errors.append(f"{task.display}: cannot read: {outcome.error}")
             continue
         if cache:
-            cache.store(task.key, stat, outcome.digest, [f.to_json() for f in outcome.findings])
+            cache.store(_cache_key(task.key, task.named), stat, outcome.digest, [f.to_json() for f in outcome.findings])
         result.findings.extend(outcome.findings)
     if cache:
         cache.save()
@@ -135,6 +135,12 @@ def check_stdin(source: bytes, display: str, settings: Settings) -> RunResult:
     enabled = settings.enabled_codes(all_codes())
     found = _analyse(_Job(display, source, possible_rules(source, enabled) | (enabled & {"AMP000"}), settings.min_torch))
     return RunResult(findings=_apply_per_file_ignores(found, settings), files_checked=1)
+
+
+def _cache_key(path: str, named: bool) -> str:
+    """A file named on the command line gets a syntax check a file found in a folder may not
+    (README, "Files with no AMP code"): its results are kept apart."""
+    return f"{path}\0named" if named else path
 
 
 def _with_path(cached: list[dict], display: str) -> list[Finding]:
