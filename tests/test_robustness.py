@@ -114,6 +114,36 @@ def test_a_file_name_that_is_not_utf8_is_reported_in_every_format(tmp_path: Path
     assert b"caf\xe9.py" in written or b"caf%E9.py" in written or b"caf\\udce9.py" in written
 
 
+def test_a_folder_that_cannot_be_listed_is_an_error_not_a_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Permissions cannot be taken from root (CI), so the listing itself is made to fail."""
+    from amplint.config import Settings
+    from amplint.static import discovery
+    from amplint.static.runner import check_paths
+
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / "train.py").write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    (tmp_path / "ok.py").write_text("x = 1\n")
+    real_scandir = os.scandir
+
+    def scandir(path):
+        if os.path.basename(path) == "locked":
+            raise PermissionError(13, "Permission denied")
+        return real_scandir(path)
+
+    monkeypatch.setattr(discovery.os, "scandir", scandir)
+    result = check_paths([str(tmp_path)], Settings(root=tmp_path), use_cache=False)
+    assert result.errors == [f"{tmp_path / 'locked'}: cannot read: Permission denied"]
+
+
+def test_a_file_linked_twice_in_a_tree_is_checked_once(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "real" / "train.py").write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    (tmp_path / "tree" / "link.py").symlink_to(tmp_path / "real" / "train.py")
+    result = _run(str(tmp_path))
+    assert len(json.loads(result.stdout)) == 1
+
+
 def test_missing_path_is_a_usage_error(tmp_path: Path) -> None:
     missing = tmp_path / "no_such_file.py"
     result = _run(str(missing))

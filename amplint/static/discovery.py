@@ -102,8 +102,9 @@ def _ignored(path: Path, is_dir: bool, gitignores: list[tuple[Path, pathspec.Git
     return False
 
 
-def walk(argument: str, excluder: Excluder, respect_gitignore: bool) -> Iterator[SourceFile]:
-    """Python files below a folder named on the command line, in a stable order."""
+def walk(argument: str, excluder: Excluder, respect_gitignore: bool, unreadable: list[str] | None = None) -> Iterator[SourceFile]:
+    """Python files below a folder named on the command line, in a stable order. Folders that
+    cannot be listed are added to `unreadable` (as "display: reason")."""
     top = Path(argument)
     resolved = top.resolve()
     gitignores: list[tuple[Path, pathspec.GitIgnoreSpec]] = []
@@ -119,17 +120,19 @@ def walk(argument: str, excluder: Excluder, respect_gitignore: bool) -> Iterator
                 gitignores.extend(_rerooted(parent, spec, resolved))
             if (parent / ".git").exists():
                 break
-    yield from _walk(top, resolved, argument, excluder.below(top), gitignores, respect_gitignore, own_read=True)
+    problems = unreadable if unreadable is not None else []
+    yield from _walk(top, resolved, argument, excluder.below(top), gitignores, respect_gitignore, problems, own_read=True)
 
 
-def _walk(folder, resolved, display, excluder, gitignores, respect_gitignore, own_read=False) -> Iterator[SourceFile]:
+def _walk(folder, resolved, display, excluder, gitignores, respect_gitignore, unreadable, own_read=False) -> Iterator[SourceFile]:
     if respect_gitignore and not own_read:
         spec = _gitignore(resolved)
         if spec is not None:
             gitignores = [*gitignores, (resolved, spec)]
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
-    except OSError:
+    except OSError as exc:
+        unreadable.append(f"{display}: cannot read: {exc.strerror or exc}")
         return
     # Paths are built only for folders and Python files: a package tree holds many times more
     # headers, libraries and data files than sources.
@@ -140,9 +143,11 @@ def _walk(folder, resolved, display, excluder, gitignores, respect_gitignore, ow
             child = resolved / entry.name
             if excluder.excludes(child, is_dir=True) or (gitignores and _ignored(child, True, gitignores)):
                 continue
-            yield from _walk(entry.path, child, os.path.join(display, entry.name), excluder, gitignores, respect_gitignore)
+            yield from _walk(entry.path, child, os.path.join(display, entry.name), excluder, gitignores, respect_gitignore, unreadable)
         elif entry.name.endswith(PYTHON_SUFFIXES) and entry.is_file():
             child = resolved / entry.name
             if excluder.excludes(child) or (gitignores and _ignored(child, False, gitignores)):
                 continue
-            yield SourceFile(Path(entry.path), os.path.join(display, entry.name), key=str(child))
+            # A link is known by what it points to, so a file linked twice is checked once.
+            key = os.path.realpath(entry.path) if entry.is_symlink() else str(child)
+            yield SourceFile(Path(entry.path), os.path.join(display, entry.name), key=key)

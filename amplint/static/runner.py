@@ -72,7 +72,7 @@ def collect_files(arguments: list[str], settings: Settings, force_exclude: bool,
         if path.is_dir():
             if force_exclude and excluder.excludes(path, is_dir=True):
                 continue
-            for source in walk(argument, excluder, settings.respect_gitignore):
+            for source in walk(argument, excluder, settings.respect_gitignore, result.errors):
                 if source.key not in seen:
                     seen.add(source.key)
                     files.append(source)
