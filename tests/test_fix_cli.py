@@ -152,6 +152,27 @@ def test_fix_keeps_permissions(tree: Path) -> None:
     assert not [p for p in tree.iterdir() if p.name.startswith(".") and p.name.endswith(".amplint")]  # no temporary left
 
 
+def test_fix_keeps_a_hard_link_a_link(tree: Path) -> None:
+    script = tree / "from_imports.py"
+    other = tree / "hard_link.txt"
+    os.link(script, other)
+    amplint("from_imports.py", "--fix", cwd=tree)
+    assert b"from torch.amp import" in script.read_bytes()
+    assert other.read_bytes() == script.read_bytes() and other.stat().st_ino == script.stat().st_ino
+
+
+def test_fix_refuses_a_file_the_user_may_not_write(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As root (CI) every file is writable, so the permission check itself answers no."""
+    from amplint.static import fixes
+
+    script = tree / "from_imports.py"
+    before = script.read_bytes()
+    monkeypatch.setattr(fixes.os, "access", lambda path, mode: not str(path).endswith("from_imports.py"))
+    with pytest.raises(PermissionError):
+        fixes.write_atomically(script, b"x = 1\n")
+    assert script.read_bytes() == before
+
+
 def test_fix_keeps_bom_line_endings_and_other_bytes(tmp_path: Path) -> None:
     path = tmp_path / "bom.py"
     original = "\ufeffimport torch\r\nscaler = torch.cuda.amp.GradScaler()  # café\r\nx = 1\t# tab\r\n".encode("utf-8")

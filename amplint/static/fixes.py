@@ -7,6 +7,7 @@ fix applies (at most a few times), as ruff does, so a second `--fix` finds nothi
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from dataclasses import dataclass
@@ -96,14 +97,30 @@ def _overlaps(a, b) -> bool:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Replace a file's bytes in one step, keeping its permission bits (and symlinks: the target is written)."""
+    """Replace a file's bytes as an editor would. A file the user may not write is refused. A
+    file with other hard links, or in a folder the user may not write, is rewritten in place
+    (a rename would split the link, or is not allowed). Otherwise the bytes go to a temporary
+    file that takes the file's mode and owner and is renamed over it, so that a crash never
+    leaves half a file. Through a symlink, the target is written."""
     path = path.resolve()
-    mode = path.stat().st_mode & 0o7777
+    info = path.stat()
+    if not os.access(path, os.W_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    if info.st_nlink > 1 or not os.access(path.parent, os.W_OK):
+        with open(path, "r+b") as out:
+            out.write(data)
+            out.truncate()
+        return
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".amplint")
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)
-        os.chmod(temporary, mode)
+        os.chmod(temporary, info.st_mode & 0o7777)
+        if hasattr(os, "chown") and (info.st_uid, info.st_gid) != (os.getuid(), os.getgid()):
+            try:
+                os.chown(temporary, info.st_uid, info.st_gid)  # root fixing another user's file
+            except OSError:
+                pass
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
