@@ -102,6 +102,28 @@ def test_file_level_amplint_noqa(tmp_path: Path) -> None:
     assert findings(tmp_path, "# amplint: noqa\n" + source()) == []
 
 
+def test_file_level_amplint_noqa_may_be_indented(tmp_path: Path) -> None:
+    assert findings(tmp_path, source() + "if True:\n    # amplint: noqa\n    pass\n") == []
+
+
+def test_file_level_amplint_noqa_in_a_string_suppresses_nothing(tmp_path: Path) -> None:
+    text = source() + 'HELP = """\n# amplint: noqa\n"""\n'
+    assert findings(tmp_path, text) == [("AMP001", 2), ("AMP003", 5)]
+
+
+def test_a_fix_never_edits_a_line_whose_noqa_covers_it(tmp_path: Path) -> None:
+    """The uses of a deprecated import are fixed with the import; an import marked `# noqa`
+    keeps its line, so its uses are reported without a fix."""
+    path = tmp_path / "train.py"
+    text = "from torch.cuda.amp import GradScaler  # noqa: AMP001\nscaler = GradScaler()\n"
+    path.write_text(text, encoding="utf-8")
+    command = [sys.executable, "-m", "amplint", str(path), "--no-cache", "--select", "AMP001"]
+    reported = subprocess.run([*command, "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert [(f["line"], f["fix"]) for f in json.loads(reported.stdout)] == [(2, None)]
+    subprocess.run([*command, "--fix"], capture_output=True, text=True, timeout=120)
+    assert path.read_text(encoding="utf-8") == text
+
+
 def test_suppressed_findings_are_not_fixed(tmp_path: Path) -> None:
     path = tmp_path / "train.py"
     text = "import torch\nscaler = torch.cuda.amp.GradScaler()  # noqa: AMP001\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import io
 import re
 import tokenize
@@ -27,7 +28,8 @@ from amplint.static.source import (
 )
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+\d*(?:[\s,]+[A-Za-z]+\d*)*))?", re.IGNORECASE)
-_FILE_NOQA = re.compile(r"^#\s*amplint:\s*noqa\s*$", re.IGNORECASE | re.MULTILINE)
+# `# amplint: noqa` alone on its line, at any indentation; a string holding it suppresses nothing.
+_FILE_NOQA = re.compile(r"^[ \t]*#\s*amplint:\s*noqa\s*$", re.IGNORECASE | re.MULTILINE)
 
 
 def parse(text: str) -> cst.Module:
@@ -116,7 +118,7 @@ def _analyse_source(
         text, _encoding = decode_source(source)
     except SourceError as error:
         return [parse_error_finding(path, error)] if "AMP000" in wanted else []
-    if _FILE_NOQA.search(text):
+    if _file_noqa(text):
         return []
     sliced = None
     if slicing:
@@ -146,7 +148,7 @@ def analyse_module(
     select: Iterable[str] | None = None,
     min_torch: tuple[int, ...] | None = None,
 ) -> list[Finding]:
-    if _FILE_NOQA.search(text):
+    if _file_noqa(text):
         return []
     checks = all_checks()
     codes = [code for code in checks if select is None or code in set(select)]
@@ -168,8 +170,12 @@ def analyse_module(
     lines = physical_lines(text)
     for code, hit in hits:
         finding = _finding(code, hit, path, positions, lines)
-        if not _suppressed(finding, suppressions):
-            findings.append(finding)
+        if _suppressed(finding, suppressions):
+            continue
+        if finding.fix is not None and _fix_edits_a_suppressed_line(finding, suppressions):
+            # A use's fix that rewrites its import too must not touch an import marked `# noqa`.
+            finding = dataclasses.replace(finding, fix=None)
+        findings.append(finding)
     return sorted(findings, key=Finding.sort_key)
 
 
@@ -333,6 +339,12 @@ def _comments(text: str) -> Iterator[tuple[int, str]]:
         return
 
 
+def _file_noqa(text: str) -> bool:
+    """`# amplint: noqa` on a line of its own, as a comment (tokenized only when the text has it)."""
+    lines = {text.count("\n", 0, m.start()) + 1 for m in _FILE_NOQA.finditer(text)}
+    return bool(lines) and any(number in lines and _FILE_NOQA.match(comment) for number, comment in _comments(text))
+
+
 def _noqa_by_line(text: str) -> dict[int, set[str] | None]:
     """Line -> codes or code prefixes suppressed there (None: every code)."""
     table: dict[int, set[str] | None] = {}
@@ -347,9 +359,18 @@ def _noqa_by_line(text: str) -> dict[int, set[str] | None]:
 
 
 def _suppressed(finding: Finding, suppressions: dict[int, set[str] | None]) -> bool:
-    for line in {finding.line, finding.noqa_line}:
-        if line in suppressions:
-            codes = suppressions[line]
-            if codes is None or any(finding.code.startswith(code) for code in codes):
-                return True
-    return False
+    return any(_covers(suppressions, line, finding.code) for line in {finding.line, finding.noqa_line})
+
+
+def _fix_edits_a_suppressed_line(finding: Finding, suppressions: dict[int, set[str] | None]) -> bool:
+    lines = {line for edit in finding.fix.edits for line in range(edit.line, edit.end_line + 1)}
+    return any(_covers(suppressions, line, finding.code) for line in lines)
+
+
+def _covers(suppressions: dict[int, set[str] | None], line: int | None, code: str) -> bool:
+    """Whether a `# noqa` on `line` covers `code`."""
+    if line not in suppressions:
+        return False
+    codes = suppressions[line]
+    return codes is None or any(code.startswith(prefix) for prefix in codes)
+
