@@ -279,6 +279,12 @@ def test_output_file_holds_the_report_and_stdout_stays_empty(project: Path) -> N
     assert len(json.loads((project / "out" / "report.json").read_text(encoding="utf-8"))) == 3
 
 
+def test_output_file_creates_its_folder(project: Path) -> None:
+    result = amplint("src", "--format", "sarif", "--output-file", "reports/ci/amplint.sarif", *SELECT, cwd=project)
+    assert result.returncode == 1, result.stderr
+    assert json.loads((project / "reports" / "ci" / "amplint.sarif").read_text(encoding="utf-8"))["version"] == "2.1.0"
+
+
 def test_output_file_text_summary_goes_to_stderr(project: Path) -> None:
     result = amplint("src", "--output-file", "report.txt", *SELECT, cwd=project)
     assert result.stdout == ""

@@ -250,6 +250,7 @@ def _report(outcome: _Outcome, files_checked: int, o, output_format: str, source
         buffer = io.StringIO()
         _render(findings, buffer, o, output_format, sources)
         try:
+            Path(output_file).parent.mkdir(parents=True, exist_ok=True)  # `reports/amplint.sarif` in CI
             # A file name that is not UTF-8 keeps its bytes, as it does on standard output.
             Path(output_file).write_text(buffer.getvalue(), encoding="utf-8", errors="surrogateescape")
         except OSError as exc:
