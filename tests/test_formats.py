@@ -293,10 +293,10 @@ def test_output_file_text_summary_goes_to_stderr(project: Path) -> None:
 
 
 def test_unwritable_output_file_exits_2_with_one_line(project: Path) -> None:
-    result = amplint("src", "--output-file", "missing-folder/report.txt", cwd=project)
+    result = amplint("src", "--output-file", "src/train.py/report.txt", cwd=project)  # under a file
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("amplint: error: missing-folder/report.txt: cannot write")
+    assert len(lines) == 1 and lines[0].startswith("amplint: error: src/train.py/report.txt: cannot write")
 
 
 def test_statistics_counts_per_rule(project: Path) -> None:
