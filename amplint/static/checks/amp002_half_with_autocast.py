@@ -150,10 +150,14 @@ def _frozen(call: CallSite, facts: AmpFacts) -> bool:
     )
 
 
+# Methods that return the module or tensor they are called on, moved, cast or switched.
+_SAME_OBJECT = frozenset({"to", "cuda", "cpu", "half", "float", "bfloat16", "eval", "train", "requires_grad_", "type"})
+
+
 def _converted(call: CallSite) -> str | None:
     """The name of what a conversion converts: `teacher` in `teacher.to(device).half()`."""
     node = call.receiver
-    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _SAME_OBJECT:
         node = node.func.value
     return dotted_name(node)
 
