@@ -1058,20 +1058,26 @@ class AmpFacts:
 
     # -- loops --------------------------------------------------------------------------------
     def enclosing_loops(self, where: Context, depth: int = 0) -> list[tuple[Loop, CallSite | None]]:
-        """Loops around a node, innermost first: its own, then those around its in-file callers."""
-        found = [(loop, None) for loop in reversed(where.loops) if loop.kind != "comprehension"]
-        if found or depth >= 3:
-            return found
+        """Loops around a node, innermost first: its own, then those around its first in-file
+        caller that runs in a loop."""
+        return next(self.loops_per_caller(where, depth), [])
+
+    def loops_per_caller(self, where: Context, depth: int = 0) -> Iterator[list[tuple[Loop, CallSite | None]]]:
+        """The loops around a node, innermost first: its own if it has any; else, for each in-file
+        caller that runs in a loop, the loops around that call (a factory called per seed in one
+        function and per epoch in another is two answers)."""
+        own = [(loop, None) for loop in reversed(where.loops) if loop.kind != "comprehension"]
         function = where.scope.function_scope
-        if function.kind != "function":
-            return found
+        if own or depth >= 3 or function.kind != "function":
+            if own:
+                yield own
+            return
         for site in self.callers(function):
             # A comprehension that calls a step function per batch is a loop as well.
             around_site = [(loop, site) for loop in reversed(site.where.loops) if loop.kind == "comprehension"]
             outer = around_site + [(loop, via or site) for loop, via in self.enclosing_loops(site.where, depth + 1)]
             if outer:
-                return outer
-        return found
+                yield outer
 
     def loop_chain(self, where: Context, depth: int = 0) -> list[Loop]:
         """Every loop a node runs in, outermost first: those around its first looping in-file

@@ -127,26 +127,53 @@ def _trains(facts: AmpFacts) -> bool:
 
 def _frozen(call: CallSite, facts: AmpFacts) -> bool:
     """A module frozen in the same function before or after its cast (`vae.requires_grad_(False)`,
-    `vae = AutoencoderKL.from_pretrained(...).requires_grad_(False)`, `p.requires_grad = False`
-    for its parameters): no gradient, no optimizer state, nothing for a GradScaler to unscale."""
-    subject = _converted(call)
-    if subject is None:
-        return False
+    `vae = AutoencoderKL.from_pretrained(...).requires_grad_(False).half()`, `p.requires_grad =
+    False` for its parameters): no gradient, no optimizer state, nothing for a GradScaler to
+    unscale. The module is named by the chain the cast is in, or by the name it is assigned to."""
+    chain = _same_object_chain(call, facts)
+    if any(_freezes(node) for node in chain):
+        return True
+    subjects = {_converted(call)} | {a.key for a in facts.assignments if a.value is chain[-1]}
+    subjects.discard(None)
     function = call.scope.function_scope
     for other in function.calls:
-        if other.method != "requires_grad_" or not _is_false(other.arg(0, "requires_grad")):
+        if not _freezes(other.node):
             continue
-        if other.receiver_key == subject:
+        if other.receiver_key in subjects:
             return True
-        if any(a.key == subject and a.value is other.node for a in facts.assignments):
+        if any(a.key in subjects and a.value is other.node for a in facts.assignments):
             return True
-    its_parameters = re.compile(rf"(?<![\w.]){re.escape(subject)}\.parameters\(\)")
     return any(
         a.key.endswith(".requires_grad")
         and _is_false(a.value)
         and a.where.scope.function_scope is function
-        and any(its_parameters.search(loop.iterable) for loop in a.where.loops)
+        and any(re.search(rf"(?<![\w.]){re.escape(subject)}\.parameters\(\)", loop.iterable) for subject in subjects for loop in a.where.loops)
         for a in facts.assignments
+    )
+
+
+def _same_object_chain(call: CallSite, facts: AmpFacts) -> list[cst.Call]:
+    """The calls of `x.to(device).half().eval()` around a cast, innermost first, outermost last."""
+    chain = [call.node]
+    node = call.receiver
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _SAME_OBJECT:
+        chain.insert(0, node)
+        node = node.func.value
+    current = call.node
+    while True:
+        attribute = facts.parent_of.get(id(current))
+        outer = facts.parent_of.get(id(attribute))
+        if not (isinstance(attribute, cst.Attribute) and attribute.attr.value in _SAME_OBJECT and isinstance(outer, cst.Call)):
+            return chain
+        chain.append(outer)
+        current = outer
+
+
+def _freezes(node: cst.Call) -> bool:
+    return (
+        isinstance(node.func, cst.Attribute)
+        and node.func.attr.value == "requires_grad_"
+        and _is_false(argument(node, 0, "requires_grad"))
     )
 
 

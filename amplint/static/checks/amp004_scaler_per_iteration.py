@@ -61,13 +61,29 @@ def _starts_a_run(loop: Loop, facts: AmpFacts) -> bool:
     return False
 
 
+def _period(innermost: tuple[Loop, CallSite | None], key: str | None, facts: AmpFacts) -> tuple[Loop, CallSite | None, str] | None:
+    """How often a scaler built in this loop is rebuilt ("epoch", "iteration"), or None when once
+    per run is right."""
+    loop, via = innermost
+    depths = _loop_depth_of_uses(loop, key, facts)
+    epoch_loop = bool(_EPOCH.search(loop.text))
+    run_loop = _starts_a_run(loop, facts) or (bool(_RUN.search(loop.text)) and not epoch_loop)
+    if 0 in depths:
+        return loop, via, "epoch" if epoch_loop else "iteration"
+    if run_loop or (depths and min(depths) > 1):
+        # One scaler per fold, trial or run is right; so is one per iteration of a loop with
+        # whole epoch and batch loops inside it, whatever that loop is called.
+        return None
+    return loop, via, "epoch" if epoch_loop or depths else "iteration"
+
+
 def check(facts: AmpFacts) -> Iterator[Hit]:
     for call in facts.scalers_in():
         if _lazy_init(call, facts):
             continue
         key = _assigned_key(call)
-        loops = facts.enclosing_loops(call.where)
-        if not loops:
+        per_caller = list(facts.loops_per_caller(call.where))
+        if not per_caller:
             function = call.scope.function_scope
             if function.kind == "function" and is_per_step_function(function) and not facts.callers(function):
                 yield Hit(
@@ -77,18 +93,12 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                     call.where.statement,
                 )
             continue
-        loop, via = loops[0]
-        depths = _loop_depth_of_uses(loop, key, facts)
-        epoch_loop = bool(_EPOCH.search(loop.text))
-        run_loop = _starts_a_run(loop, facts) or (bool(_RUN.search(loop.text)) and not epoch_loop)
-        if 0 in depths:
-            period = "epoch" if epoch_loop else "iteration"
-        elif run_loop or (depths and min(depths) > 1):
-            # One scaler per fold, trial or run is right; so is one per iteration of a loop with
-            # whole epoch and batch loops inside it, whatever that loop is called.
+        # A factory is judged at each of its callers: the first that rebuilds the scaler per epoch
+        # or per step is reported.
+        verdicts = (_period(loops[0], key, facts) for loops in per_caller)
+        loop, via, period = next((verdict for verdict in verdicts if verdict is not None), (None, None, None))
+        if period is None:
             continue
-        else:
-            period = "epoch" if epoch_loop or depths else "iteration"
         reached = " (through the call on line {1})" if via is not None else ""
         yield Hit(
             call.node,

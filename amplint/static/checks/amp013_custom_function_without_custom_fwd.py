@@ -110,10 +110,15 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
 
 def _does_precision_sensitive_work(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
     params = [p for p in forward.params.params if p.name.value not in ("ctx", "self", "cls")]
-    required = [p for p in params if p.default is None]
-    if len(required) >= 2:
+    # An argument with a default, or annotated as anything but a tensor (`alpha: float`), is a setting.
+    tensors = [p for p in params if p.default is None and _may_be_a_tensor(facts, p)]
+    if len(tensors) >= 2:
         return True
     return bool(_AUTOCAST_OPS.search(facts.module.code_for_node(forward.body)))
+
+
+def _may_be_a_tensor(facts: AmpFacts, param: cst.Param) -> bool:
+    return param.annotation is None or "Tensor" in facts.module.code_for_node(param.annotation.annotation)
 
 
 def _bwd_spelling(facts: AmpFacts, fwd: cst.Decorator, scope: Scope) -> str | None:

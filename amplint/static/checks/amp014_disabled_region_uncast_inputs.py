@@ -10,7 +10,7 @@ import libcst as cst
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, CallSite
+from amplint.static.semantics import AmpFacts, CallSite, dotted_name
 
 CODE = "AMP014"
 
@@ -74,13 +74,23 @@ def _produced_in(facts: AmpFacts, function, outer, inner: cst.WithItem) -> set[s
     return names
 
 
+def _casts_itself(assignment) -> bool:
+    value = assignment.value
+    return (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in _CASTS
+        and (dotted_name(value.func.value) or "").split(".")[0] == assignment.key
+    )
+
+
 def _uncast_reads(facts: AmpFacts, function, inner: cst.WithItem, produced: set[str]) -> list[str]:
     parents = ts.parents(facts)
     found: list[str] = []
     cast_inside = set()
     for assignment in facts.assignments:
-        if any(w is inner for w in assignment.where.withs) and assignment.key in produced:
-            cast_inside.add(assignment.key)  # rebinding inside the block (`x = x.float()`)
+        if any(w is inner for w in assignment.where.withs) and assignment.key in produced and _casts_itself(assignment):
+            cast_inside.add(assignment.key)  # `x = x.float()`; `x = F.normalize(x)` still reads it uncast
     for ref in facts.references:
         where = ref.where
         if where.scope.function_scope is not function or not any(w is inner for w in where.withs):
