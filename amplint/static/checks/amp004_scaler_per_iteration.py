@@ -16,7 +16,8 @@ _EPOCH = re.compile(r"epoch")
 # A loop over folds, trials, seeds or configurations starts a new training run each iteration.
 _RUN = re.compile(r"fold|trial|seed|run|split|config|experiment|repeat|sweep|task|cfg|hparam|model|lrs?\b")
 _SCALER_USE = {"step", "update", "scale", "unscale_"}
-_LAZY_INIT = re.compile(r"\bis None\b|not hasattr|\bnot self\.\w*scaler|\bnot \w*scaler")
+# Built once: lazily (`if scaler is None:`) or on the first step only (`if step == 0:`).
+_LAZY_INIT = re.compile(r"\bis None\b|not hasattr|\bnot self\.\w*scaler|\bnot \w*scaler|==\s*0\s*$")
 
 
 def _assigned_key(call: CallSite) -> str | None:
