@@ -220,3 +220,29 @@ def test_html_report_is_self_contained(tmp_path: Path) -> None:
     skipped = report["scaler"]["steps_skipped"]
     assert skipped >= 1  # 2**30 overflows fp16 gradients at first
     assert f"{skipped} skipped" in html
+
+
+def test_nan_from_step_delays_only_the_module_and_op_checks(tmp_path: Path) -> None:
+    """The cheap loss and gradient checks run at every step: a later start for `--nan op` must
+    not hide an earlier non-finite loss."""
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(4):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(torch.randn(8, 4)).float()
+            if step == 2:
+                out = out + torch.log(torch.zeros(1))
+            out.pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        """,
+    )
+    proc = trace(tmp_path, "-q", "--strict", "--nan-from-step", "5", "--json", "r.json", "train.py")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["nonfinite"]["op"] == "loss" and report["nonfinite"]["step"] == 2, report["nonfinite"]
+    assert proc.returncode == 1, proc.stderr

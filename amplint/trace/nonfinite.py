@@ -74,6 +74,7 @@ class NonFiniteMonitor:
     # -- shared -------------------------------------------------------------------------
     @property
     def searching(self) -> bool:
+        """The `module` and `op` checks run from `--nan-from-step` on, until a first find."""
         return not self.found_unhandled and self.state.step >= self.from_step
 
     def scaler_in_flight(self) -> bool:
@@ -108,7 +109,7 @@ class NonFiniteMonitor:
 
     # -- cheap --------------------------------------------------------------------------
     def check_loss(self, tensors, callsite) -> None:
-        if self.mode == "off" or not self.searching:
+        if self.mode == "off" or self.found_unhandled:  # cheap checks run at every step
             return
         floats = floating_tensors(tensors)
         if not floats:
@@ -129,7 +130,7 @@ class NonFiniteMonitor:
         )
 
     def check_gradients(self, optimizer, callsite, *, handled: bool) -> None:
-        if self.mode == "off" or not self.searching:
+        if self.mode == "off" or self.found_unhandled:  # cheap checks run at every step
             return
         grads = [
             p.grad
