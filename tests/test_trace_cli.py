@@ -246,3 +246,15 @@ def test_nan_from_step_delays_only_the_module_and_op_checks(tmp_path: Path) -> N
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["nonfinite"]["op"] == "loss" and report["nonfinite"]["step"] == 2, report["nonfinite"]
     assert proc.returncode == 1, proc.stderr
+
+
+def test_a_package_that_fails_to_import_under_m_is_the_scripts_crash(tmp_path: Path) -> None:
+    """`trace -m pkg.train` finds the module without importing `pkg`: its `__init__` runs traced,
+    and its exception is reported like any other crash of the user's code."""
+    write(tmp_path, "pkg/__init__.py", "raise RuntimeError('package init failed')\n")
+    write(tmp_path, "pkg/train.py", "print('never')\n")
+    proc = trace(tmp_path, "-q", "--json", "r.json", "-m", "pkg.train")
+    assert proc.returncode == 1
+    assert "RuntimeError: package init failed" in proc.stderr and "amplint" not in proc.stderr.split("Traceback")[0]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["exit"]["status"] == "exception"

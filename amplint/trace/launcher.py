@@ -6,7 +6,6 @@ The caller prints the script's traceback (`print_script_traceback`) and exits wi
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import runpy
 import signal
@@ -41,20 +40,33 @@ def resolve_target(target: str, module: bool, cwd: str) -> tuple[str, str | None
     # `python -m` puts the current folder first on sys.path before resolving the name.
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
-    try:
-        spec = importlib.util.find_spec(target)
-    except (ImportError, ValueError) as exc:
-        raise LookupError(f"cannot import module {target!r}: {exc}") from None
+    spec = _find_without_importing(target)
     if spec is None:
         raise LookupError(f"no module named {target!r}")
     if spec.submodule_search_locations is not None:  # a package: runs pkg.__main__
-        main_spec = importlib.util.find_spec(f"{target}.__main__")
+        main_spec = _find_without_importing(f"{target}.__main__")
         if main_spec is None or not main_spec.origin:
             raise LookupError(f"{target!r} is a package and cannot be directly executed (no __main__)")
         return os.path.abspath(main_spec.origin), target
     if not spec.origin or not os.path.exists(spec.origin):
         raise LookupError(f"module {target!r} has no source file to run")
     return os.path.abspath(spec.origin), target
+
+
+def _find_without_importing(name: str):
+    """The spec of a module found on sys.path, its packages looked up but not imported:
+    `importlib.util.find_spec("pkg.mod")` would run `pkg/__init__.py` before the trace starts."""
+    from importlib.machinery import PathFinder
+
+    spec, path = None, None
+    for depth, part in enumerate(name.split(".")):
+        if depth and (spec is None or spec.submodule_search_locations is None):
+            return None  # `mod.sub` where `mod` is not a package
+        spec = PathFinder.find_spec(".".join(name.split(".")[: depth + 1]), path)
+        if spec is None:
+            return None
+        path = spec.submodule_search_locations
+    return spec
 
 
 def _describe(exc: BaseException) -> str:
