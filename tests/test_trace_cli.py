@@ -258,3 +258,28 @@ def test_a_package_that_fails_to_import_under_m_is_the_scripts_crash(tmp_path: P
     assert "RuntimeError: package init failed" in proc.stderr and "amplint" not in proc.stderr.split("Traceback")[0]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["exit"]["status"] == "exception"
+
+
+def test_the_summary_reaches_the_terminal_when_the_script_redirected_stderr(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import sys
+        import torch
+        sys.stderr = open("script.log", "w")
+        print("logged", file=sys.stderr)
+        sys.stderr.close()
+        """,
+    )
+    proc = trace(tmp_path, "train.py")
+    assert proc.returncode == 0, proc.stderr
+    assert "amplint trace" in proc.stderr and "lost sys.stderr" not in proc.stderr
+    assert (tmp_path / "script.log").read_text() == "logged\n"
+
+
+def test_sys_exit_true_is_exit_status_1(tmp_path: Path) -> None:
+    write(tmp_path, "train.py", "import sys\nimport torch\nsys.exit(True)\n")
+    proc = trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    assert proc.returncode == 1
+    assert json.loads((tmp_path / "r.json").read_text())["exit"]["code"] == 1

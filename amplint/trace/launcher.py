@@ -93,7 +93,7 @@ def run_target(path: str, module_name: str | None, args: list[str]) -> RunOutcom
         if code is None:
             return RunOutcome("exit", 0)
         if isinstance(code, int):
-            return RunOutcome("exit", code)
+            return RunOutcome("exit", int(code))  # `sys.exit(True)` exits 1
         # Python prints a non-integer exit argument to stderr and exits with 1.
         print(code, file=sys.stderr)
         return RunOutcome("exit", 1, message=str(code))
@@ -143,6 +143,8 @@ def print_script_traceback(outcome: RunOutcome) -> None:
         return
     tb = _user_traceback(exc.__traceback__)
     exc.__traceback__ = tb
+    if getattr(sys.stderr, "closed", False):
+        sys.stderr = sys.__stderr__  # the script closed the stream it put there
     hook = sys.excepthook
     try:
         hook(type(exc), exc, tb)  # respects a hook the script installed (rich, IPython...)

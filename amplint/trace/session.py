@@ -117,6 +117,7 @@ class TraceSession:
         _ACTIVE_STATE = state
         started = time.process_time()
         outcome: RunOutcome
+        streams = sys.stdout, sys.stderr  # a script may replace (and close) them: ours are these
         try:
             probes.install()
             if options.nan == "module":
@@ -144,6 +145,7 @@ class TraceSession:
             print_script_traceback(outcome)
             return outcome.exit_code
         print_script_traceback(outcome)
+        sys.stdout, sys.stderr = streams
         if not options.quiet and self.prints_summary:
             from amplint.trace.terminal import print_summary
 
