@@ -200,6 +200,47 @@ def test_json_to_stdout_holds_only_the_json(tmp_path):
     assert [t["passed"] for t in report["trials"]] == [False, True]
 
 
+SPEC_THAT_EXITS_UNDER_AUTOCAST = """
+import sys
+import torch
+TRIALS = ["bfloat16"]
+DEVICE = "cpu"
+class Net(torch.nn.Module):
+    def forward(self, x):
+        if torch.is_autocast_enabled("cpu"):
+            sys.exit(0)
+        return x * 2
+def model():
+    return Net()
+def cases():
+    return [("a", torch.ones(2))]
+"""
+
+
+def test_a_spec_that_calls_sys_exit_is_an_error_not_a_pass(tmp_path):
+    spec = write(tmp_path, SPEC_THAT_EXITS_UNDER_AUTOCAST)
+    result = amplint(spec, "--no-gains", "--json", str(tmp_path / "r.json"))
+    assert_one_error_line(result, f"amplint compare: error: {spec}: the spec's code called sys.exit(0)")
+
+
+def test_json_to_stdout_stays_json_when_the_spec_prints(tmp_path):
+    spec = write(tmp_path, """
+        import torch
+        print("loading spec...")
+        DEVICE = "cpu"
+        TRIALS = ["bfloat16"]
+        def model():
+            print("building model")
+            return torch.nn.Identity()
+        def cases():
+            return [("a", torch.ones(2))]
+        """)
+    result = amplint(spec, "--no-gains", "--json", "-")
+    assert result.returncode == 0, result.stderr
+    assert [t["passed"] for t in json.loads(result.stdout)["trials"]] == [True]
+    assert "building model" in result.stderr
+
+
 def test_usage_errors_are_one_line_and_exit_2():
     result = CliRunner().invoke(main, ["compare", "spec.py", "--repeats", "0"])
     assert result.exit_code == 2

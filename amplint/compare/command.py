@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 
@@ -57,73 +58,90 @@ def run_compare_command(
     all_cases: bool = False,
     threads: int | None = None,
 ) -> int:
-    # The JSON on stdout must stay parseable, so `--json -` sends the human report to stderr.
+    # The JSON on stdout must stay parseable, so `--json -` sends the human report, and whatever
+    # the spec's own code prints, to stderr.
+    stdout = sys.stdout
     stream = sys.stderr if json_path == "-" else sys.stdout
-    report = None
+    quiet_stdout = contextlib.redirect_stdout(sys.stderr) if json_path == "-" else contextlib.nullcontext()
     try:
-        with warnings.catch_warnings():
-            # A torch built without numpy warns on import; that is not the user's concern here.
-            warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
-            import torch
-
-        if threads is not None:
-            torch.set_num_threads(threads)
-
-        from amplint.compare import report as reporting
-        from amplint.compare import run, store
-        from amplint.compare import spec as specs
-
-        trial_override = tuple(t.strip() for t in trials.split(",") if t.strip()) if trials is not None else None
-        spec = specs.load_spec(spec_path, device=device, trials=trial_override)
-        console = reporting.make_console(stream)
-        def say(message: str) -> None:
-            console.print(message, markup=False)  # ids and paths may hold [brackets]
-
-        say(f"amplint compare {spec.path}: device {spec.device}, trials {', '.join(spec.trials)}")
-        say(f"Criteria fixed before any trial: {spec.criteria.describe()}")
-
-        prepared = run.prepare(spec)
-        baseline = store.load_baseline(baseline_path, prepared) if baseline_path else run.compute_baseline(prepared)
-
-        def keep_baseline() -> None:
-            if save_baseline:
-                store.save_baseline(save_baseline, prepared, baseline)
-                say(f"Baseline saved to {save_baseline}")
-
-        report = run.run_compare(
-            prepared,
-            baseline,
-            measure_gains=not no_gains,
-            warmup=warmup,
-            repeats=repeats,
-            progress=say,
-            after_baseline=keep_baseline,
-        )
-        if report["baseline"].get("criteria_at_save"):
-            console.print(
-                f"warning: the criteria differ from those saved with the baseline: {report['baseline']['criteria_at_save']}",
-                style="yellow",
-                markup=False,
+        with quiet_stdout:
+            report = _run(
+                spec_path, stdout, stream, json_path, save_baseline, baseline_path, device, trials,
+                no_gains, warmup, repeats, all_cases, threads,
             )
-        reporting.render(report, console, all_cases=all_cases)
-        if json_path:
-            reporting.write_json(report, json_path)
     except CompareError as exc:
         if exc.report is not None and json_path:
-            _write_partial(exc.report, json_path)
+            _write_partial(exc.report, json_path, stdout)
         return _error(f"{spec_path}: {exc}")
     except OSError as exc:
         return _error(f"{spec_path}: {describe_exception(exc)}")
+    except SystemExit as exc:  # the spec's code called sys.exit(): never a silent pass
+        return _error(f"{spec_path}: the spec's code called sys.exit({exc.code!r}); a spec returns, it does not exit")
+    except KeyboardInterrupt:
+        print("amplint compare: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:  # a bug in amplint or an unexpected failure: still one line, exit 2  # noqa: BLE001 - user code or torch internals may raise anything
         return _error(f"{spec_path}: internal error: {describe_exception(exc)}")
     return EXIT_PASSED if all(trial["passed"] for trial in report["trials"]) else EXIT_FAILED
 
 
-def _write_partial(report: dict, json_path: str) -> None:
+def _run(spec_path, stdout, stream, json_path, save_baseline, baseline_path, device, trials, no_gains, warmup, repeats, all_cases, threads) -> dict:
+    """The comparison and its report; errors are the caller's to word."""
+    with warnings.catch_warnings():
+        # A torch built without numpy warns on import; that is not the user's concern here.
+        warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
+        import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+    from amplint.compare import report as reporting
+    from amplint.compare import run, store
+    from amplint.compare import spec as specs
+
+    trial_override = tuple(t.strip() for t in trials.split(",") if t.strip()) if trials is not None else None
+    spec = specs.load_spec(spec_path, device=device, trials=trial_override)
+    console = reporting.make_console(stream)
+    def say(message: str) -> None:
+        console.print(message, markup=False)  # ids and paths may hold [brackets]
+
+    say(f"amplint compare {spec.path}: device {spec.device}, trials {', '.join(spec.trials)}")
+    say(f"Criteria fixed before any trial: {spec.criteria.describe()}")
+
+    prepared = run.prepare(spec)
+    baseline = store.load_baseline(baseline_path, prepared) if baseline_path else run.compute_baseline(prepared)
+
+    def keep_baseline() -> None:
+        if save_baseline:
+            store.save_baseline(save_baseline, prepared, baseline)
+            say(f"Baseline saved to {save_baseline}")
+
+    report = run.run_compare(
+        prepared,
+        baseline,
+        measure_gains=not no_gains,
+        warmup=warmup,
+        repeats=repeats,
+        progress=say,
+        after_baseline=keep_baseline,
+    )
+    if report["baseline"].get("criteria_at_save"):
+        console.print(
+            f"warning: the criteria differ from those saved with the baseline: {report['baseline']['criteria_at_save']}",
+            style="yellow",
+            markup=False,
+        )
+    reporting.render(report, console, all_cases=all_cases)
+    if json_path:
+        reporting.write_json(report, json_path, stdout)
+    return report
+
+
+def _write_partial(report: dict, json_path: str, stdout) -> None:
     from amplint.compare.report import write_json
 
     try:
-        write_json(report, json_path)
+        write_json(report, json_path, stdout)
     except OSError:
         pass  # the error line that follows matters more than the partial report
 

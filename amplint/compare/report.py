@@ -27,10 +27,11 @@ from amplint.compare.criteria import (
 PASS = Text("pass", style="green")
 
 
-def write_json(report: dict, path: str) -> None:
+def write_json(report: dict, path: str, stdout=None) -> None:
+    """The report as JSON in `path`, or on `stdout` (default: sys.stdout) for "-"."""
     text = json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n"
     if path == "-":
-        sys.stdout.write(text)
+        (stdout or sys.stdout).write(text)
         return
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(text)
