@@ -283,3 +283,23 @@ def test_sys_exit_true_is_exit_status_1(tmp_path: Path) -> None:
     proc = trace(tmp_path, "-q", "--json", "r.json", "train.py")
     assert proc.returncode == 1
     assert json.loads((tmp_path / "r.json").read_text())["exit"]["code"] == 1
+
+
+def test_the_summary_tells_inconclusive_kernel_probes_from_unverified_ones(tmp_path: Path) -> None:
+    """The probe could not run an op here: that is "inconclusive", not "unverified" (which means
+    the target device is absent)."""
+    import io
+
+    from rich.console import Console
+
+    from amplint.trace.terminal import print_summary
+
+    write(tmp_path, "train.py", "import torch\nprint(torch.ones(2).sum())\n")
+    trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    report = json.loads((tmp_path / "r.json").read_text())
+    probe = {"op": "aten::mm", "dtype": "bfloat16", "device": "cpu", "available": None}
+    report["kernels"] = [{**probe, "status": "inconclusive", "error": "RuntimeError: expected scalar type"}]
+    out = io.StringIO()
+    print_summary(report, str(tmp_path), Console(file=out, width=120))
+    assert "0 available, 0 missing, 1 inconclusive, 0 unverified" in out.getvalue()
+    assert "inconclusive: aten::mm bfloat16 on cpu" in out.getvalue()

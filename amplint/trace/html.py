@@ -147,7 +147,7 @@ def render(report: dict, cwd: str) -> str:
     if report.get("kernels"):
         out.append("<h2>Kernel probe</h2><table><tr><th>op</th><th>dtype</th><th>device</th><th>available</th><th>error</th></tr>")
         for k in report["kernels"]:
-            state = {True: "yes", False: '<span class="bad">no</span>', None: "unverified"}[k.get("available")]
+            state = {True: "yes", False: '<span class="bad">no</span>'}.get(k.get("available"), _e(k.get("status") or "unverified"))
             out.append(
                 f"<tr><td class=\"mono\">{_e(k['op'])}</td><td>{_e(k['dtype'])}</td><td>{_e(k['device'])}</td><td>{state}</td><td>{_e(k.get('error'))}</td></tr>"
             )

@@ -266,11 +266,19 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
     if kernels:
         console.rule("Kernel probe", align="left", style="dim")
         missing = [k for k in kernels if k.get("available") is False]
-        unverified = [k for k in kernels if k.get("available") is None]
         ok = [k for k in kernels if k.get("available") is True]
-        console.print(f"{len(ok)} available, {len(missing)} missing, {len(unverified)} unverified")
+        # Not known either way: the probe could not run the op here ("inconclusive"), or the
+        # target device is absent ("unverified").
+        inconclusive = [k for k in kernels if k.get("available") is None and k.get("status") == "inconclusive"]
+        unverified = [k for k in kernels if k.get("available") is None and k.get("status") != "inconclusive"]
+        console.print(
+            f"{len(ok)} available, {len(missing)} missing, {len(inconclusive)} inconclusive, {len(unverified)} unverified"
+        )
         for k in missing[:20]:
             console.print(Text(f"missing: {k['op']} {k['dtype']} on {k['device']}: {k['error']}", style="red"))
+        if inconclusive:
+            first = inconclusive[0]
+            console.print(Text(f"inconclusive: {first['op']} {first['dtype']} on {first['device']}: {first.get('error')}", style="yellow"))
         if unverified:
             reason = unverified[0].get("error") or "target device absent"
             console.print(Text(f"unverified on {unverified[0]['device']}: {reason}", style="yellow"))
