@@ -154,11 +154,7 @@ def _frozen(call: CallSite, facts: AmpFacts) -> bool:
 
 def _same_object_chain(call: CallSite, facts: AmpFacts) -> list[cst.Call]:
     """The calls of `x.to(device).half().eval()` around a cast, innermost first, outermost last."""
-    chain = [call.node]
-    node = call.receiver
-    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _SAME_OBJECT:
-        chain.insert(0, node)
-        node = node.func.value
+    chain = [*_chain_below(call)[0], call.node]
     current = call.node
     while True:
         attribute = facts.parent_of.get(id(current))
@@ -181,12 +177,19 @@ def _freezes(node: cst.Call) -> bool:
 _SAME_OBJECT = frozenset({"to", "cuda", "cpu", "half", "float", "bfloat16", "eval", "train", "requires_grad_", "type"})
 
 
-def _converted(call: CallSite) -> str | None:
-    """The name of what a conversion converts: `teacher` in `teacher.to(device).half()`."""
+def _chain_below(call: CallSite) -> tuple[list[cst.Call], cst.BaseExpression | None]:
+    """The same-object calls a cast is made on, innermost first, and what they start from."""
+    calls: list[cst.Call] = []
     node = call.receiver
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _SAME_OBJECT:
+        calls.insert(0, node)
         node = node.func.value
-    return dotted_name(node)
+    return calls, node
+
+
+def _converted(call: CallSite) -> str | None:
+    """The name of what a conversion converts: `teacher` in `teacher.to(device).half()`."""
+    return dotted_name(_chain_below(call)[1])
 
 
 def _is_false(node: cst.BaseExpression | None) -> bool:
