@@ -77,11 +77,10 @@ def _version_test(facts: AmpFacts, node: cst.If | cst.IfExp) -> bool:
 
 def _exits(block: cst.BaseSuite) -> bool:
     """A block whose last statement returns or raises: what follows runs only when it did not."""
-    last = block.body[-1] if isinstance(block, cst.IndentedBlock) and block.body else None
-    if isinstance(block, cst.SimpleStatementSuite) or isinstance(last, cst.SimpleStatementLine):
-        small = (block if isinstance(block, cst.SimpleStatementSuite) else last).body
-        return bool(small) and isinstance(small[-1], (cst.Return, cst.Raise))
-    return False
+    statements = block.body if isinstance(block, cst.IndentedBlock) else [block]  # `if x: return y`
+    last = statements[-1] if statements else None
+    small = last.body if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) else []
+    return bool(small) and isinstance(small[-1], (cst.Return, cst.Raise))
 
 
 def _replacements(facts: AmpFacts) -> list[cst.CSTNode]:
