@@ -17,7 +17,7 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import Replacement
-from amplint.static.semantics import AmpFacts, CallSite, Context, Loop, Scope, dotted_name, mutually_exclusive
+from amplint.static.semantics import AmpFacts, Assignment, CallSite, Context, Loop, Scope, dotted_name, mutually_exclusive
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -125,7 +125,7 @@ def mentions_a_scaler(facts: AmpFacts) -> bool:
     return cached(facts, "mentions_scaler", build)
 
 
-def _feature_scaler(facts: AmpFacts, assignment) -> bool:
+def _feature_scaler(facts: AmpFacts, assignment: Assignment) -> bool:
     """`scaler = StandardScaler()`: tabular code's feature scaling, not a loss scaler."""
     value = assignment.value
     if not isinstance(value, cst.Call):

@@ -10,7 +10,7 @@ import libcst as cst
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, CallSite, dotted_name
+from amplint.static.semantics import AmpFacts, Assignment, CallSite, dotted_name
 
 CODE = "AMP014"
 
@@ -74,7 +74,7 @@ def _produced_in(facts: AmpFacts, function, outer, inner: cst.WithItem) -> set[s
     return names
 
 
-def _casts_itself(assignment) -> bool:
+def _casts_itself(assignment: Assignment) -> bool:
     value = assignment.value
     return (
         isinstance(value, cst.Call)
