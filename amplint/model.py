@@ -52,7 +52,7 @@ class Finding:
     end_column: int
     message: str
     fix: Fix | None = None
-    # The line a `# noqa` comment must sit on: the first line of the reported statement.
+    # The line a noqa comment must sit on: the first line of the reported statement.
     noqa_line: int | None = field(default=None, compare=False)
 
     def to_json(self) -> dict:

@@ -173,7 +173,7 @@ def analyse_module(
         if _suppressed(finding, suppressions):
             continue
         if finding.fix is not None and _fix_edits_a_suppressed_line(finding, suppressions):
-            # A use's fix that rewrites its import too must not touch an import marked `# noqa`.
+            # A use's fix that rewrites its import too must not touch an import whose noqa comment covers it.
             finding = dataclasses.replace(finding, fix=None)
         findings.append(finding)
     return sorted(findings, key=Finding.sort_key)
