@@ -757,3 +757,23 @@ def test_amp007_helper_with_own_loop_called_twice_is_not_two_steps() -> None:
         run(loader, scaler, opt)
     """
     assert lines(src, "AMP007") == []
+
+
+def test_amp017_cites_the_backward_of_the_function_that_compiles() -> None:
+    src = """\
+    import torch
+
+    def first(model, x):
+        model = torch.compile(model)
+        with torch.autocast("cuda"):
+            loss = model(x).sum()
+        loss.backward()
+
+    def second(model, x):
+        model = torch.compile(model)
+        with torch.autocast("cuda"):
+            loss = model(x).sum()
+        loss.backward()
+    """
+    found = sorted((f.line, f.message) for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP017")
+    assert [(line, "(line 7)" in message, "(line 13)" in message) for line, message in found] == [(4, True, False), (10, False, True)]

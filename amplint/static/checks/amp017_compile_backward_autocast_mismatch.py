@@ -113,5 +113,14 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             "re-enters autocast, which differs from eager and can overflow (pytorch/pytorch#153044); set "
             "`torch._functorch.config.backward_pass_autocast = \"off\"` to match eager",
             statement or call_node,
-            related=(outside[0].node,),
+            related=(_nearest(outside, node).node,),
         )
+
+
+def _nearest(backwards: list[CallSite], compiled) -> CallSite:
+    """The backward to cite: one in the function that compiles the model, else the first."""
+    if isinstance(compiled, CallSite):
+        same = [b for b in backwards if b.scope.function_scope is compiled.scope.function_scope]
+        if same:
+            return same[0]
+    return backwards[0]
