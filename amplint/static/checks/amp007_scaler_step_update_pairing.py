@@ -110,7 +110,7 @@ def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> I
         ]
         later = [e for e in same_iteration if e.order > event.order]
         earlier = [e for e in same_iteration if e.order < event.order]
-        if any(e.kind == "step" for e in later):
+        if any(e.kind == "step" for e in later) or _in_the_optimizer_loop_of_a_step(event, same_iteration):
             yield Hit(
                 event.call.node,
                 f"`{scaler}.update()` runs between the `step()` calls of several optimizers; call it "
@@ -132,6 +132,15 @@ def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> I
             )
             continue
         yield from _update_without_step(facts, event, same_iteration, loop, scaler)
+
+
+def _in_the_optimizer_loop_of_a_step(update: ts.Event, same_iteration: list[ts.Event]) -> bool:
+    """`for opt in optimizers: scaler.step(opt); scaler.update()`: one update per optimizer."""
+    loops = [loop for loop in update.anchor.loops if loop.kind != "comprehension"]
+    inner = loops[-1] if loops else None
+    if inner is None or not _OPTIMIZER_LOOP.search(inner.text):
+        return False
+    return any(e.kind == "step" and inner in e.anchor.loops for e in same_iteration)
 
 
 def _update_without_step(facts: AmpFacts, update: ts.Event, same_iteration, loop, scaler: str) -> Iterator[Hit]:
