@@ -136,8 +136,7 @@ def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> I
 
 def _in_the_optimizer_loop_of_a_step(update: ts.Event, same_iteration: list[ts.Event]) -> bool:
     """`for opt in optimizers: scaler.step(opt); scaler.update()`: one update per optimizer."""
-    loops = [loop for loop in update.anchor.loops if loop.kind != "comprehension"]
-    inner = loops[-1] if loops else None
+    inner = ts.innermost_loop(update.anchor)
     if inner is None or not _OPTIMIZER_LOOP.search(inner.text):
         return False
     return any(e.kind == "step" and inner in e.anchor.loops for e in same_iteration)
