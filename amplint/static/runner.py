@@ -111,11 +111,12 @@ def check_paths(
         except OSError as exc:
             result.errors.append(f"{source_file.display}: cannot read: {exc.strerror or exc}")
             continue
-        cached = cache.lookup_stat(_cache_key(source_file.key, source_file.named), stat) if cache else None
+        entry = _cache_key(source_file.key, source_file.named)
+        cached = cache.lookup_stat(entry, stat) if cache else None
         if cached is not None:
             result.findings.extend(_with_path(cached, source_file.display))
             continue
-        previous = cache.previous(_cache_key(source_file.key, source_file.named)) if cache else None
+        previous = cache.previous(entry) if cache else None
         tasks.append(_Task(source_file.key, source_file.display, source_file.named, enabled, settings.min_torch, previous, cache is not None))
         stats.append(stat)
     for task, stat, outcome in zip(tasks, stats, _check_all(tasks, stats, jobs)):
@@ -231,6 +232,7 @@ def _syntax_only(source: bytes, display: str) -> list[Finding]:
     file without importing libcst; what it refuses is asked of libcst, the parser of record,
     which also reads syntax newer than the running Python (3.12's `def f[T]()`)."""
     from amplint.static.source import (
+        TOO_DEEP_FOR_PYTHON,
         SourceError,
         decode_source,
         parse_error_finding,
@@ -243,8 +245,7 @@ def _syntax_only(source: bytes, display: str) -> list[Finding]:
     except SourceError as error:
         return [parse_error_finding(display, error)]
     except (RecursionError, MemoryError):
-        # libcst would take minutes over what CPython's own parser cannot hold, or crash.
-        return [parse_error_finding(display, SourceError("cannot analyse: the file nests too deeply for Python's parser"))]
+        return [parse_error_finding(display, SourceError(TOO_DEEP_FOR_PYTHON))]
     except (SyntaxError, ValueError):
         from amplint.static.analyse import parse
 

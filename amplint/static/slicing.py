@@ -34,7 +34,12 @@ from functools import cached_property
 
 from amplint.static.gate import possible_rules
 from amplint.static.screen import Screen, dotted, nodes
-from amplint.static.source import SourceError, lines_with_endings, physical_lines
+from amplint.static.source import (
+    TOO_DEEP_FOR_PYTHON,
+    SourceError,
+    lines_with_endings,
+    physical_lines,
+)
 
 _SCALER = r"\.scale\s*\(|unscale_|get_scale|GradScaler|caler|CALER"  # `scaler` as names.SCALER_WORD finds it
 # Where optimizers and schedulers are built (the constructors semantics._kind_of_constructor
@@ -322,8 +327,7 @@ def prepare(text: str, codes: frozenset[str], check_syntax: bool = True) -> tupl
             return codes & {"AMP000"}, None
         tree = screen.tree
     except (RecursionError, MemoryError):
-        # libcst would take minutes over what CPython's own parser cannot hold, or crash.
-        raise SourceError("cannot analyse: the file nests too deeply for Python's parser") from None
+        raise SourceError(TOO_DEEP_FOR_PYTHON) from None
     except (SyntaxError, ValueError):
         return codes, None  # libcst, the parser of record, reports it or reads newer syntax
     kept |= codes & {"AMP000"}

@@ -20,6 +20,10 @@ class SourceError(Exception):
         self.message, self.line, self.column = message, line, column
 
 
+# What CPython's own parser cannot hold: libcst would take minutes over it, or crash.
+TOO_DEEP_FOR_PYTHON = "cannot analyse: the file nests too deeply for Python's parser"
+
+
 def decode_source(source: bytes | str) -> tuple[str, str]:
     """Text and encoding name of a Python source, honouring a BOM and a PEP 263 coding line."""
     if isinstance(source, str):
