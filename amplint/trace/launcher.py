@@ -58,11 +58,12 @@ def _find_without_importing(name: str):
     `importlib.util.find_spec("pkg.mod")` would run `pkg/__init__.py` before the trace starts."""
     from importlib.machinery import PathFinder
 
+    parts = name.split(".")
     spec, path = None, None
-    for depth, part in enumerate(name.split(".")):
-        if depth and (spec is None or spec.submodule_search_locations is None):
+    for depth in range(1, len(parts) + 1):
+        if spec is not None and spec.submodule_search_locations is None:
             return None  # `mod.sub` where `mod` is not a package
-        spec = PathFinder.find_spec(".".join(name.split(".")[: depth + 1]), path)
+        spec = PathFinder.find_spec(".".join(parts[:depth]), path)
         if spec is None:
             return None
         path = spec.submodule_search_locations
