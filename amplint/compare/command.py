@@ -66,8 +66,9 @@ def run_compare_command(
     try:
         with quiet_stdout:
             report = _run(
-                spec_path, stdout, stream, json_path, save_baseline, baseline_path, device, trials,
-                no_gains, warmup, repeats, all_cases, threads,
+                spec_path, stdout, stream, json_path=json_path, save_baseline=save_baseline,
+                baseline_path=baseline_path, device=device, trials=trials, no_gains=no_gains,
+                warmup=warmup, repeats=repeats, all_cases=all_cases, threads=threads,
             )
     except CompareError as exc:
         if exc.report is not None and json_path:
@@ -85,7 +86,10 @@ def run_compare_command(
     return EXIT_PASSED if all(trial["passed"] for trial in report["trials"]) else EXIT_FAILED
 
 
-def _run(spec_path, stdout, stream, json_path, save_baseline, baseline_path, device, trials, no_gains, warmup, repeats, all_cases, threads) -> dict:
+def _run(
+    spec_path: str, stdout, stream, *, json_path, save_baseline, baseline_path, device, trials, no_gains, warmup,
+    repeats, all_cases, threads,
+) -> dict:
     """The comparison and its report; errors are the caller's to word."""
     with warnings.catch_warnings():
         # A torch built without numpy warns on import; that is not the user's concern here.
