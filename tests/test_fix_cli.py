@@ -137,6 +137,23 @@ def test_diff_writes_nothing_and_prints_what_fix_would_write(tree: Path, tmp_pat
     assert snapshot(patched) == snapshot(tree)
 
 
+def test_diff_goes_to_the_output_file(tree: Path, tmp_path: Path) -> None:
+    before = snapshot(tree)
+    result = amplint(".", "--diff", "--output-file", "patches/amplint.diff", cwd=tree)
+    patch = (tree / "patches" / "amplint.diff").read_text(encoding="utf-8")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert patch == amplint(".", "--diff", cwd=tree).stdout and patch.startswith("--- a/")
+    assert snapshot(tree) == before
+
+
+def test_diff_to_an_unwritable_output_file_exits_2_with_one_line(tree: Path) -> None:
+    result = amplint(".", "--diff", "--output-file", "clean.py/amplint.diff", cwd=tree)  # under a file
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("amplint: error:")]
+    assert len(errors) == 1 and errors[0].startswith("amplint: error: clean.py/amplint.diff: cannot write: ")
+    assert "Traceback" not in result.stderr
+
+
 def test_diff_of_a_clean_tree_is_empty(tree: Path) -> None:
     result = amplint("clean.py", "--diff", cwd=tree)
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")

@@ -97,6 +97,12 @@ def test_diff_on_stdin(tmp_path: Path) -> None:
     assert result.returncode == 1
 
 
+def test_diff_on_stdin_goes_to_the_output_file(tmp_path: Path) -> None:
+    result = amplint("-", "--stdin-filename", "train.py", "--diff", "--output-file", "train.diff", *SELECT, stdin=SOURCE, cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (1, b"")
+    assert (tmp_path / "train.diff").read_text(encoding="utf-8").startswith("--- a/train.py\n+++ b/train.py\n")
+
+
 def test_config_is_found_from_the_stdin_filename(tmp_path: Path) -> None:
     (tmp_path / "proj" / "src").mkdir(parents=True)
     (tmp_path / "proj" / "pyproject.toml").write_text('[tool.amplint]\nselect = ["AMP003"]\n', encoding="utf-8")

@@ -123,8 +123,9 @@ def _check_stdin(settings: Settings, o, output_format: str) -> int:
 
         fixed = fix_source(source, display, settings.codes_for(display, all_codes()), o["unsafe_fixes"], settings.min_torch)
         if o["diff"]:
-            sys.stdout.write(_unified_diff(display, source, fixed.source))
-            sys.stdout.flush()
+            if problem := _write_output(_unified_diff(display, source, fixed.source), o["output_file"]):
+                _error(problem)
+                return EXIT_ERROR
             if not o["quiet"] and fixed.applied:
                 print(f"Would fix {_plural(_fixed_count(findings, fixed), 'finding')}.", file=sys.stderr)
             # Nothing was written, so every finding is still there.
@@ -169,6 +170,7 @@ def _fix_files(result: RunResult, settings: Settings, o) -> _Outcome:
     for finding in result.findings:
         by_file.setdefault(finding.path, []).append(finding)
     outcome = _Outcome([])
+    patches: list[str] = []
     for display, findings in by_file.items():
         source_file = result.sources.get(display)
         if source_file is None or not any(_wanted(f, unsafe) for f in findings):
@@ -185,7 +187,7 @@ def _fix_files(result: RunResult, settings: Settings, o) -> _Outcome:
             outcome.findings.extend(findings)
             continue
         if o["diff"]:
-            sys.stdout.write(_unified_diff(display, original, fixed.source))
+            patches.append(_unified_diff(display, original, fixed.source))
             outcome.findings.extend(findings)
         else:
             try:
@@ -196,6 +198,8 @@ def _fix_files(result: RunResult, settings: Settings, o) -> _Outcome:
                 continue
             outcome.findings.extend(fixed.remaining)
         outcome.fixed += _fixed_count(findings, fixed)
+    if o["diff"] and (problem := _write_output("".join(patches), o["output_file"])):
+        outcome.errors.append(problem)
     for message in outcome.errors:
         _error(message)
     if not o["quiet"] and outcome.fixed:
@@ -249,12 +253,8 @@ def _report(outcome: _Outcome, files_checked: int, o, output_format: str, source
     if output_file:
         buffer = io.StringIO()
         _render(findings, buffer, o, output_format, sources)
-        try:
-            Path(output_file).parent.mkdir(parents=True, exist_ok=True)  # `reports/amplint.sarif` in CI
-            # A file name that is not UTF-8 keeps its bytes, as it does on standard output.
-            Path(output_file).write_text(buffer.getvalue(), encoding="utf-8", errors="surrogateescape")
-        except OSError as exc:
-            _error(f"{output_file}: cannot write: {exc.strerror or exc}")
+        if problem := _write_output(buffer.getvalue(), output_file):
+            _error(problem)
             return False
     else:
         _render(findings, sys.stdout, o, output_format, sources, to_terminal=sys.stdout)
@@ -264,6 +264,22 @@ def _report(outcome: _Outcome, files_checked: int, o, output_format: str, source
         summary = sys.stderr if output_file or machine else sys.stdout
         print(summary_line(findings, files_checked, o["unsafe_fixes"]), file=summary)
     return True
+
+
+def _write_output(text: str, output_file: str | None) -> str | None:
+    """The report or patch to --output-file, else standard output; why not, if it cannot be written."""
+    if not output_file:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return None
+    try:
+        Path(output_file).parent.mkdir(parents=True, exist_ok=True)  # `reports/amplint.sarif` in CI
+        # A file name that is not UTF-8 keeps its bytes, as it does on standard output; a patch
+        # keeps its line endings.
+        Path(output_file).write_text(text, encoding="utf-8", errors="surrogateescape", newline="")
+    except OSError as exc:
+        return f"{output_file}: cannot write: {exc.strerror or exc}"
+    return None
 
 
 def summary_line(findings: list[Finding], files_checked: int, unsafe: bool = False) -> str:
