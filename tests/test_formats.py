@@ -114,6 +114,23 @@ def test_text_escapes_markup_in_messages_and_source() -> None:
     assert out.getvalue() == "a[red].py:1:1: AMP003 use [bold]x[/bold] :smile:\n1 | [x] = 1\n  | ^^^\n\n"
 
 
+@pytest.mark.parametrize(
+    ("source", "carets"),
+    [
+        ('x = "日本語"; y = t.cuda()', '  |                   ^^^^^^^^'),  # wide characters take two columns
+        ('x = "e\u0301"; y = t.cuda()', '  |              ^^^^^^^^'),  # a combining accent takes none
+        # a tab reaches column 8 (`1 |` and a space, then 4), `x = "日"; y = ` takes 14 more
+        ('\tx = "日"; y = 猫.cuda()', "  |" + " " * 19 + "^" * 9),
+    ],
+)
+def test_text_carets_sit_under_the_code_whatever_the_characters_before(source: str, carets: str) -> None:
+    start = source.index("y = ") + 5
+    finding = Finding("AMP002", "half-with-autocast", Severity.WARNING, "a.py", 1, start, 1, len(source) + 1, "m")
+    out = io.StringIO()
+    render_text([finding], out, {"color": False, "sources_text": {"a.py": [source]}})
+    assert out.getvalue().splitlines()[2] == carets
+
+
 def _run_on_a_terminal(args: list[str], cwd: Path, env: dict) -> str:
     primary, secondary = pty.openpty()
     environ = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
@@ -61,6 +62,13 @@ def render(findings: list[Finding], out: TextIO, context: dict) -> None:
 _Line = list[tuple[str, str | None]]  # pieces of text and their style
 
 
+def _display_width(text: str) -> int:
+    """Terminal columns: wide East Asian characters take two, combining marks none."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
 def _lines(findings: list[Finding], sources: dict[str, list[str]]) -> list[_Line]:
     lines: list[_Line] = []
     for f in findings:
@@ -71,9 +79,10 @@ def _lines(findings: list[Finding], sources: dict[str, list[str]]) -> list[_Line
         if text is not None:
             gutter = str(f.line)
             prefix = text[: f.column - 1]
-            width = (f.end_column - f.column) if f.end_line == f.line else len(text) - f.column + 1
+            flagged = text[f.column - 1 : f.end_column - 1] if f.end_line == f.line else text[f.column - 1 :]
+            width = _display_width(flagged)
             # Tabs before the finding keep their width, so the carets stay under the code.
-            pad = "".join(ch if ch == "\t" else " " for ch in prefix)
+            pad = "".join(ch if ch == "\t" else " " * _display_width(ch) for ch in prefix)
             lines.append([(f"{gutter} |", "blue"), (f" {text}", None)])
             lines.append([(f"{' ' * len(gutter)} |", "blue"), (f" {pad}", None), ("^" * max(1, width), style)])
         lines.append([])
