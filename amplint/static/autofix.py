@@ -13,6 +13,7 @@ import libcst as cst
 from amplint.model import Applicability
 from amplint.static import names
 from amplint.static.checks import FixPlan, Insertion, Replacement
+from amplint.static.checks._training_step import code_in_place
 from amplint.static.semantics import AmpFacts, CallSite, ImportRef, Reference, Scope, dotted_name, has_star_args
 
 # The first torch release that has each replacement (research/amp-rules.md §1).
@@ -102,7 +103,7 @@ def deprecated_call(call: CallSite, facts: AmpFacts) -> FixPlan | None:
     if args is None:
         return None
     new = call.node.with_changes(func=cst.parse_expression(_new_callee(head, kind, facts)), args=args)
-    return FixPlan(Applicability.SAFE, (Replacement(call.node, facts.module.code_for_node(new)),))
+    return FixPlan(Applicability.SAFE, (Replacement(call.node, code_in_place(facts, call.node, new)),))
 
 
 def _state_function_fix(call: CallSite, facts: AmpFacts) -> FixPlan | None:
@@ -115,7 +116,7 @@ def _state_function_fix(call: CallSite, facts: AmpFacts) -> FixPlan | None:
     new_name = old.replace("_gpu", "").replace("_cpu", "")
     args = _with_commas([cst.Arg(_string(device)), *call.node.args])
     new = call.node.with_changes(func=cst.parse_expression(f"{head}.{new_name}"), args=args)
-    return FixPlan(Applicability.SAFE, (Replacement(call.node, facts.module.code_for_node(new)),))
+    return FixPlan(Applicability.SAFE, (Replacement(call.node, code_in_place(facts, call.node, new)),))
 
 
 def deprecated_reference(ref: Reference, qualname: str, facts: AmpFacts) -> FixPlan | None:
@@ -256,7 +257,7 @@ def _use_call(call: CallSite, kind: str, facts: AmpFacts) -> Replacement | None:
     args = migrated_arguments(call.node, kind, device)
     if args is None:
         return None
-    return Replacement(call.node, facts.module.code_for_node(call.node.with_changes(args=args)))
+    return Replacement(call.node, code_in_place(facts, call.node, call.node.with_changes(args=args)))
 
 
 def unscale_before(event, scaler: str | None, owner: str | None, events, facts: AmpFacts) -> FixPlan | None:

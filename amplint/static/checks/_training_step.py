@@ -47,13 +47,35 @@ def indentation(facts: AmpFacts, statement: cst.CSTNode) -> str:
     return "".join(reversed(parts))
 
 
-def insert_after(facts: AmpFacts, statement: cst.CSTNode, text: str) -> Replacement:
-    """A replacement that adds `text` as a new statement on the line after `statement`."""
+def code_in_place(facts: AmpFacts, original: cst.CSTNode, new: cst.CSTNode | None = None) -> str:
+    """The source of `new` (by default `original` itself) to stand where `original` stands.
+
+    `Module.code_for_node` writes a node as if at module level, so the lines libcst indents with
+    the enclosing blocks (a call's arguments one per line, its closing bracket) would lose their
+    indentation; here they keep the blocks' indentation around `original`."""
+    # libcst has no public way to generate code at a given indentation.
+    from libcst._nodes.internal import CodegenState
+
+    module = facts.module
+    state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
+    state.increase_indent(indentation(facts, original))
+    node = original if new is None else new
+    if getattr(node, "lpar", None):
+        node = node.with_changes(lpar=[], rpar=[])  # a node's position leaves out its own parentheses
+    node._codegen(state)
+    return "".join(state.tokens)
+
+
+def insert_after(facts: AmpFacts, statement: cst.CSTNode, text: str) -> Replacement | None:
+    """A replacement that adds `text` as a new statement on the line after the simple statement
+    `statement` (after its trailing comment, which stays on its line); None after a compound one."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return None
     indent = indentation(facts, statement)
-    anchor: cst.CSTNode = statement
-    if isinstance(statement, cst.SimpleStatementLine) and statement.trailing_whitespace.comment is not None:
-        anchor = statement.trailing_whitespace.comment  # keep a trailing comment on its own line
-    return Replacement(anchor, f"{facts.module.code_for_node(anchor).rstrip()}\n{indent}{text}")
+    # The last small statement or the comment: the statement line itself would carry the blank
+    # lines and comments above it into the replacement.
+    anchor = statement.trailing_whitespace.comment or statement.body[-1]
+    return Replacement(anchor, f"{code_in_place(facts, anchor).rstrip()}\n{indent}{text}")
 
 
 # ---------------------------------------------------------------------------------------------

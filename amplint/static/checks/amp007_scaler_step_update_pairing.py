@@ -68,9 +68,9 @@ def _missing_update(facts: AmpFacts, steps: list[ts.Event], scaler: str) -> Iter
         block = ts.parents(facts).get(id(step.anchor.statement))
         by_block[id(block)] = step  # program order: the last one wins
     for step in by_block.values():
-        fix = None
-        if step.anchor is step.call.where and isinstance(step.call.where.statement, cst.SimpleStatementLine):
-            fix = FixPlan(Applicability.SAFE, (ts.insert_after(facts, step.call.where.statement, f"{scaler}.update()"),))
+        # In a helper the scaler's name may not be bound; after a compound statement, nowhere to add it.
+        update = ts.insert_after(facts, step.call.where.statement, f"{scaler}.update()") if step.anchor is step.call.where else None
+        fix = FixPlan(Applicability.SAFE, (update,)) if update else None
         yield Hit(
             step.call.node,
             f"`{scaler}.step()` is never followed by `{scaler}.update()`: the loss scale never adapts "
