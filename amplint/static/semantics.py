@@ -934,9 +934,42 @@ class AmpFacts:
                 call.method == "scale" and id(call.node) in self.backward_of_scale
             ):
                 keys.add(call.receiver_key)
-            elif call.method in ("step", "update", "scale") and "scaler" in call.receiver_key.split(".")[-1].lower():
+            elif (
+                call.method in ("step", "update", "scale")
+                and "scaler" in call.receiver_key.split(".")[-1].lower()
+                and not self._own_non_scaler_instance(call.receiver_key, call.scope)
+            ):
                 keys.add(call.receiver_key)
         return keys
+
+    def _own_non_scaler_instance(self, key: str, scope: Scope) -> bool:
+        """Bound only to instances of classes that are not a GradScaler: a project's own "scaler"
+        (fairscale's LayerwiseGradientScaler, which has no `update()`). A class is told from a
+        factory function by its capitalised name; one this file defines counts as a GradScaler when
+        it subclasses one, an imported one when its name says so (`ShardedGradScaler`)."""
+        values = self.bindings(key, scope)
+        return bool(values) and all(
+            isinstance(value, cst.Call) and self._constructs_another_class(value, value_scope) for value, value_scope in values
+        )
+
+    def _constructs_another_class(self, call: cst.Call, scope: Scope) -> bool:
+        dotted = dotted_name(call.func)
+        if dotted is None or not dotted.split(".")[-1][:1].isupper():
+            return False
+        if dotted in self._classes_not_grad_scalers:
+            return True
+        if any(scope.name == dotted for scope, _bases in self.classes):
+            return False  # this file's GradScaler subclass
+        qualified = self.qualname(call.func, scope) or dotted
+        return qualified not in names.GRAD_SCALER and not qualified.endswith("GradScaler")
+
+    @cached_property
+    def _classes_not_grad_scalers(self) -> set[str]:
+        return {
+            scope.name
+            for scope, bases in self.classes
+            if not any(base and (scope.parent.resolve(base) in names.GRAD_SCALER or base.endswith("GradScaler")) for base in bases)
+        }
 
     def scaler_disabled(self, key: str | None, scope: Scope) -> bool:
         """True only when every construction bound to this name passes a literal `enabled=False`."""
