@@ -14,6 +14,11 @@ FIXTURES = Path(__file__).parent.parent / "fixtures" / "fix"
 CASES = sorted(p.name.removesuffix(".fixed.py") for p in FIXTURES.glob("*.fixed.py"))
 
 
+def fix_options(case: str) -> tuple[str, ...]:
+    """A case named `unsafe_*` shows fixes that need `--unsafe-fixes`."""
+    return ("--fix", "--unsafe-fixes") if case.startswith("unsafe_") else ("--fix",)
+
+
 def amplint(*args: str, cwd: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "amplint", *args], cwd=cwd, input=stdin, capture_output=True, timeout=120
@@ -24,7 +29,7 @@ def amplint(*args: str, cwd: Path, stdin: bytes | None = None) -> subprocess.Com
 def test_fix_rewrites_file_exactly_as_expected(case: str, tmp_path: Path) -> None:
     target = tmp_path / f"{case}.py"
     shutil.copy(FIXTURES / f"{case}.py", target)
-    amplint("--fix", "--no-cache", target.name, cwd=tmp_path)
+    amplint(*fix_options(case), "--no-cache", target.name, cwd=tmp_path)
     assert target.read_text() == (FIXTURES / f"{case}.fixed.py").read_text()
 
 
@@ -33,7 +38,7 @@ def test_second_fix_changes_nothing(case: str, tmp_path: Path) -> None:
     target = tmp_path / f"{case}.py"
     shutil.copy(FIXTURES / f"{case}.fixed.py", target)
     before = target.read_bytes()
-    amplint("--fix", "--no-cache", target.name, cwd=tmp_path)
+    amplint(*fix_options(case), "--no-cache", target.name, cwd=tmp_path)
     assert target.read_bytes() == before
 
 
@@ -41,7 +46,7 @@ def test_second_fix_changes_nothing(case: str, tmp_path: Path) -> None:
 def test_fixed_output_parses_and_has_no_fixable_findings(case: str, tmp_path: Path) -> None:
     target = tmp_path / f"{case}.py"
     shutil.copy(FIXTURES / f"{case}.py", target)
-    amplint("--fix", "--no-cache", target.name, cwd=tmp_path)
+    amplint(*fix_options(case), "--no-cache", target.name, cwd=tmp_path)
     libcst.parse_module(target.read_text())
     report = amplint("--format", "json", "--no-cache", target.name, cwd=tmp_path)
     assert '"fix": {' not in report.stdout.decode()

@@ -48,18 +48,19 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     scalers = _enabled_scaler_keys(facts)
     if all(_literally_disabled(c) or _handed_to_the_caller(facts, c) for c in facts.scalers_in()):
         return
+    reported: set[int] = set()  # dicts: one finding per checkpoint, not per `torch.save` of it
     for call in facts.calls:
         if call.qualname in _SAVE:
-            hit = _save_without_scaler(facts, call, scalers)
+            hit = _save_without_scaler(facts, call, scalers, reported)
             if hit is not None:
                 yield hit
     yield from _load_without_scaler(facts)
 
 
-def _save_without_scaler(facts: AmpFacts, call: CallSite, scalers: list[str]) -> Hit | None:
+def _save_without_scaler(facts: AmpFacts, call: CallSite, scalers: list[str], reported: set[int]) -> Hit | None:
     obj = argument(call.node, 0, "obj")
     built = _dict_construction(facts, obj, call.scope, call.where)
-    if built is None:
+    if built is None or id(built[0]) in reported:
         return None
     dict_node, texts = built
     text = "\n".join(texts)
@@ -67,12 +68,13 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, scalers: list[str]) ->
         return None
     if isinstance(dict_node, cst.Dict) and any(isinstance(e, cst.StarredDictElement) for e in dict_node.elements):
         return None  # `**extra`: the scaler may be in there
+    reported.add(id(dict_node))
     fix = None
     scaler = _scaler_for(facts, call, scalers)
     if isinstance(dict_node, cst.Dict) and dict_node.elements and scaler is not None:
         statement = _statement_of(facts, dict_node)
-        replacement = _with_scaler_entry(facts, dict_node, scaler, statement) if statement is not None else None
-        fix = FixPlan(Applicability.UNSAFE, (replacement,)) if replacement is not None else None
+        replacements = _with_scaler_entry(facts, dict_node, scaler, statement) if statement is not None else None
+        fix = FixPlan(Applicability.UNSAFE, replacements) if replacements else None
     return Hit(
         call.node,
         "this checkpoint saves the optimizer state but not the GradScaler's; a resumed run restarts "
@@ -160,7 +162,7 @@ def _scaler_for(facts: AmpFacts, call: CallSite, scalers: list[str]) -> str | No
     return visible.pop() if len(visible) == 1 else None
 
 
-def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, scaler: str, statement: cst.CSTNode) -> Replacement | None:
+def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, scaler: str, statement: cst.CSTNode) -> tuple[Replacement, ...] | None:
     """Append `"scaler": <scaler>.state_dict()` after the dict's last entry, in the dict's own layout."""
     elements = list(node.elements)
     last = elements[-1]
@@ -178,7 +180,23 @@ def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, scaler: str, statement: 
         separator = f",\n{indent}{whitespace.last_line.value}"
     else:
         separator = ", "
-    return Replacement(last.value, f"{value_text}{separator}{quote}scaler{quote}: {scaler}.state_dict()")
+    entry = f"{quote}scaler{quote}: {scaler}.state_dict()"
+    comment = _comment_after(last, node)
+    if comment is None:
+        return (Replacement(last.value, f"{value_text}{separator}{entry}"),)
+    # `"date": now(),  # noqa: DTZ005`: the comment stays on its entry's line.
+    if isinstance(last.comma, cst.Comma):
+        return (Replacement(comment, f"{comment.value}{separator[1:]}{entry},"),)
+    return (Replacement(last.value, f"{value_text},"), Replacement(comment, f"{comment.value}{separator[1:]}{entry}"))
+
+
+def _comment_after(last: cst.DictElement, node: cst.Dict) -> cst.Comment | None:
+    """The comment ending the last entry's line: libcst keeps it after the comma when the entry
+    is followed by a newline there, else before the closing brace."""
+    for whitespace in (getattr(last.comma, "whitespace_after", None), node.rbrace.whitespace_before):
+        if isinstance(whitespace, cst.ParenthesizedWhitespace):
+            return whitespace.first_line.comment
+    return None
 
 
 def _load_without_scaler(facts: AmpFacts) -> Iterator[Hit]:
