@@ -44,12 +44,18 @@ def _loops(event: ts.Event):
     return [loop for loop in event.anchor.loops if loop.kind != "comprehension"]
 
 
+def _over_its_optimizers(loop, unscale: ts.Event) -> bool:
+    """`for opt in optimizers: scaler.unscale_(opt)`: each pass unscales another optimizer once
+    (SpeechBrain unscales, clips and steps its optimizers in three such loops)."""
+    return unscale.target is not None and unscale.target in re.findall(r"\w+", loop.target)
+
+
 def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> Hit | None:
     steps = _partners(unscale, events)
     if not steps:
         return None
     step = steps[-1]
-    deeper = [loop for loop in _loops(unscale) if loop not in _loops(step)]
+    deeper = [loop for loop in _loops(unscale) if loop not in _loops(step) and not _over_its_optimizers(loop, unscale)]
     if deeper:
         return _hit(unscale, step, "inside the micro-batch loop on line {1}", deeper[-1].node)
     loops = [loop for loop in _loops(step) if loop in _loops(unscale)]
