@@ -277,6 +277,29 @@ def test_if_and_else_branches_are_mutually_exclusive() -> None:
     assert not mutually_exclusive(a, c) and not mutually_exclusive(b, c)
 
 
+@pytest.mark.parametrize("leave", ["return", "raise StopIteration", "continue", "break"])
+def test_an_if_that_always_leaves_excludes_what_follows_it_in_its_block(leave: str) -> None:
+    facts = facts_of(f"""
+        def f(fast):
+            for x in y:
+                before()
+                if fast:
+                    a()
+                    {leave}
+                b()
+            after()
+    """)
+    before, a, b, after = (call(facts, n).where for n in ("before(", "a(", "b(", "after("))
+    assert mutually_exclusive(a, b)
+    assert not mutually_exclusive(before, a) and not mutually_exclusive(before, b)
+    assert not mutually_exclusive(a, after) and not mutually_exclusive(b, after)  # past the block
+
+
+def test_an_if_that_may_fall_through_excludes_nothing() -> None:
+    facts = facts_of("for x in y:\n    if fast:\n        a()\n        if done:\n            break\n    b()\n")
+    assert not mutually_exclusive(call(facts, "a(").where, call(facts, "b(").where)
+
+
 def test_statement_code_leaves_out_comments() -> None:
     module = cst.parse_module("# p.grad.norm()\nx = 1  # p.grad.norm()\n")
     assert statement_code(module.body[0]) == "x = 1"

@@ -104,6 +104,16 @@ class Context:
     branches: tuple[tuple[int, str], ...] = ()
 
 
+def _always_leaves(block: cst.BaseSuite) -> bool:
+    """The block ends in `return`, `raise`, `continue` or `break`: whatever follows it in the
+    enclosing block runs only when the block did not."""
+    last = block.body[-1] if isinstance(block, cst.IndentedBlock) and block.body else block
+    small = getattr(last, "body", None)
+    return isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) and bool(small) and isinstance(
+        small[-1], (cst.Return, cst.Raise, cst.Continue, cst.Break)
+    )
+
+
 def mutually_exclusive(a: Context, b: Context) -> bool:
     """Whether two nodes sit in different branches of the same `if`, so one run never sees both."""
     labels = dict(a.branches)
@@ -280,6 +290,8 @@ class _Recorder:
         self.withs: list[cst.WithItem] = []
         self.ifs: list[cst.If] = []
         self.branches: list[tuple[int, str]] = []
+        # Per block: how many of `branches` are the implicit `else` of an `if` that always exits.
+        self._exits_per_block: list[int] = [0]
         self.statements: list[cst.CSTNode] = []
         # Per function: the stacks above, saved while a nested function is walked.
         self._saved: list[tuple] = []
@@ -521,8 +533,20 @@ class _Recorder:
             self.branches.append((id(node), "else"))
             self.walk(node.orelse)
             self.branches.pop()
+        elif _always_leaves(node.body):
+            # `if fast: ...; return` -- what follows in the block is the `if`'s `else`.
+            self.branches.append((id(node), "else"))
+            self._exits_per_block[-1] += 1
         self.statements.pop()
         return False
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._exits_per_block.append(0)
+
+    def leave_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        implicit = self._exits_per_block.pop()
+        if implicit:
+            del self.branches[len(self.branches) - implicit :]
 
     def visit_Try(self, node: cst.Try) -> None:
         self.statements.append(node)

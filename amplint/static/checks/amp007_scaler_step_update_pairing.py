@@ -139,6 +139,8 @@ def _in_the_optimizer_loop_of_a_step(update: ts.Event, same_iteration: list[ts.E
     inner = ts.innermost_loop(update.anchor)
     if inner is None or not _OPTIMIZER_LOOP.search(inner.text):
         return False
+    if update.scaler in re.findall(r"\w+", inner.target):
+        return False  # `for scaler, opt in zip(scalers, optimizers)`: a scaler of its own per optimizer
     return any(e.kind == "step" and inner in e.anchor.loops for e in same_iteration)
 
 
