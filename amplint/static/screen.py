@@ -104,7 +104,7 @@ class _Walk:
     assigned: set[str] = field(default_factory=set)  # dotted names assigned to
     bindings: list[tuple[str, str]] = field(default_factory=list)  # (bound name, dotted value)
     bases: set[str] = field(default_factory=set)  # dotted class bases
-    imported: set[str] = field(default_factory=set)  # top-level packages imported
+    imported_names: list[str] = field(default_factory=list)  # `accelerate.Accelerator`, `deepspeed`
     params: set[str] = field(default_factory=set)
     calls: list[ast.Call] = field(default_factory=list, repr=False)
     call_targets: dict[int, str] = field(default_factory=dict, repr=False)  # id(call) -> name it is assigned to
@@ -193,13 +193,13 @@ class _Walk:
         if isinstance(node, ast.ImportFrom):
             if node.level or node.module is None or node.names[0].name == "*":
                 return  # the facts record neither relative nor star imports
-            self.imported.add(node.module.split(".")[0])
             for alias in node.names:
+                self.imported_names.append(f"{node.module}.{alias.name}")
                 if alias.asname is not None:
                     self.bindings.append((alias.asname, f"{node.module}.{alias.name}"))
             return
         for alias in node.names:
-            self.imported.add(alias.name.split(".")[0])
+            self.imported_names.append(alias.name)
             if alias.asname is not None:
                 self.bindings.append((alias.asname, alias.name))
 
@@ -377,7 +377,7 @@ class Screen:
     @cached_property
     def surely_framework_owned(self) -> bool:
         """Sufficient for `framework_owned`: a training framework is imported."""
-        return not self.walk.imported.isdisjoint(names.FRAMEWORK_PACKAGES)
+        return any(names.imports_a_framework(name) for name in self.walk.imported_names)
 
     @cached_property
     def names_custom_fwd(self) -> bool:

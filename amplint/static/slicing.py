@@ -68,8 +68,9 @@ TRIGGERS: dict[str, str] = {
     "AMP008": _SCALER,
     "AMP011": _SCALER,
     # Module-wide facts: a scaler anywhere, a framework's backward (the screen sets AMP009 aside
-    # where a framework is imported). A backward anywhere needs one witness (_backward_witness).
-    "AMP009": r"autocast|" + _SCALER + r"|manual_backward|backward_step|"
+    # where a framework is imported), a wrapper's `optimizer.backward(loss)`. A backward anywhere
+    # needs one witness (_backward_witness).
+    "AMP009": r"autocast|" + _SCALER + r"|manual_backward|backward_step|backward\((?!\s*\))|"
     + "|".join(rf"{owner}\s*\.\s*backward\b" for owner in ("accelerator", "fabric", "engine", "trainer", "strategy")),
     "AMP010": r"autocast|bfloat16|" + _SCALER,
     # A checkpoint saved or restored, and anywhere `torch.load` is called (the module-wide

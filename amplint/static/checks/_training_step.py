@@ -111,14 +111,15 @@ def framework_owned(facts: AmpFacts) -> bool:
     """A framework (Lightning, accelerate, DeepSpeed, apex) scales the loss for this module's code."""
 
     def build():
-        for ref in facts.imports:
-            if ref.qualname.split(".")[0] in names.FRAMEWORK_PACKAGES:
-                return True
+        if any(names.imports_a_framework(ref.qualname) for ref in facts.imports):
+            return True
         for call in facts.calls:
             if call.method in _FRAMEWORK_BACKWARD:
                 return True
             if call.method == "backward" and call.receiver_key and call.receiver_key.split(".")[-1] in ("accelerator", "fabric", "engine", "model_engine", "trainer", "strategy"):
                 return True
+            if call.method == "backward" and call.arg(0, None) is not None and facts.is_optimizer(call.receiver_key, call.scope):
+                return True  # fairseq's `optimizer.backward(loss)`: its AMPOptimizer scales the loss
         return False
 
     return cached(facts, "framework", build)
