@@ -50,15 +50,46 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         return
     reported: set[int] = set()  # dicts: one finding per checkpoint, not per `torch.save` of it
     for call in facts.calls:
-        if call.qualname in _SAVE:
-            hit = _save_without_scaler(facts, call, scalers, reported)
-            if hit is not None:
-                yield hit
+        if call.qualname in _SAVE and not _away_from_every_scaler(facts, call):
+            for site, obj in _saved_objects(facts, call):
+                hit = _save_without_scaler(facts, site, obj, scalers, reported)
+                if hit is not None:
+                    yield hit
     yield from _load_without_scaler(facts)
 
 
-def _save_without_scaler(facts: AmpFacts, call: CallSite, scalers: list[str], reported: set[int]) -> Hit | None:
-    obj = argument(call.node, 0, "obj")
+def _saved_objects(facts: AmpFacts, save: CallSite) -> Iterator[tuple[CallSite, cst.BaseExpression | None]]:
+    """What `torch.save` writes, and the call that decides it: the save itself, or, when it saves
+    a parameter of a same-file helper (`def save_checkpoint(state, ...): torch.save(state, ...)`),
+    each call of the helper with the object it passes."""
+    obj = argument(save.node, 0, "obj")
+    function = save.scope.function_scope
+    name = obj.value if isinstance(obj, cst.Name) else None
+    if name is None or name not in function.params or facts.bindings(name, save.scope):
+        yield save, obj
+        return
+    position = function.params.index(name) - (1 if function.class_name is not None else 0)
+    for caller in facts.callers(function):
+        yield caller, caller.arg(position, name)
+
+
+def _away_from_every_scaler(facts: AmpFacts, call: CallSite) -> bool:
+    """The save or load is in a test function and every GradScaler is a local of other functions:
+    tests run on their own, so apex's scaler test and its fp32 checkpoint test share nothing.
+    (Library functions apart from the scaler's, `train` and `resume`, are run together elsewhere.)"""
+    function = call.scope.function_scope
+    if not function.name.startswith("test") or any("scaler" in p.lower() for p in function.params):
+        return False
+    for assignment in facts.assignments:
+        if facts.value_kind(assignment.value, assignment.where.scope) != "scaler":
+            continue
+        owner = assignment.where.scope.function_scope
+        if "." in assignment.key or owner.kind != "function" or owner is function:
+            return False  # an attribute, a module-level scaler, or this test's own
+    return True
+
+
+def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str], reported: set[int]) -> Hit | None:
     built = _dict_construction(facts, obj, call.scope, call.where)
     if built is None or id(built[0]) in reported:
         return None
@@ -206,7 +237,7 @@ def _load_without_scaler(facts: AmpFacts) -> Iterator[Hit]:
     if not any(c.qualname == "torch.load" for c in facts.calls):
         return
     for call in loads:
-        if facts.is_optimizer(call.receiver_key, call.scope):
+        if facts.is_optimizer(call.receiver_key, call.scope) and not _away_from_every_scaler(facts, call):
             yield Hit(
                 call.node,
                 f"the checkpoint restores `{call.receiver_key}` but this file never restores the "
