@@ -303,3 +303,25 @@ def test_the_summary_tells_inconclusive_kernel_probes_from_unverified_ones(tmp_p
     print_summary(report, str(tmp_path), Console(file=out, width=120))
     assert "0 available, 0 missing, 1 inconclusive, 0 unverified" in out.getvalue()
     assert "inconclusive: aten::mm bfloat16 on cpu" in out.getvalue()
+
+
+@pytest.mark.parametrize(("ends", "status"), [("print('cleaned')", 2), ("raise SystemExit(3)", 3)])
+def test_a_report_the_script_made_unwritable_is_one_error_line(tmp_path: Path, ends: str, status: int) -> None:
+    write(
+        tmp_path,
+        "cleanup.py",
+        f"""
+        import shutil
+        import torch
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.nn.Linear(2, 2)(torch.ones(1, 2))
+        shutil.rmtree("runs")
+        {ends}
+        """,
+    )
+    (tmp_path / "runs").mkdir()
+    proc = trace(tmp_path, "-q", "--json", "runs/trace.json", "cleanup.py")
+    assert proc.returncode == status  # a clean run whose report is lost fails; a failing script keeps its status
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("amplint trace: error:")]
+    assert errors == [f"amplint trace: error: cannot write the report: {tmp_path / 'runs' / 'trace.json'}: No such file or directory"]

@@ -184,10 +184,13 @@ def rank_path(path: str, rank: int) -> str:
 def write_json(report: dict, path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(report, handle, indent=1, default=str)
-        handle.write("\n")
-    os.replace(tmp, path)  # readers (other ranks merging) never see half a file
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(report, handle, indent=1, default=str)
+            handle.write("\n")
+        os.replace(tmp, path)  # readers (other ranks merging) never see half a file
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, path) from None  # name the report, not the temporary file
 
 
 def wait_for_ranks(path: str, world: int, timeout_s: float = 60.0) -> list[dict]:

@@ -137,6 +137,7 @@ class TraceSession:
         self.cpu_seconds = time.process_time() - started
         del torch
 
+        unwritten = None
         try:
             report = self.build_report(outcome, script_findings, simulator)
             self.write(report)
@@ -144,12 +145,17 @@ class TraceSession:
             print("amplint trace: interrupted while writing the report", file=sys.stderr)
             print_script_traceback(outcome)
             return outcome.exit_code
+        except OSError as exc:  # the script removed the report's folder, or it is not writable
+            unwritten = f"cannot write the report: {exc.filename or ''}: {exc.strerror or exc}"
         print_script_traceback(outcome)
         sys.stdout, sys.stderr = streams
         if not options.quiet and self.prints_summary:
             from amplint.trace.terminal import print_summary
 
             print_summary(self.summary_report, self.cwd)
+        if unwritten is not None:
+            error_status = _error(unwritten)
+            return outcome.exit_code or error_status  # the script's own failure comes first
         if options.strict and outcome.exit_code == 0:
             return 1 if self.strict_failure(report) else 0
         return outcome.exit_code
