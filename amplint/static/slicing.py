@@ -80,7 +80,8 @@ TRIGGERS: dict[str, str] = {
     "AMP013": r"custom_fwd|custom_bwd|autocast|" + _SCALER,
     "AMP014": r"autocast",
     "AMP015": r"autocast|Thread|submit|Executor|Pool|\.map\(|apply_async|imap|starmap",
-    "AMP016": r"autocast|bf16_supported|capability|is_ampere|sm_?8\d|binary_cross_entropy|BCELoss|float\d+|half",
+    # What says the module trains (its bfloat16 hint then mentions a GradScaler), as AMP002's.
+    "AMP016": r"autocast|bf16_supported|capability|is_ampere|sm_?8\d|binary_cross_entropy|BCELoss|float\d+|half|GradScaler|training_step",
     "AMP017": r"autocast|compile|backward",
 }
 
@@ -102,8 +103,8 @@ _CALLED_IN_REGIONS: dict[str, frozenset[str]] = {
     "AMP015": frozenset({"Thread", "Timer", "submit", "map", "apply_async", "map_async", "imap", "starmap"}),
 }
 _REGION_RULES = frozenset({*_CALLED_IN_REGIONS, "AMP017"})
-# Rules that ask whether the module calls backward anywhere (AMP002: does it train at all).
-_ASK_FOR_A_BACKWARD = frozenset({"AMP002", "AMP009"})
+# Rules that ask whether the module calls backward anywhere (AMP002, AMP016: does it train at all).
+_ASK_FOR_A_BACKWARD = frozenset({"AMP002", "AMP009", "AMP016"})
 # Rules that read every method of a class that may subclass autograd.Function.
 _FUNCTION_CLASS_RULES = frozenset({"AMP013"})
 # A class statement nested in a function, and its bases.

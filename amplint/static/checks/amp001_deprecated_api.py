@@ -35,10 +35,12 @@ def _is_deprecated(qualname: str | None) -> bool:
 
 def _is_replacement(qualname: str | None) -> bool:
     return qualname is not None and (
-        qualname.startswith("torch.amp.") or qualname == "torch.autocast" or qualname in _STATE_REPLACEMENTS
+        qualname.startswith("torch.amp.") or qualname in _TOP_LEVEL_AMP or qualname in _STATE_REPLACEMENTS
     )
 
 
+# `torch.autocast is torch.amp.autocast`, and from torch 2.3 `torch.GradScaler is torch.amp.GradScaler`.
+_TOP_LEVEL_AMP = frozenset({"torch.autocast", "torch.GradScaler"})
 _STATE_REPLACEMENTS = frozenset(text.partition("(")[0] for text in names.DEPRECATED_AUTOCAST_STATE.values())
 
 
@@ -102,6 +104,20 @@ def _fallback_for_older_torch(facts: AmpFacts, node: cst.CSTNode, replacements: 
     return any(id(ancestor) in others for r in replacements for ancestor in (r, *facts.ancestors(r)))
 
 
+def _assigned(facts: AmpFacts, node: cst.CSTNode) -> bool:
+    """An assignment target, alone or unpacked (`torch.get_autocast_gpu_dtype = shim` defines the
+    old name for legacy callers): a store, not a use. The facts record attribute chains whatever
+    their position; names bound by an assignment they already leave out."""
+    child = node
+    for parent in facts.ancestors(node):
+        if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.AnnAssign) and child is parent.target):
+            return True
+        if not isinstance(parent, (cst.Element, cst.StarredElement, cst.Tuple, cst.List)):
+            return False
+        child = parent
+    return False
+
+
 def _bound_name(alias: cst.ImportAlias) -> str | None:
     """The name an import binds, when it is the imported object itself (not `torch` of `import torch.cuda.amp`)."""
     if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
@@ -146,6 +162,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         qualname = ref.where.scope.resolve(ref.dotted)
         if (
             _is_deprecated(qualname)
+            and not _assigned(facts, ref.node)
             and not through_a_fallback(ref.dotted, ref.where.scope)
             and not _fallback_for_older_torch(facts, ref.node, replacements)
         ):

@@ -10,6 +10,7 @@ import libcst as cst
 from amplint.model import Severity
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
+from amplint.static.checks.amp002_half_with_autocast import _trains
 from amplint.static.semantics import AmpFacts, CallSite, dotted_name
 
 CODE = "AMP016"
@@ -34,23 +35,28 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
         dtype = rg.literal_dtype(facts, region, call)
         if dtype is None:
             continue
-        if dtype not in rg.LOW:
+        device = region.device
+        # CUDA autocast takes any dtype (float32 forces full precision inside an outer bf16
+        # region); an unknown device may be CUDA, so only a known other one is reported.
+        if dtype not in rg.LOW and device not in (None, "cuda"):
             yield Hit(
                 call.node,
-                f"autocast does not support `{dtype}`: the constructor warns and disables autocast, so "
-                f"this region runs entirely in the inputs' dtype; use torch.float16 or torch.bfloat16, "
-                f"or no autocast at all",
+                f"{device.upper()} autocast supports only float16 and bfloat16: with `{dtype}` the constructor "
+                f"warns and disables autocast, so this region runs in the inputs' dtype; pass `enabled=False` "
+                f"if that is the intent, else use torch.bfloat16 or torch.float16",
                 call.where.statement,
             )
-        elif dtype in rg.BFLOAT16 and region.device == "cuda":
+        elif dtype in rg.BFLOAT16 and device == "cuda":
             if guarded is None:
                 guarded = bool(_BF16_GUARD.search(facts.text))
             if not guarded:
+                # A GradScaler matters only where float16 gradients are computed.
+                fallback = "float16 with a GradScaler" if _trains(facts) and not rg.inference_only(facts, call) else "float16"
                 yield Hit(
                     call.node,
                     "bfloat16 autocast on CUDA without a `torch.cuda.is_bf16_supported()` check in this "
                     "module: GPUs before Ampere (V100, T4, RTX 20xx) fail or emulate it slowly; check "
-                    "support and fall back to float16 with a GradScaler",
+                    f"support and fall back to {fallback}",
                     call.where.statement,
                     severity=Severity.INFO,  # right on Ampere and newer: a hint, as research §5 says
                 )
