@@ -53,6 +53,7 @@ AUTOCAST = {
 }
 
 GRAD_SCALER = {
+    "torch.GradScaler",  # the same class as torch.amp.GradScaler, from torch 2.3
     "torch.amp.GradScaler",
     "torch.amp.grad_scaler.GradScaler",
     "torch.cuda.amp.GradScaler",
