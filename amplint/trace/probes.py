@@ -679,35 +679,42 @@ class Probes:
     # -- schedulers -----------------------------------------------------------------------------
     def _install_schedulers(self) -> None:
         state, probes = self.state, self
+        # Steps inside another step (SequentialLR/ChainedScheduler step their children) or inside a
+        # constructor (LRScheduler.__init__ takes one; ReduceLROnPlateau's takes none) are not the
+        # script's.
         depth = [0]
-        initialised: weakref.WeakSet = weakref.WeakSet()  # not an attribute: it would land in state_dict()
 
-        def wrap_step(real):
+        def nested(real):
             @functools.wraps(real)
-            def step(self_, *args, **kwargs):
-                if depth[0] or state.paused:  # SequentialLR/ChainedScheduler step their children
-                    return real(self_, *args, **kwargs)
-                optimizer = getattr(self_, "optimizer", None)
-                if optimizer is not None and self_ in initialised:
-                    site = probes._callsite()
-                    last = state.last_step_of_optimizer.get(id(optimizer))
-                    state.scheduler_steps.append(SchedulerStep(site, id(optimizer), state.step, last))
+            def call(self_, *args, **kwargs):
                 depth[0] += 1
                 try:
                     return real(self_, *args, **kwargs)
                 finally:
                     depth[0] -= 1
-                    initialised.add(self_)  # LRScheduler.__init__ calls step() once
+
+            return call
+
+        def wrap_step(real):
+            inner = nested(real)
+
+            @functools.wraps(real)
+            def step(self_, *args, **kwargs):
+                optimizer = getattr(self_, "optimizer", None)
+                if not depth[0] and not state.paused and optimizer is not None:
+                    site = probes._callsite()
+                    last = state.last_step_of_optimizer.get(id(optimizer))
+                    state.scheduler_steps.append(SchedulerStep(site, id(optimizer), state.step, last))
+                return inner(self_, *args, **kwargs)
 
             return step
 
-        classes = [
-            cls
-            for cls in vars(lr_scheduler_module).values()
-            if isinstance(cls, type) and "step" in cls.__dict__ and cls.__module__ == lr_scheduler_module.__name__
-        ]
-        for cls in classes:
-            self._patch(cls, "step", wrap_step)
+        for cls in vars(lr_scheduler_module).values():
+            if isinstance(cls, type) and cls.__module__ == lr_scheduler_module.__name__:
+                if "__init__" in cls.__dict__:
+                    self._patch(cls, "__init__", nested)
+                if "step" in cls.__dict__:
+                    self._patch(cls, "step", wrap_step)
 
     # -- module conversions (AMP002) -------------------------------------------------------------
     def _install_conversions(self) -> None:
