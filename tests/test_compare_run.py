@@ -313,6 +313,23 @@ def test_custom_decide_and_margin_judge_both_sides(tmp_path):
     assert ids_where(result, "near_tie") == ["close"]
 
 
+def test_decide_raising_on_finite_trial_outputs_is_a_trial_error_not_a_changed_decision(tmp_path):
+    path = write_spec(tmp_path, """
+        import torch
+        TRIALS = ["float16"]
+        def model():
+            return torch.nn.Linear(2, 2)
+        def cases():
+            return [("x", torch.ones(1, 2))]
+        def decide(output):
+            assert output.dtype == torch.float32, f"decide got {output.dtype}"
+            return int(output.argmax())
+    """)
+    result = trial(compare(path), "float16")
+    assert result["failed_criteria"] == ["error"] and result["decision_changes"] == 0
+    assert result["error"].startswith("case 'x': decide() raised on the trial's outputs: AssertionError: decide got torch.float16")
+
+
 def test_nested_outputs_use_the_first_floating_leaf_for_the_default_decision(tmp_path):
     path = write_spec(tmp_path, """
         import torch

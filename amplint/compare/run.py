@@ -349,8 +349,15 @@ def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict
         try:
             decision = out.jsonable(decide(trial_output))
             decision_error = None
-        except Exception as exc:  # e.g. a custom decide() meeting NaN; the decision is then lost  # noqa: BLE001 - user code or torch internals may raise anything
-            decision, decision_error = None, describe_exception(exc)
+        except Exception as exc:  # noqa: BLE001 - user code or torch internals may raise anything
+            if case["finite"]:
+                # decide() that fails on finite outputs (one that asserts float32) is the spec's
+                # error, not a decision the lower precision changed.
+                trial["error"] = f"case {case_id!r}: decide() raised on the trial's outputs: {describe_exception(exc)}"
+                trial["failed_criteria"] = [FAILED_ERROR]
+                trial["cases"] = []
+                return trial
+            decision, decision_error = None, describe_exception(exc)  # a custom decide() meeting NaN
         entry = {
             "id": case_id,
             "finite": case["finite"],
