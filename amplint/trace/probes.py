@@ -386,7 +386,26 @@ class Probes:
                 if pending is not None and "zero_grad_fraction" not in pending:
                     probes._zero_grad_fraction(optimizer, pending)
             state.in_optimizer += 1
-            return None
+            return _with_closure_outside_the_step(args, kwargs)
+
+        def _with_closure_outside_the_step(args, kwargs):
+            """`optimizer.step(closure)` (LBFGS, SAM): the closure's forward and backward are the
+            script's training step, not the optimizer's update, and are recorded as such."""
+            # The hook's `args` start with the optimizer itself.
+            closure = args[1] if len(args) > 1 else kwargs.get("closure")
+            if not callable(closure):
+                return None
+
+            def closure_as_script():
+                inside, state.in_optimizer = state.in_optimizer, 0
+                try:
+                    return closure()
+                finally:
+                    state.in_optimizer = inside
+
+            if len(args) > 1:
+                return (args[0], closure_as_script, *args[2:]), kwargs
+            return args, {**kwargs, "closure": closure_as_script}
 
         def post_hook(optimizer, args, kwargs):
             if state.paused:
