@@ -77,7 +77,8 @@ TRIGGERS: dict[str, str] = {
     # question its restore check starts from).
     "AMP012": r"save|state_dict|load(?<!\wload)\b|" + _SCALER,
     # What makes the module AMP-aware; a Function's own methods are kept by _FUNCTION_CLASS_RULES.
-    "AMP013": r"custom_fwd|custom_bwd|autocast|" + _SCALER,
+    # Every `.apply` of a Function: its exemption needs all of them in autocast-disabled regions.
+    "AMP013": r"custom_fwd|custom_bwd|autocast|\.apply(?!\w)|" + _SCALER,
     "AMP014": r"autocast",
     "AMP015": r"autocast|Thread|submit|Executor|Pool|\.map\(|apply_async|imap|starmap",
     # What says the module trains (its bfloat16 hint then mentions a GradScaler), as AMP002's.

@@ -10,7 +10,7 @@ import libcst as cst
 from amplint.model import Applicability
 from amplint.static.checks import FixPlan, Hit, Replacement
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, Scope, argument, dotted_name
+from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, dotted_name, identifiers
 
 CODE = "AMP013"
 
@@ -19,8 +19,25 @@ _CUSTOM_FWD = re.compile(r"(^|\.)custom_fwd$")
 _CUSTOM_BWD = re.compile(r"(^|\.)custom_bwd$")
 # Ops autocast would cast (matmuls, convolutions) and calls into compiled extensions.
 _AUTOCAST_OPS = re.compile(
-    r"\b(matmul|mm|bmm|addmm|baddbmm|addbmm|einsum|linear|conv\w*|F\.linear|F\.conv\w*|_C\.\w+|cuda_\w+|\w+_cuda|\w+_ext\.\w+|ext\.\w+|kernel\w*|triton)\s*\(|@"
+    r"\b(matmul|mm|bmm|addmm|baddbmm|addbmm|einsum|linear|conv\w*|F\.linear|F\.conv\w*|_C\.\w+|cuda_\w+|\w+_cuda(\.\w+)?|\w+_ext\.\w+|ext\.\w+|kernel\w*|triton)\s*\(|@"
 )
+# Arguments whose names say they are not tensors: dimensions and sizes, distributed settings,
+# numeric constants, dtypes and devices, flags, callables, and objects that describe the call.
+_SETTING_NAME = re.compile(
+    r"(^|_)(dims?|axis|axes|sizes?|shapes?|lens?|lengths?|strides?|padding|dilation|ranks?|groups?|pg|modes?|"
+    r"eps|epsilon|momentum|dtype|device|training|inplace|fn|func|function|config|spec|name|handle|stream)$"
+    r"|^(num|n|is|use|enable)_"
+)
+# What ctx offers itself; any other `ctx.f(...)` in backward calls a function forward kept.
+_CTX_METHODS = {
+    "save_for_backward", "save_for_forward", "mark_dirty", "mark_non_differentiable", "set_materialize_grads",
+}
+# Reading the autocast state: torch's getters and helpers named like them (`_get_autocast_kwargs`).
+_AUTOCAST_STATE = re.compile(r"^_?(is|get)_autocast\w*$")
+_AUTOCAST_NAME = re.compile(r"(^|_)autocast$")
+_CAST_METHODS = {"float", "half", "bfloat16", "double", "to", "type"}
+# `_cast_if_autocast_enabled`, `torch.amp.autocast_mode._cast`, `cast_inputs`; not `autocast`, `broadcast`.
+_CAST_HELPER = re.compile(r"(^|_)cast")
 
 
 def _is_function_class(facts: AmpFacts, scope: Scope, bases) -> bool:
@@ -77,16 +94,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         fwd = _find(facts, forward, _CUSTOM_FWD, scope)
         bwd = _find(facts, backward, _CUSTOM_BWD, scope)
         if fwd is None:
-            if bwd is None and _does_precision_sensitive_work(facts, forward):
-                yield Hit(
-                    scope.node.name,
-                    f"`{scope.name}` is a custom autograd.Function without `@torch.amp.custom_fwd`: under "
-                    f"autocast its forward receives a mix of float16 and float32 tensors (and its backward "
-                    f"runs with autocast in an unknown state); decorate `forward` with "
-                    f"`@torch.amp.custom_fwd(device_type=..., cast_inputs=...)` and `backward` with "
-                    f"`@torch.amp.custom_bwd(device_type=...)`",
-                    scope.node,
-                )
+            if bwd is None:
+                yield from _undecorated(facts, scope, forward, backward)
             continue
         if _method(scope, "setup_context") is not None:
             yield Hit(
@@ -108,17 +117,169 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             )
 
 
+def _undecorated(
+    facts: AmpFacts, scope: Scope, forward: cst.FunctionDef, backward: cst.FunctionDef | None
+) -> Iterator[Hit]:
+    if _does_precision_sensitive_work(facts, forward):
+        message = (
+            f"`{scope.name}` is a custom autograd.Function without `@torch.amp.custom_fwd`: under "
+            f"autocast its forward receives a mix of float16 and float32 tensors (and its backward "
+            f"runs with autocast in an unknown state); decorate `forward` with "
+            f"`@torch.amp.custom_fwd(device_type=..., cast_inputs=...)` and `backward` with "
+            f"`@torch.amp.custom_bwd(device_type=...)`"
+        )
+    elif _recomputes_in_backward(facts, backward):
+        message = (
+            f"`{scope.name}` recomputes forward in `backward` without the autocast state forward ran "
+            f"with: backward runs outside autocast, so the recomputed activations are float32 where "
+            f"forward's were float16; record `torch.is_autocast_enabled()` and "
+            f"`torch.get_autocast_dtype(...)` on ctx in forward and re-enter `torch.autocast(...)` with "
+            f"them around the recomputation, or decorate `forward` with "
+            f"`@torch.amp.custom_fwd(device_type=...)` and `backward` with `@torch.amp.custom_bwd(device_type=...)`"
+        )
+    else:
+        return
+    if _restores_autocast_by_hand(facts, scope, forward, backward) or _applied_only_with_autocast_off(facts, scope):
+        return
+    yield Hit(scope.node.name, message, scope.node)
+
+
 def _does_precision_sensitive_work(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
-    params = [p for p in forward.params.params if p.name.value not in ("ctx", "self", "cls")]
-    # An argument with a default, or annotated as anything but a tensor (`alpha: float`), is a setting.
-    tensors = [p for p in params if p.default is None and _may_be_a_tensor(facts, p)]
-    if len(tensors) >= 2:
+    if sum(1 for p in _arguments(forward) if _may_be_a_tensor(facts, p)) >= 2:
         return True
     return bool(_AUTOCAST_OPS.search(facts.module.code_for_node(forward.body)))
 
 
+def _arguments(function: cst.FunctionDef) -> list[cst.Param]:
+    return [p for p in function.params.params if p.name.value not in ("ctx", "self", "cls")]
+
+
 def _may_be_a_tensor(facts: AmpFacts, param: cst.Param) -> bool:
-    return param.annotation is None or "Tensor" in facts.module.code_for_node(param.annotation.annotation)
+    if param.annotation is not None:
+        return "Tensor" in facts.module.code_for_node(param.annotation.annotation)
+    # `bias=None` is an optional tensor; any other default (`eps=1e-5`, `dim=-1`) is a setting.
+    if param.default is not None and not (isinstance(param.default, cst.Name) and param.default.value == "None"):
+        return False
+    return not _SETTING_NAME.search(param.name.value.lower())
+
+
+def _recomputes_in_backward(facts: AmpFacts, backward: cst.FunctionDef | None) -> bool:
+    """Backward calls a function kept on ctx (`ctx.run_function(*inputs)`): activation checkpointing."""
+    function = _scope_of(facts, backward)
+    if function is None:
+        return False
+    ctx = _first_argument(backward)
+    return any(c.receiver_key == ctx and c.method not in _CTX_METHODS for c in function.calls)
+
+
+def _restores_autocast_by_hand(
+    facts: AmpFacts, scope: Scope, forward: cst.FunctionDef, backward: cst.FunctionDef | None
+) -> bool:
+    """Forward (or setup_context) reads the autocast state and backward re-enters autocast from
+    what ctx holds: what custom_fwd/custom_bwd do, written out (the LDM/SGM CheckpointFunction)."""
+    recorders = (_scope_of(facts, forward), _scope_of(facts, _method(scope, "setup_context")))
+    if not any(_reads_autocast_state(facts, call) for function in recorders if function for call in function.calls):
+        return False
+    function = _scope_of(facts, backward)
+    if function is None:
+        return False
+    ctx = _first_argument(backward)
+    for call in function.calls:
+        if not _AUTOCAST_NAME.search(_called_name(call)):
+            continue
+        # `torch.autocast("cuda", **ctx.autocast_kwargs)`, or one opened under `if ctx.had_autocast_in_fwd:`.
+        read = [*(arg.value for arg in call.node.args), *(branch.test for branch in call.where.ifs)]
+        if any(ctx in identifiers(node).split() for node in read):
+            return True
+    return False
+
+
+def _reads_autocast_state(facts: AmpFacts, call: CallSite) -> bool:
+    """`torch.is_autocast_enabled()`, `torch.get_autocast_dtype(...)`, or an in-file helper that calls them."""
+    if _AUTOCAST_STATE.search(_called_name(call)):
+        return True
+    helper = facts.called_function(call)
+    return helper is not None and any(_AUTOCAST_STATE.search(_called_name(inner)) for inner in helper.calls)
+
+
+def _called_name(call: CallSite) -> str:
+    return call.method or (call.callee or "").rsplit(".", 1)[-1]
+
+
+def _applied_only_with_autocast_off(facts: AmpFacts, scope: Scope) -> bool:
+    """Every use of the Function in the file is `.apply` in an autocast-disabled region on inputs
+    cast by hand (apex: `args = _cast_if_autocast_enabled(x, w)` then `with autocast(enabled=False):
+    Fn.apply(*args)`), which is what `custom_fwd(cast_inputs=...)` does."""
+    names = _with_subclasses(facts, scope.name)
+    applies = [c for c in facts.calls if c.method == "apply" and c.receiver_key in names]
+    if not applies:
+        return False
+    bases = {id(arg.value) for cls, _ in facts.classes for arg in cls.node.bases}
+    # `fn = Fused.apply` or the class passed on: it may run anywhere.
+    if any(r.dotted.split(".")[0] in names and id(r.node) not in bases for r in facts.references):
+        return False
+    return all(_autocast_off(facts, call) and _inputs_cast(facts, call) for call in applies)
+
+
+def _with_subclasses(facts: AmpFacts, name: str) -> set[str]:
+    """The class and the classes in the file derived from it, whose `.apply` may run its methods."""
+    names = {name}
+    grown = True
+    while grown:
+        derived = {cls.name for cls, bases in facts.classes if names.intersection(filter(None, bases))}
+        grown = not derived <= names
+        names |= derived
+    return names
+
+
+def _autocast_off(facts: AmpFacts, call: CallSite) -> bool:
+    region = facts.innermost_autocast(call.where)
+    return region is not None and region.enabled == "no"
+
+
+def _inputs_cast(facts: AmpFacts, call: CallSite) -> bool:
+    for arg in call.node.args:
+        value = arg.value
+        if isinstance(value, cst.Name) and value.value not in ("True", "False", "None"):
+            assignment = facts.reaching_assignment(value.value, call.where)
+            if assignment is not None:
+                value = assignment.value
+        if not (_is_cast(value) or _is_setting(value)):
+            return False
+    return True
+
+
+def _is_cast(expr: cst.BaseExpression) -> bool:
+    """`x.float()`, `x.to(dtype)`, or a cast helper: `_cast_if_autocast_enabled(x, w)`, autocast's `_cast`."""
+    if not isinstance(expr, cst.Call):
+        return False
+    if isinstance(expr.func, cst.Attribute):
+        return expr.func.attr.value in _CAST_METHODS or bool(_CAST_HELPER.search(expr.func.attr.value))
+    return isinstance(expr.func, cst.Name) and bool(_CAST_HELPER.search(expr.func.value))
+
+
+def _is_setting(expr: cst.BaseExpression) -> bool:
+    """A literal, or a name for a setting (`eps`, `self.normalized_shape`)."""
+    if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString)):
+        return True
+    if isinstance(expr, cst.UnaryOperation):
+        return _is_setting(expr.expression)
+    name = dotted_name(expr)
+    if name is None:
+        return False
+    last = name.rsplit(".", 1)[-1]
+    return last in ("True", "False", "None") or bool(_SETTING_NAME.search(last.lower()))
+
+
+def _scope_of(facts: AmpFacts, function: cst.FunctionDef | None) -> Scope | None:
+    if function is None:
+        return None
+    return next((s for s in facts.functions if s.node is function), None)
+
+
+def _first_argument(function: cst.FunctionDef) -> str:
+    params = function.params.params
+    return params[0].name.value if params else "ctx"
 
 
 def _bwd_spelling(facts: AmpFacts, fwd: cst.Decorator, scope: Scope) -> str | None:
