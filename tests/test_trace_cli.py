@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import amplint
+
 pytest.importorskip("torch")
 
 
@@ -78,6 +80,43 @@ def test_exception_keeps_python_traceback_and_report(tmp_path: Path) -> None:
     assert traceback_lines == plain_lines
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["exit"] == {"status": "exception", "code": 1, "exception": "ValueError: bad batch"}
+
+
+@pytest.mark.parametrize(
+    "failing_step",
+    [
+        # raised inside backward, which amplint wraps
+        """
+        class Broken(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2
+            @staticmethod
+            def backward(ctx, grad):
+                raise ValueError("backward shape bug")
+        Broken.apply(torch.ones(2, requires_grad=True)).sum().backward()
+        """,
+        # raised inside an optimizer step that GradScaler.step calls, both wrapped
+        """
+        class Exploding(torch.optim.SGD):
+            def step(self, closure=None):
+                raise ValueError("optimizer exploded")
+        weight = torch.nn.Parameter(torch.ones(2))
+        optimizer = Exploding([weight], lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        scaler.scale(weight.sum()).backward()
+        scaler.step(optimizer)
+        """,
+    ],
+)
+def test_the_traceback_has_no_amplint_frames_where_amplint_wraps_torch(tmp_path: Path, failing_step: str) -> None:
+    write(tmp_path, "boom.py", "import torch\n" + textwrap.dedent(failing_step))
+    proc = trace(tmp_path, "-q", "boom.py")
+    plain = subprocess.run([sys.executable, "boom.py"], cwd=tmp_path, capture_output=True, text=True)
+    frames = [line for line in proc.stderr.splitlines() if line.startswith(("Traceback", "  File", "ValueError"))]
+    assert proc.returncode == plain.returncode == 1
+    assert frames == [line for line in plain.stderr.splitlines() if line.startswith(("Traceback", "  File", "ValueError"))]
+    assert str(Path(amplint.__file__).parent) not in proc.stderr
 
 
 def _like_a_terminal() -> None:

@@ -125,25 +125,40 @@ def _raise_on_sigterm():
 
 def _is_launcher_frame(filename: str) -> bool:
     return (
-        filename.startswith(_AMPLINT_DIR)
+        filename.startswith(_AMPLINT_DIR + os.sep)
         or filename.endswith(os.sep + "runpy.py")
         or filename == "<frozen runpy>"
     )
 
 
 def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
-    """Drop the launcher's and runpy's frames from the front, as `python script.py` shows none."""
-    while tb is not None and _is_launcher_frame(tb.tb_frame.f_code.co_filename):
+    """The traceback `python script.py` would show: without the launcher's and runpy's frames in
+    front, nor amplint's probes wherever they sat (a patched `backward` or `scaler.step`)."""
+    kept = []
+    while tb is not None:
+        if not _is_launcher_frame(tb.tb_frame.f_code.co_filename):
+            kept.append(tb)
         tb = tb.tb_next
-    return tb
+    for frame, following in zip(kept, [*kept[1:], None]):
+        frame.tb_next = following
+    return kept[0] if kept else None
+
+
+def _strip_amplint_frames(exc: BaseException | None, seen: set[int]) -> None:
+    """Also from the exceptions it was raised from or during, which the traceback prints too."""
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = _user_traceback(exc.__traceback__)
+        _strip_amplint_frames(exc.__cause__, seen)
+        exc = exc.__context__
 
 
 def print_script_traceback(outcome: RunOutcome) -> None:
     exc = outcome.exception
     if exc is None:
         return
-    tb = _user_traceback(exc.__traceback__)
-    exc.__traceback__ = tb
+    _strip_amplint_frames(exc, set())
+    tb = exc.__traceback__
     if getattr(sys.stderr, "closed", False):
         sys.stderr = sys.__stderr__  # the script closed the stream it put there
     hook = sys.excepthook
