@@ -192,6 +192,9 @@ def test_module_mode_runs_as_main(tmp_path: Path) -> None:
         (["--probe-dtype", "int8", "x.py"], "--probe-dtype accepts float16, bfloat16"),
         ([], "missing SCRIPT"),
         (["-m", "no_such_module_here"], "no module named 'no_such_module_here'"),
+        (["--json", "x.py", "x.py"], "--json: x.py is Python source; the report would overwrite it"),
+        (["--json", "r.out", "--html", "r.out", "x.py"], "--json and --html name the same file"),
+        (["--nan-from-step", "4", "x.py"], "--nan-from-step delays the `module` and `op` checks"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], message: str) -> None:

@@ -49,6 +49,8 @@ class TraceOptions:
             raise TraceUsageError(f"--simulate accepts only 'cuda', not {self.simulate!r}")
         if self.nan_from_step < 0:
             raise TraceUsageError("--nan-from-step must be 0 or more")
+        if self.nan_from_step and self.nan not in ("module", "op"):
+            raise TraceUsageError("--nan-from-step delays the `module` and `op` checks: use it with --nan module or --nan op")
         if not self.module:
             path = os.path.join(self.cwd, self.target)
             if not os.path.exists(path):
@@ -63,6 +65,10 @@ class TraceOptions:
             folder = os.path.dirname(os.path.join(self.cwd, path)) or "."
             if not os.path.isdir(folder):
                 raise TraceUsageError(f"{flag}: folder does not exist: {os.path.dirname(path)}")
+            if path.endswith((".py", ".pyw")) and os.path.exists(os.path.join(self.cwd, path)):
+                raise TraceUsageError(f"{flag}: {path} is Python source; the report would overwrite it")
+        if self.json_path is not None and self.json_path == self.html_path:
+            raise TraceUsageError("--json and --html name the same file")
 
 
 def parse_dtype_list(value: str | None) -> tuple[str, ...]:
