@@ -284,7 +284,7 @@ def test_nan_from_step_delays_only_the_module_and_op_checks(tmp_path: Path) -> N
             opt.zero_grad()
         """,
     )
-    proc = trace(tmp_path, "-q", "--strict", "--nan-from-step", "5", "--json", "r.json", "train.py")
+    proc = trace(tmp_path, "-q", "--strict", "--nan", "op", "--nan-from-step", "5", "--json", "r.json", "train.py")
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["nonfinite"]["op"] == "loss" and report["nonfinite"]["step"] == 2, report["nonfinite"]
     assert proc.returncode == 1, proc.stderr
