@@ -448,15 +448,18 @@ class Probes:
             index = self._register_scaler(scaler, None, None)
         return self.state.scalers[index]
 
-    def _register_scaler(self, scaler, site, called_from) -> int:
+    def _register_scaler(self, scaler, site, called_from, requested_enabled: bool = True) -> int:
         state = self.state
+        enabled = bool(getattr(scaler, "_enabled", False))
+        init_scale = getattr(scaler, "_init_scale", None) if enabled else None
         info = ScalerInfo(
             index=len(state.scalers),
             callsite=site,
             called_from=called_from,
-            enabled=bool(getattr(scaler, "_enabled", False)),
+            enabled=enabled,
             device=str(getattr(scaler, "_device", "cuda")),
-            init_scale=float(getattr(scaler, "_init_scale", 0.0) or 0.0),
+            init_scale=float(init_scale) if init_scale is not None else None,
+            disabled_on_request=not requested_enabled,
         )
         state.scalers.append(info)
         state.scaler_by_id[id(scaler)] = info.index
@@ -487,7 +490,9 @@ class Probes:
                     site = sites[0] if sites else None
                     if site is not None:
                         state.lines_seen.add(site)
-                    probes._register_scaler(self_, site, sites[1] if len(sites) > 1 else None)
+                    # GradScaler(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+                    requested = kwargs.get("enabled", args[5] if len(args) > 5 else True)
+                    probes._register_scaler(self_, site, sites[1] if len(sites) > 1 else None, bool(requested))
 
             return __init__
 

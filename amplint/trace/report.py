@@ -98,11 +98,17 @@ def scaler_section(state, facts, display) -> dict:
         for s in steps
     ]
     notes = []
-    disabled = [s for s in state.scalers if not s.enabled]
-    if disabled and steps:
+    on_request = [s for s in state.scalers if not s.enabled and s.disabled_on_request]
+    unavailable = [s for s in state.scalers if not s.enabled and not s.disabled_on_request]
+    if on_request and steps:
         notes.append(
-            f"{len(disabled)} GradScaler(s) were disabled (device {disabled[0].device!r} unavailable?): "
-            "scale() and step() did nothing, gradients were never scaled"
+            f"{len(on_request)} GradScaler(s) were built with enabled=False: scale() and step() passed "
+            "through, gradients were not scaled"
+        )
+    if unavailable and steps:
+        notes.append(
+            f"{len(unavailable)} GradScaler(s) disabled themselves (device {unavailable[0].device!r} "
+            "unavailable): scale() and step() did nothing, gradients were never scaled"
         )
     return {
         "constructions": [

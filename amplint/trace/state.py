@@ -65,7 +65,8 @@ class ScalerInfo:
     called_from: Callsite | None
     enabled: bool
     device: str
-    init_scale: float
+    init_scale: float | None  # None for a disabled scaler: torch keeps no scale then
+    disabled_on_request: bool = False  # built with enabled=False, not disabled for a missing device
     # our own state machine (feasibility §6), valid for disabled scalers too
     scaled: bool = False
     unscaled: set = field(default_factory=set)
