@@ -96,7 +96,7 @@ SLICE_MIN_CHARS = 40_000
 LONGEST_CHAIN = 2_000
 _CALL_DEPTH = 3
 # Rules whose facts cross function boundaries: through calls, or through names bound elsewhere.
-_FOLLOW_CALLS = frozenset({"AMP003", "AMP004", "AMP005", "AMP006", "AMP007", "AMP008", "AMP009", "AMP011", "AMP015", "AMP017"})
+_FOLLOW_CALLS = frozenset({"AMP002", "AMP003", "AMP004", "AMP005", "AMP006", "AMP007", "AMP008", "AMP009", "AMP011", "AMP015", "AMP017"})
 # Rules that report a call made inside an autocast region, and the names of what they report;
 # AMP017 reports calls of the compiled models the screen finds.
 _CALLED_IN_REGIONS: dict[str, frozenset[str]] = {

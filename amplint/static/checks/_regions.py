@@ -92,6 +92,13 @@ def has_backward(facts: AmpFacts) -> bool:
     ) or any(c.method == "backward" for c in facts.calls)
 
 
+def trains(facts: AmpFacts) -> bool:
+    """Whether the module trains: a GradScaler, a backward, a Lightning `training_step`. An
+    inference module keeps float16 weights by design (diffusers' pipelines upcast the VAE for
+    decoding and cast it back), and has no use for a GradScaler."""
+    return facts.has_scaler or has_backward(facts) or any(f.name == "training_step" for f in facts.functions)
+
+
 def backwards(facts: AmpFacts) -> list[CallSite]:
     return [
         c for c in facts.calls

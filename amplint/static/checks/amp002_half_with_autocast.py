@@ -10,7 +10,18 @@ import libcst as cst
 from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
-from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, dotted_name, statement_code
+from amplint.static.checks._training_step import cached
+from amplint.static.semantics import (
+    AmpFacts,
+    CallSite,
+    Context,
+    Reference,
+    Scope,
+    argument,
+    dotted_name,
+    mutually_exclusive,
+    statement_code,
+)
 
 CODE = "AMP002"
 
@@ -35,14 +46,39 @@ def low_precision_target(call: CallSite, facts: AmpFacts) -> str | None:
         return "float16" if call.method == "half" else "bfloat16"
     if call.method == "to":
         for candidate in (argument(call.node, None, "dtype"), argument(call.node, 0, None), argument(call.node, 1, None)):
-            qualified = facts.qualname(candidate, call.scope)
+            qualified = _low_precision_name(candidate, call.scope, facts)
             if qualified in names.LOW_PRECISION_DTYPES:
                 return qualified.split(".")[-1].replace("half", "float16")
     if call.method == "type":
-        qualified = facts.qualname(argument(call.node, 0, "dtype"), call.scope)
+        qualified = _low_precision_name(argument(call.node, 0, "dtype"), call.scope, facts)
         if qualified in names.LOW_PRECISION_DTYPES or qualified in names.LOW_PRECISION_TENSOR_TYPES:
             return "bfloat16" if "BFloat16" in qualified or "bfloat16" in qualified else "float16"
     return None
+
+
+def _low_precision_name(expr: cst.BaseExpression | None, scope: Scope, facts: AmpFacts) -> str | None:
+    """The qualified name an argument gives a dtype or tensor type, or, for a name bound to a
+    conditional (`self.data_type = torch.float16 if args.fp16 else torch.float32` in YOLOX's
+    trainer), the low-precision one among its arms: the cast is fp16 whenever that arm is taken."""
+    qualified = facts.qualname(expr, scope)
+    if qualified is not None:
+        return qualified
+    for value, value_scope in facts.bindings(dotted_name(expr), scope):
+        if isinstance(value, cst.IfExp):
+            for arm in _arms(value):
+                arm_name = facts.qualname(arm, value_scope)
+                if arm_name in names.LOW_PRECISION_DTYPES or arm_name in names.LOW_PRECISION_TENSOR_TYPES:
+                    return arm_name
+    return None
+
+
+def _arms(value: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
+    """The values a conditional expression may take, through nested conditionals."""
+    if isinstance(value, cst.IfExp):
+        yield from _arms(value.body)
+        yield from _arms(value.orelse)
+    else:
+        yield value
 
 
 def _is_export(call: CallSite, facts: AmpFacts) -> bool:
@@ -60,9 +96,78 @@ def _is_export(call: CallSite, facts: AmpFacts) -> bool:
 def _off_graph(call: CallSite, facts: AmpFacts) -> bool:
     if facts.method_on_result(call) in _OFF_GRAPH | _ROUND_TRIP:
         return True
+    if call.method == "to" and _names_cpu(argument(call.node, 0, "device"), call.scope, facts):
+        return True  # `f.to("cpu", torch.bfloat16)` is `f.cpu().bfloat16()` in one call
     if isinstance(call.receiver, cst.Call) and facts.qualname(call.receiver.func, call.scope) in _COPY:
         return True
     return call.receiver is not None and bool(_OFF_GRAPH_RECEIVER.search(facts.module.code_for_node(call.receiver)))
+
+
+def _names_cpu(expr: cst.BaseExpression | None, scope: Scope, facts: AmpFacts) -> bool:
+    """`"cpu"` or `torch.device("cpu")`."""
+    if isinstance(expr, cst.Call) and facts.qualname(expr.func, scope) == "torch.device":
+        expr = argument(expr, 0, "type")
+    return isinstance(expr, cst.SimpleString) and expr.evaluated_value == "cpu"
+
+
+# Where a backward takes the gradient of its outputs, besides `tensor.backward(gradient)`.
+_GRADIENT_PARAMETER = {"torch.autograd.backward": (1, "grad_tensors"), "torch.autograd.grad": (2, "grad_outputs")}
+
+
+def _upstream_gradient(call: CallSite, facts: AmpFacts) -> bool:
+    """A cast whose value is only ever the gradient a backward starts from (`grad_out =
+    grad_out.half().clone(); out.backward(grad_out)` in apex's kernel tests): it seeds the
+    backward pass of a float16 output, and is neither the model nor its inputs."""
+    value = _outermost_method_call(call.node, facts)
+    if _gradient_argument(value, call.scope, facts):
+        return True
+    function = call.scope.function_scope
+    if not any(c.method == "backward" or c.qualname in _GRADIENT_PARAMETER for c in function.calls):
+        return False  # spares the walk over the function's names below
+    keys = {a.key for a in facts.assignments if a.value is value}
+    if len(keys) != 1:
+        return False
+    (key,) = keys
+    later = [
+        use for use in (*facts.references, *facts.calls)
+        if use.where.scope.function_scope is function and use.where.order > call.where.order
+    ]
+    uses = [use for use in later if _uses_name(use, key)]
+    return bool(uses) and all(
+        isinstance(use, Reference) and use.dotted == key and _gradient_argument(use.node, use.where.scope, facts)
+        for use in uses
+    )
+
+
+def _outermost_method_call(node: cst.Call, facts: AmpFacts) -> cst.Call:
+    """The last call of the method chain a call starts: `g.half().clone().detach()` for `.half()`."""
+    while True:
+        attribute = facts.parent_of.get(id(node))
+        outer = facts.parent_of.get(id(attribute))
+        if not (isinstance(attribute, cst.Attribute) and isinstance(outer, cst.Call) and outer.func is attribute):
+            return node
+        node = outer
+
+
+def _uses_name(use: Reference | CallSite, key: str) -> bool:
+    """Whether a reference or a call reads `key` (`g`, `g.shape`, `g.mul_(2)`, `g(...)`)."""
+    dotted = use.dotted if isinstance(use, Reference) else use.callee
+    return dotted is not None and (dotted == key or dotted.startswith(f"{key}."))
+
+
+def _gradient_argument(node: cst.BaseExpression, scope: Scope, facts: AmpFacts) -> bool:
+    """Whether an expression is passed as the gradient of a backward, alone or in a list of them."""
+    parent = facts.parent_of.get(id(node))
+    if isinstance(parent, cst.Element):  # `grad_outputs=[g_out, g_aux]`
+        node = facts.parent_of.get(id(parent))
+        parent = facts.parent_of.get(id(node))
+    backward = facts.parent_of.get(id(parent))
+    if not (isinstance(parent, cst.Arg) and isinstance(backward, cst.Call)):
+        return False
+    position, keyword = _GRADIENT_PARAMETER.get(facts.qualname(backward.func, scope) or "", (None, None))
+    if keyword is None and isinstance(backward.func, cst.Attribute) and backward.func.attr.value == "backward":
+        position, keyword = 0, "gradient"
+    return keyword is not None and argument(backward, position, keyword) is node
 
 
 def _fresh_model_for_evaluation(call: CallSite, facts: AmpFacts) -> bool:
@@ -92,6 +197,47 @@ def _kernel_cast_in_model(call: CallSite, facts: AmpFacts) -> bool:
     return not converts_itself
 
 
+def _opens_amp(call: CallSite) -> bool:
+    return call.qualname in names.AUTOCAST or call.qualname in names.GRAD_SCALER
+
+
+def _uses_amp(call: CallSite, facts: AmpFacts) -> bool:
+    """A call that opens autocast or builds a GradScaler, runs in an autocast region, or uses a scaler."""
+    return _opens_amp(call) or facts.innermost_autocast(call.where) is not None or facts.is_scaler(call.receiver_key, call.scope)
+
+
+# How many in-file calls deep AMP is followed: as semantics' region_of, and the slicer.
+_CALL_DEPTH = 3
+
+
+def _amp_anchors(facts: AmpFacts) -> dict[int, list[Context]]:
+    """For the module and each function (by id), where it reaches AMP: its calls that use AMP
+    and its calls of in-file functions that reach AMP, up to _CALL_DEPTH calls deep."""
+
+    def build():
+        direct = {id(c) for c in facts.calls if _uses_amp(c, facts)}
+        helper = {id(c): id(f) for c in facts.calls if (f := facts.called_function(c)) is not None}
+        decorated = {id(f) for f in facts.functions if any(facts.decorator_autocast(d, f.parent or f) for d in f.decorators)}
+        reaching: set[int] = set()
+
+        def reaches(call: CallSite) -> bool:
+            return id(call) in direct or helper.get(id(call)) in reaching
+
+        for _ in range(_CALL_DEPTH):  # the functions that use AMP, then their callers, then theirs
+            reaching |= {id(f) for f in facts.functions if id(f) in decorated or any(reaches(c) for c in f.calls)}
+        return {id(f): [c.where for c in f.calls if reaches(c)] for f in (facts.module_scope, *facts.functions)}
+
+    return cached(facts, "AMP002 amp anchors", build)
+
+
+def _amp_only_in_other_branches(call: CallSite, facts: AmpFacts) -> bool:
+    """A cast in one branch of an `if` whose function reaches AMP only in the other: BEiT's
+    fine-tuning loop casts its inputs by hand for DeepSpeed's fp16 engine and opens autocast for
+    native AMP, one or the other in a run. A cast before the `if` still runs into autocast."""
+    anchors = _amp_anchors(facts)[id(call.scope.function_scope)]
+    return bool(anchors) and all(mutually_exclusive(call.where, anchor) for anchor in anchors)
+
+
 def _test_function(scope: Scope) -> Scope | None:
     """The test (`def test_...`, a function or a method) a scope belongs to, if any."""
     while scope is not None:
@@ -101,28 +247,16 @@ def _test_function(scope: Scope) -> Scope | None:
     return None
 
 
-def _amp_tests(facts: AmpFacts) -> list[Scope | None]:
-    """The test each autocast region, autocast decorator and GradScaler sits in (None: not in a test)."""
-    sites = [c.scope for c in facts.calls if c.qualname in names.AUTOCAST or c.qualname in names.GRAD_SCALER]
-    sites += [f for f in facts.functions if any(facts.decorator_autocast(d, f.parent or f) for d in f.decorators)]
-    return [_test_function(scope) for scope in sites]
-
-
-def _in_a_test_of_its_own(call: CallSite, facts: AmpFacts) -> bool:
-    """A conversion in a test whose module uses autocast and GradScalers in other tests only: a
-    test runner runs each test by itself (torch's and timm's suites cast a module to float16 in
-    one test and check autocast in the next). A test that calls another test is not on its own."""
+def _test_without_amp(call: CallSite, facts: AmpFacts) -> bool:
+    """A conversion in a test that reaches no autocast and no GradScaler, itself or through the
+    functions it calls: a test runner runs each test by itself (timm's suite casts a module to
+    float16 in one test and checks autocast in the next; peft's bfloat16 forward tests sit beside
+    a `_test_model` helper that opens autocast for others). AMP at module level is every test's."""
     test = _test_function(call.scope)
-    if test is None or any(c.callee and c.callee.split(".")[-1].startswith("test_") for c in facts.calls if _test_function(c.scope) is test):
+    if test is None or any(_opens_amp(c) for c in facts.module_scope.calls):
         return False
-    return all(other is not None and other is not test for other in _amp_tests(facts))
-
-
-def _trains(facts: AmpFacts) -> bool:
-    """Whether the module trains: a GradScaler, a backward, a Lightning `training_step`. An
-    inference module keeps float16 weights by design (diffusers' pipelines upcast the VAE for
-    decoding and cast it back)."""
-    return facts.has_scaler or rg.has_backward(facts) or any(f.name == "training_step" for f in facts.functions)
+    anchors = _amp_anchors(facts)
+    return not any(anchors[id(f)] for f in facts.functions if _test_function(f) is test)
 
 
 def _frozen(call: CallSite, facts: AmpFacts) -> bool:
@@ -197,7 +331,7 @@ def _is_false(node: cst.BaseExpression | None) -> bool:
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
-    if not (facts.has_autocast or facts.has_scaler) or not _trains(facts):
+    if not (facts.has_autocast or facts.has_scaler) or not rg.trains(facts):
         return
     uses = "autocast" if facts.has_autocast else "a GradScaler"
     for call in facts.calls:
@@ -208,8 +342,10 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _off_graph(call, facts)
             or _kernel_cast_in_model(call, facts)
             or _fresh_model_for_evaluation(call, facts)
-            or _in_a_test_of_its_own(call, facts)
             or _frozen(call, facts)
+            or _upstream_gradient(call, facts)
+            or _test_without_amp(call, facts)
+            or _amp_only_in_other_branches(call, facts)
         ):
             continue
         subject = _converted(call) or (facts.module.code_for_node(call.receiver) if call.receiver is not None else "value")

@@ -10,7 +10,6 @@ import libcst as cst
 from amplint.model import Severity
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
-from amplint.static.checks.amp002_half_with_autocast import _trains
 from amplint.static.semantics import AmpFacts, CallSite, dotted_name
 
 CODE = "AMP016"
@@ -51,7 +50,7 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
                 guarded = bool(_BF16_GUARD.search(facts.text))
             if not guarded:
                 # A GradScaler matters only where float16 gradients are computed.
-                fallback = "float16 with a GradScaler" if _trains(facts) and not rg.inference_only(facts, call) else "float16"
+                fallback = "float16 with a GradScaler" if rg.trains(facts) and not rg.inference_only(facts, call) else "float16"
                 yield Hit(
                     call.node,
                     "bfloat16 autocast on CUDA without a `torch.cuda.is_bf16_supported()` check in this "
