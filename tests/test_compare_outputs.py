@@ -45,6 +45,12 @@ def test_a_one_element_output_has_no_default_decision():
     assert out.default_margin(torch.tensor([3.5])) is None
 
 
+def test_a_batch_of_one_element_rows_has_no_default_decision():
+    single_logits = torch.tensor([[0.3], [2.0], [-1.0], [0.0]])  # a batch regressor, or binary logits
+    assert out.default_decide(single_logits) is None
+    assert out.default_margin(single_logits) is None
+
+
 def test_default_decision_uses_the_first_floating_leaf_of_a_nested_output():
     output = {"ids": torch.tensor([4, 9]), "scores": torch.tensor([0.2, 0.3, 0.1]), "other": torch.tensor([9.0, 0.0])}
     assert out.default_decide(output) == 1

@@ -204,7 +204,22 @@ def test_half_precision_inputs_are_rejected(tmp_path):
         def cases():
             return [("a", torch.ones(2, dtype=torch.bfloat16))]
     """)
-    with pytest.raises(CompareError, match="case 'a': input 'output' is bfloat16"):
+    with pytest.raises(CompareError, match="case 'a': its input is bfloat16"):
+        compare(path)
+
+
+def test_a_half_precision_part_of_an_input_is_named(tmp_path):
+    path = write_spec(tmp_path, """
+        import torch
+        class Pair(torch.nn.Module):
+            def forward(self, batch):
+                return batch["image"] + batch["mask"]
+        def model():
+            return Pair()
+        def cases():
+            return [("a", {"image": torch.ones(2), "mask": torch.ones(2, dtype=torch.float64)})]
+    """)
+    with pytest.raises(CompareError, match="case 'a': input 'mask' is float64"):
         compare(path)
 
 

@@ -94,16 +94,15 @@ def first_float_tensor(output: Any) -> torch.Tensor | None:
 def default_decide(output: Any) -> Any:
     """The contract's default: argmax of the last dimension, ties going to the lowest index.
 
-    Applied to the first floating tensor of the output. A 1-element output (a scalar regressor, a
-    single logit) has nothing to choose between, so it has no default decision (None): define
-    ``decide`` with the application's threshold. A row holding NaN has no decision either (None).
+    Applied to the first floating tensor of the output. Rows of one element (a scalar regressor, a
+    single logit, also a batch of them: `[B, 1]`) have nothing to choose between, so they have no
+    default decision (None): define ``decide`` with the application's threshold. A row holding NaN
+    has no decision either (None).
     """
     scores = first_float_tensor(output)
-    if scores is None or scores.numel() <= 1:
+    if scores is None or scores.dim() == 0 or scores.shape[-1] <= 1:
         return None
     scores = scores.detach().to("cpu", torch.float64)
-    if scores.dim() == 0:
-        return None
     size = scores.shape[-1]
     is_top = scores == scores.amax(dim=-1, keepdim=True)
     index = torch.arange(size).expand_as(scores)

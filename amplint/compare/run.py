@@ -137,8 +137,9 @@ def _read_cases(spec: Spec, spec_file: str) -> list[tuple[str, Any]]:
         seen.add(case_id)
         for name, leaf in out.leaves(case_input):
             if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.dtype != torch.float32:
+                which = "its input" if name == out.ROOT else f"input {name!r}"  # a bare tensor, or one part
                 raise CompareError(
-                    f"case {case_id!r}: input {name!r} is {_dtype(leaf.dtype)}; the baseline must be FP32 "
+                    f"case {case_id!r}: {which} is {_dtype(leaf.dtype)}; the baseline must be FP32 "
                     "(give float32 inputs and let autocast cast them)"
                 )
         cases.append((case_id, case_input))
