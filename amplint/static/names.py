@@ -115,6 +115,11 @@ FRAMEWORK_PACKAGES = frozenset({"lightning", "pytorch_lightning", "accelerate", 
 _FRAMEWORK_HELPERS = re.compile(r"\.(?:utils?|utilities|internal|testing|test_utils|logging|ops|optimizers|normalization|parallel|data)(?:\.|$)")
 
 
+# Objects of those frameworks whose `backward(loss)` and `clip_grad_norm_(...)` scale and unscale
+# for the caller (`accelerator.backward`, `engine.clip_grad_norm_`).
+FRAMEWORK_OWNERS = ("accelerator", "fabric", "engine", "model_engine", "trainer", "strategy")
+
+
 def imports_a_framework(qualname: str) -> bool:
     """Whether an imported name (`accelerate.Accelerator`, `deepspeed`) brings a framework that
     scales the loss for the code that uses it."""

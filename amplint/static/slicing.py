@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from amplint.static import names
 from amplint.static.gate import possible_rules
 from amplint.static.screen import Screen, dotted, nodes
 from amplint.static.source import (
@@ -71,7 +72,7 @@ TRIGGERS: dict[str, str] = {
     # where a framework is imported), a wrapper's `optimizer.backward(loss)`. A backward anywhere
     # needs one witness (_backward_witness).
     "AMP009": r"autocast|" + _SCALER + r"|manual_backward|backward_step|backward\((?!\s*\))|"
-    + "|".join(rf"{owner}\s*\.\s*backward\b" for owner in ("accelerator", "fabric", "engine", "trainer", "strategy")),
+    + "|".join(rf"{owner}\s*\.\s*backward\b" for owner in names.FRAMEWORK_OWNERS),
     "AMP010": r"autocast|bfloat16|" + _SCALER,
     # A checkpoint saved or restored, and anywhere `torch.load` is called (the module-wide
     # question its restore check starts from).

@@ -116,7 +116,7 @@ def framework_owned(facts: AmpFacts) -> bool:
         for call in facts.calls:
             if call.method in _FRAMEWORK_BACKWARD:
                 return True
-            if call.method == "backward" and call.receiver_key and call.receiver_key.split(".")[-1] in ("accelerator", "fabric", "engine", "model_engine", "trainer", "strategy"):
+            if call.method == "backward" and call.receiver_key and call.receiver_key.split(".")[-1] in names.FRAMEWORK_OWNERS:
                 return True
             if call.method == "backward" and call.arg(0, None) is not None and facts.is_optimizer(call.receiver_key, call.scope):
                 return True  # fairseq's `optimizer.backward(loss)`: its AMPOptimizer scales the loss

@@ -10,7 +10,7 @@ import libcst as cst
 
 from amplint.static import autofix, names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts, Context, Scope, dotted_name, mutually_exclusive, statement_code
+from amplint.static.semantics import AmpFacts, CallSite, Context, Scope, dotted_name, mutually_exclusive, statement_code
 
 CODE = "AMP005"
 
@@ -46,13 +46,23 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
             kind = {"scale": "scale", "unscale_": "unscale", "step": "step", "update": "update"}[call.method]
             optimizer = dotted_name(call.arg(0, "optimizer")) if kind in ("unscale", "step") else None
             events.append(_Event(kind, call.node, key, optimizer, call.where))
-        elif call.qualname in names.CLIP_GRAD:
+        elif call.qualname in names.CLIP_GRAD or _clips_its_own_gradients(call):
             events.append(_Event("clip", call.node, None, None, call.where))
     for read in facts.grad_reads:
         if read.where.scope.function_scope is function and _computes_with_grad(read.where.statement, facts):
             events.append(_Event("grad", read.where.statement, None, None, read.where))
     events.sort(key=lambda e: e.where.order)
     return events
+
+
+def _clips_its_own_gradients(call: CallSite) -> bool:
+    """FSDP's `model.clip_grad_norm_(max_norm)`: a module clipping its (still scaled) gradients.
+    Not a framework object's (`accelerator.clip_grad_norm_`), which unscales them first."""
+    return (
+        call.method in ("clip_grad_norm_", "clip_grad_value_")
+        and call.receiver_key is not None
+        and call.receiver_key.split(".")[-1] not in names.FRAMEWORK_OWNERS
+    )
 
 
 def _computes_with_grad(statement: cst.CSTNode, facts: AmpFacts) -> bool:
