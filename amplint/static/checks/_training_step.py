@@ -200,7 +200,7 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
             events.append(Event("scale_backward", call, key, None, call.where))
         elif call.method == "step" and facts.is_optimizer(key, call.scope) and not facts.is_scaler(key, call.scope):
             events.append(Event("opt_step", call, None, key, call.where))
-        elif call.method == "step" and is_scheduler(facts, key, call.scope):
+        elif call.method in ("step", "step_update") and is_scheduler(facts, key, call.scope):  # timm: step_update
             events.append(Event("sched_step", call, None, key, call.where))
         elif (call.method == "backward" and not isinstance(call.receiver, cst.Call)) or call.qualname in names.AUTOGRAD_BACKWARD:
             events.append(Event("backward", call, None, None, call.where))

@@ -31,7 +31,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             reported.add(id(event.call.node))
             yield Hit(
                 event.call.node,
-                f"`{event.target}.step()` runs after `{scaler_step.scaler}.{scaler_step.call.method}()` (line {{0}}) whether or "
+                f"`{event.target}.{event.call.method}()` runs after `{scaler_step.scaler}.{scaler_step.call.method}()` (line {{0}}) whether or "
                 f"not the scaler skipped the optimizer step for inf/NaN gradients, so the learning rate "
                 f"advances on steps that did nothing; step the scheduler only when the scale did not "
                 f"drop (`if scaler.get_scale() >= scale_before:`)",
