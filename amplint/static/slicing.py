@@ -566,7 +566,9 @@ def _backward_witness(graph: _CallGraph, kept: set[_Unit], screen: Screen) -> fr
     does answers it (the screen's walk has every call). Without one, every function that
     mentions backward is kept."""
     lines = sorted(c.lineno for c in screen.walk.calls if isinstance(c.func, ast.Attribute) and c.func.attr == "backward")
-    for unit in sorted(graph.units, key=lambda u: u not in kept):
+    # Not a method named `backward` (an autograd.Function's recompute): rg.has_backward skips those.
+    witnesses = [u for u in graph.units if not (u.name == "backward" and u.owner is not None)]
+    for unit in sorted(witnesses, key=lambda u: u not in kept):
         index = bisect_left(lines, unit.first)
         if index < len(lines) and lines[index] <= unit.last:
             return frozenset({unit})

@@ -87,9 +87,18 @@ def in_eval_function(call: CallSite) -> bool:
 
 
 def has_backward(facts: AmpFacts) -> bool:
+    """The module back-propagates as a training step does: not only inside a method named
+    `backward` (an autograd.Function recomputing a checkpointed forward calls backward there)."""
     return any(
-        e.kind in ("backward", "scale_backward") for events in ts.own_events(facts).values() for e in events
-    ) or any(c.method == "backward" for c in facts.calls)
+        e.kind in ("backward", "scale_backward") and not _in_a_backward_method(e.call)
+        for events in ts.own_events(facts).values()
+        for e in events
+    ) or any(c.method == "backward" and not _in_a_backward_method(c) for c in facts.calls)
+
+
+def _in_a_backward_method(call: CallSite) -> bool:
+    function = call.scope.function_scope
+    return function.name == "backward" and function.class_name is not None
 
 
 def trains(facts: AmpFacts) -> bool:
