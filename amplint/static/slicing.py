@@ -52,13 +52,16 @@ _SCALER = r"\.scale\s*\(|unscale_|get_scale|GradScaler|caler|CALER"  # `scaler` 
 _BUILDS_OPTIMIZERS = r"optim(?<!\woptim)(?:izers)?\b|AdamW|Adafactor|get_\w*schedule"
 _OPTIMIZER_RULES = frozenset({"AMP003", "AMP006", "AMP007", "AMP008", "AMP011", "AMP012"})
 _SAVES = r"save(?<!\wsave)\s*\("
+# AMP002's casts, and the AMP code a function holding one may reach through its helpers.
+_AMP002_CASTS = r"\.(?:half|bfloat16)\(|float16|half(?<!\whalf)\b|HalfTensor"
+_AMP002_AMP = r"autocast|GradScaler|training_step"
 # Words whose presence makes a function relevant to a rule. Rules not listed disable slicing.
 # Each alternative starts with its literal, and a whole word is checked after it (`amp(?<!\wamp)`
 # rather than `\bamp`): a leading `\b` or class makes `re` try every position, 5-10x slower.
 TRIGGERS: dict[str, str] = {
     "AMP001": r"amp(?<!\wamp)(?<!torch\.amp)\b|_autocast_|is_autocast_",
     # A backward anywhere (_backward_witness) or a `training_step` says the module trains.
-    "AMP002": r"\.(?:half|bfloat16)\(|float16|half(?<!\whalf)\b|HalfTensor|autocast|GradScaler|training_step",
+    "AMP002": _AMP002_CASTS + "|" + _AMP002_AMP,
     "AMP003": r"autocast",
     "AMP004": r"GradScaler",
     # `.grad` reads are reached through the helpers a kept function calls.
@@ -97,7 +100,7 @@ SLICE_MIN_CHARS = 40_000
 LONGEST_CHAIN = 2_000
 _CALL_DEPTH = 3
 # Rules whose facts cross function boundaries: through calls, or through names bound elsewhere.
-_FOLLOW_CALLS = frozenset({"AMP002", "AMP003", "AMP004", "AMP005", "AMP006", "AMP007", "AMP008", "AMP009", "AMP011", "AMP015", "AMP017"})
+_FOLLOW_CALLS = frozenset({"AMP003", "AMP004", "AMP005", "AMP006", "AMP007", "AMP008", "AMP009", "AMP011", "AMP015", "AMP017"})
 # Rules that report a call made inside an autocast region, and the names of what they report;
 # AMP017 reports calls of the compiled models the screen finds.
 _CALLED_IN_REGIONS: dict[str, frozenset[str]] = {
@@ -416,6 +419,12 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
     kept: set[_Unit] = set()
     for code in sorted(codes - {"AMP000"}):
         kept |= graph.reach(TRIGGERS[code], follow_calls=code in _FOLLOW_CALLS, function_classes=code in _FUNCTION_CLASS_RULES)
+    if "AMP002" in codes:
+        # A cast is judged by the AMP code its function reaches through helpers (a test's own
+        # autocast, a branch's): only the helpers on the way from a cast to that code matter.
+        casts = graph.reach(_AMP002_CASTS, follow_calls=False, function_classes=False)
+        amp = graph.reach(_AMP002_AMP, follow_calls=False, function_classes=False)
+        kept |= graph.callees(casts) & graph.callers(amp)
     if not codes.isdisjoint(_ASK_FOR_A_BACKWARD):
         kept |= _backward_witness(graph, kept, screen)
     triggers = [TRIGGERS[code] for code in sorted(codes - {"AMP000"})]
@@ -611,6 +620,23 @@ class _CallGraph:
         current: set[_Unit] = set(callers)
         for _ in range(_CALL_DEPTH):
             current = self._called_by(current) - found
+            if not current:
+                break
+            found |= current
+        return frozenset(found)
+
+    def callers(self, callees: frozenset[_Unit]) -> frozenset[_Unit]:
+        """The functions and methods that call `callees`, directly or through others, as deep as
+        `callees` looks."""
+        found: set[_Unit] = set()
+        current: set[_Unit] = set(callees)
+        for _ in range(_CALL_DEPTH):
+            functions = {u.name for u in current if u.owner is None}
+            methods = {(u.owner, u.name) for u in current if u.owner}
+            current = {
+                u for u in self.units
+                if not functions.isdisjoint(u.plain_calls) or any((u.owner, name) in methods for name in u.method_calls)
+            } - found
             if not current:
                 break
             found |= current
