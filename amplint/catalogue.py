@@ -45,8 +45,10 @@ def _parse(path: Path) -> RuleInfo:
 
 @lru_cache(maxsize=1)
 def catalogue() -> dict[str, RuleInfo]:
-    rules = (_parse(path) for path in sorted(rules_dir().glob("AMP*.md")))
-    return {rule.code: rule for rule in rules}
+    rules = {rule.code: rule for rule in (_parse(path) for path in sorted(rules_dir().glob("AMP*.md")))}
+    if not rules:  # a broken installation would otherwise check nothing and report success
+        raise RuntimeError(f"no rule documentation in {rules_dir()}; reinstall amplint")
+    return rules
 
 
 def rule_info(code: str) -> RuleInfo:

@@ -50,3 +50,20 @@ def test_the_static_checker_never_imports_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+
+
+def test_an_installation_without_rule_documents_fails_loudly(tmp_path: Path) -> None:
+    """A package copied without its rules must not check nothing and report success."""
+    import shutil
+
+    shutil.copytree(ROOT / "amplint", tmp_path / "amplint", ignore=shutil.ignore_patterns("__pycache__", "_rules"))
+    (tmp_path / "train.py").write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n", encoding="utf-8")
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    code = f"import sys; sys.path[:0] = {[str(tmp_path), *site]!r}; from amplint.cli import main; main()"
+    # -S: no site processing, so the editable install's finder cannot bring the real package back.
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", code, "check", "train.py", "--no-cache"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"amplint: internal error: RuntimeError: no rule documentation in {tmp_path / 'rules'}; reinstall amplint"
