@@ -54,7 +54,7 @@ _OPTIMIZER_RULES = frozenset({"AMP003", "AMP006", "AMP007", "AMP008", "AMP011", 
 _SAVES = r"save(?<!\wsave)\s*\("
 # AMP002's casts, and the AMP code a function holding one may reach through its helpers.
 _AMP002_CASTS = r"\.(?:half|bfloat16)\(|float16|half(?<!\whalf)\b|HalfTensor"
-_AMP002_AMP = r"autocast|GradScaler|training_step"
+_AMP002_AMP = r"autocast|training_step|" + _SCALER  # a scaler used by name counts (semantics.is_scaler)
 # Words whose presence makes a function relevant to a rule. Rules not listed disable slicing.
 # Each alternative starts with its literal, and a whole word is checked after it (`amp(?<!\wamp)`
 # rather than `\bamp`): a leading `\b` or class makes `re` try every position, 5-10x slower.
