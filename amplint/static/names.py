@@ -52,6 +52,10 @@ AUTOCAST = {
     "torch.cpu.amp.autocast_mode.autocast",
 }
 
+# How many in-file calls deep the facts follow a region or a loop (semantics' region_of and
+# loops_per_caller); the rules that follow helpers, and the slicer, go as deep.
+CALL_DEPTH = 3
+
 GRAD_SCALER = {
     "torch.GradScaler",  # the same class as torch.amp.GradScaler, from torch 2.3
     "torch.amp.GradScaler",

@@ -1077,7 +1077,7 @@ class AmpFacts:
         lexical = self.innermost_autocast(where)
         if lexical is not None:
             return (lexical, None) if lexical.enabled != "no" else None
-        if depth >= 3:
+        if depth >= names.CALL_DEPTH:
             return None
         function = where.scope.function_scope
         if function.kind != "function":
@@ -1125,7 +1125,7 @@ class AmpFacts:
         function and per epoch in another is two answers)."""
         own = [(loop, None) for loop in reversed(where.loops) if loop.kind != "comprehension"]
         function = where.scope.function_scope
-        if own or depth >= 3 or function.kind != "function":
+        if own or depth >= names.CALL_DEPTH or function.kind != "function":
             if own:
                 yield own
             return

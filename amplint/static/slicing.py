@@ -98,7 +98,6 @@ SLICE_MIN_CHARS = 40_000
 # libcst's parse of `x1 + x2 + ...` takes 0.1 s at 1,000 operators, 0.7 s at 2,000, 4.7 s at
 # 4,000, and overflows the C stack (a crash) at 8,000: longer chains are reported, not parsed.
 LONGEST_CHAIN = 2_000
-_CALL_DEPTH = 3
 # Rules whose facts cross function boundaries: through calls, or through names bound elsewhere.
 _FOLLOW_CALLS = frozenset({"AMP003", "AMP004", "AMP005", "AMP006", "AMP007", "AMP008", "AMP009", "AMP011", "AMP015", "AMP017"})
 # Rules that report a call made inside an autocast region, and the names of what they report;
@@ -618,7 +617,7 @@ class _CallGraph:
         the rules follow a value through helpers that return it."""
         found: set[_Unit] = set()
         current: set[_Unit] = set(callers)
-        for _ in range(_CALL_DEPTH):
+        for _ in range(names.CALL_DEPTH):
             current = self._called_by(current) - found
             if not current:
                 break
@@ -630,7 +629,7 @@ class _CallGraph:
         `callees` looks."""
         found: set[_Unit] = set()
         current: set[_Unit] = set(callees)
-        for _ in range(_CALL_DEPTH):
+        for _ in range(names.CALL_DEPTH):
             functions = {u.name for u in current if u.owner is None}
             methods = {(u.owner, u.name) for u in current if u.owner}
             current = {
@@ -654,7 +653,7 @@ class _CallGraph:
                 in_class.setdefault((owner, name), set()).add(unit)
                 anywhere.setdefault(name, set()).add(unit)
         kept = set(kept)
-        for _ in range(_CALL_DEPTH):
+        for _ in range(names.CALL_DEPTH):
             added: set[_Unit] = set()
             for owner, name in {used for u in kept for used in u.used_self_attributes}:
                 added |= in_class.get((owner, name)) or anywhere.get(name, set())
@@ -676,7 +675,7 @@ class _CallGraph:
         if not follow_calls:
             return frozenset(kept)
         bound_attributes: dict[_Unit, set[str]] = {}
-        for _ in range(_CALL_DEPTH):
+        for _ in range(names.CALL_DEPTH):
             kept_functions = {u.name for u in kept if u.owner is None}
             kept_methods = {(u.owner, u.name) for u in kept if u.owner}
             for unit in kept:

@@ -206,13 +206,9 @@ def _uses_amp(call: CallSite, facts: AmpFacts) -> bool:
     return _opens_amp(call) or facts.innermost_autocast(call.where) is not None or facts.is_scaler(call.receiver_key, call.scope)
 
 
-# How many in-file calls deep AMP is followed: as semantics' region_of, and the slicer.
-_CALL_DEPTH = 3
-
-
 def _amp_anchors(facts: AmpFacts) -> dict[int, list[Context]]:
     """For the module and each function (by id), where it reaches AMP: its calls that use AMP
-    and its calls of in-file functions that reach AMP, up to _CALL_DEPTH calls deep."""
+    and its calls of in-file functions that reach AMP, up to names.CALL_DEPTH calls deep, as the facts follow regions."""
 
     def build():
         direct = {id(c) for c in facts.calls if _uses_amp(c, facts)}
@@ -223,7 +219,7 @@ def _amp_anchors(facts: AmpFacts) -> dict[int, list[Context]]:
         def reaches(call: CallSite) -> bool:
             return id(call) in direct or helper.get(id(call)) in reaching
 
-        for _ in range(_CALL_DEPTH):  # the functions that use AMP, then their callers, then theirs
+        for _ in range(names.CALL_DEPTH):  # the functions that use AMP, then their callers, then theirs
             reaching |= {id(f) for f in facts.functions if id(f) in decorated or any(reaches(c) for c in f.calls)}
         return {id(f): [c.where for c in f.calls if reaches(c)] for f in (facts.module_scope, *facts.functions)}
 
