@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 from collections.abc import Iterator
 
 import libcst as cst
@@ -50,12 +52,26 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         return
     reported: set[int] = set()  # dicts: one finding per checkpoint, not per `torch.save` of it
     for call in facts.calls:
-        if call.qualname in _SAVE and not _away_from_every_scaler(facts, call):
+        if _saves(facts, call) and not _away_from_every_scaler(facts, call):
             for site, obj in _saved_objects(facts, call):
                 hit = _save_without_scaler(facts, site, obj, scalers, reported)
                 if hit is not None:
                     yield hit
     yield from _load_without_scaler(facts)
+
+
+# Helpers from elsewhere that save their first argument: torchvision's, DETR's, DeiT's, MAE's and
+# DINO's `utils.save_on_master(checkpoint, path)`, `save_checkpoint(state, ...)`.
+_SAVE_HELPER = re.compile(r"^save(?:_on_master|_checkpoint)?$")
+
+
+def _saves(facts: AmpFacts, call: CallSite) -> bool:
+    """`torch.save`, or a save helper this file does not define (its own are followed to their
+    torch.save)."""
+    if call.qualname in _SAVE:
+        return True
+    name = (call.callee or "").rsplit(".", 1)[-1]
+    return bool(_SAVE_HELPER.match(name)) and facts.called_function(call) is None
 
 
 def _saved_objects(facts: AmpFacts, save: CallSite) -> Iterator[tuple[CallSite, cst.BaseExpression | None]]:
@@ -123,10 +139,25 @@ def _statement_of(facts: AmpFacts, node: cst.CSTNode) -> cst.CSTNode | None:
     return None
 
 
+# An optimizer entry (not `"optimizer": None`, yolov5's classifier saves none) or an optimizer's state.
+_OPTIMIZER_STATE_TEXT = re.compile(
+    r"optim\w*\"?'?\s*:(?!\s*None\b)|optim\w*\s*=(?!\s*None\b)|optim\w*\.state_dict\(|\bopt\w*\.state_dict\(", re.IGNORECASE
+)
+
+
 def _mentions_optimizer_state(facts: AmpFacts, node: cst.CSTNode, text: str, scope: Scope) -> bool:
-    if re.search(r"optim\w*\"?'?\s*:|optim\w*\s*=|optim\w*\.state_dict\(|\bopt\w*\.state_dict\(", text, re.IGNORECASE):
-        return True
-    return False
+    return bool(_OPTIMIZER_STATE_TEXT.search(_without_comments(text)))
+
+
+def _without_comments(text: str) -> str:
+    """`"optimizer": None,  # optimizer.state_dict(),` saves no optimizer state."""
+    if "#" not in text:
+        return text
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type != tokenize.COMMENT]
+        return tokenize.untokenize(tokens)
+    except (tokenize.TokenError, SyntaxError):
+        return text
 
 
 def _dict_construction(facts: AmpFacts, obj, scope: Scope, where: Context | None = None, depth: int = 0):
