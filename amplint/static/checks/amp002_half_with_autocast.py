@@ -139,6 +139,16 @@ def _upstream_gradient(call: CallSite, facts: AmpFacts) -> bool:
     )
 
 
+def _stored_in_a_buffer(call: CallSite, facts: AmpFacts) -> bool:
+    """`feats[i:j] = x.to(cache_device, torch.bfloat16)`: written into a slice of a preallocated
+    buffer (open_clip's feature cache), which is storage whatever device the buffer is on."""
+    value = _outermost_method_call(call.node, facts)
+    statement = facts.parent_of.get(id(value))
+    return isinstance(statement, cst.Assign) and statement.value is value and all(
+        isinstance(target.target, cst.Subscript) for target in statement.targets
+    )
+
+
 def _outermost_method_call(node: cst.Call, facts: AmpFacts) -> cst.Call:
     """The last call of the method chain a call starts: `g.half().clone().detach()` for `.half()`."""
     while True:
@@ -340,6 +350,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _fresh_model_for_evaluation(call, facts)
             or _frozen(call, facts)
             or _upstream_gradient(call, facts)
+            or _stored_in_a_buffer(call, facts)
             or _test_without_amp(call, facts)
             or _amp_only_in_other_branches(call, facts)
         ):
