@@ -24,7 +24,7 @@ _GRAD_COMPUTATION = re.compile(
 
 @dataclass(frozen=True)
 class _Event:
-    kind: str  # "scale" | "unscale" | "step" | "update" | "clip" | "grad"
+    kind: str  # "scale" | "unscale" | "step" | "update" | "clip" | "grad" | "norm" (a norm helper)
     node: cst.CSTNode
     scaler: str | None
     optimizer: str | None
@@ -48,11 +48,18 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
             events.append(_Event(kind, call.node, key, optimizer, call.where))
         elif call.qualname in names.CLIP_GRAD or _clips_its_own_gradients(call):
             events.append(_Event("clip", call.node, None, None, call.where))
+        elif _GRAD_NORM_HELPER.search(call.callee or "") and facts.called_function(call) is None:
+            events.append(_Event("norm", call.node, None, None, call.where))
     for read in facts.grad_reads:
         if read.where.scope.function_scope is function and _computes_with_grad(read.where.statement, facts):
             events.append(_Event("grad", read.where.statement, None, None, read.where))
     events.sort(key=lambda e: e.where.order)
     return events
+
+
+# A gradient-norm helper from another file (Swin's `get_grad_norm(model.parameters())` from
+# utils_simmim): it reads `.grad`. One defined here is followed into instead.
+_GRAD_NORM_HELPER = re.compile(r"(?:^|\.|_)grad_?norm$", re.IGNORECASE)
 
 
 def _clips_its_own_gradients(call: CallSite) -> bool:
@@ -106,7 +113,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 unscaled.add(event.optimizer)
             elif event.kind == "update":
                 scales, unscales, unscaled = [], [], set()
-            elif event.kind in ("clip", "grad") and id(event.node) not in reported:
+            elif event.kind in ("clip", "grad", "norm") and id(event.node) not in reported:
                 # Only what can run in the same pass: `if amp: scale... else: backward; clip` is fine.
                 scale = next((e for e in reversed(scales) if not mutually_exclusive(e.position, event.position)), None)
                 if scale is None:
@@ -140,7 +147,7 @@ def _covering_unscale(owner: str | None, fresh: list[_Event], stepped: set[str],
 
 def _hit(event: _Event, owner: str | None, fix) -> Hit:
     target = owner or "optimizer"
-    what = "clips gradients" if event.kind == "clip" else "reads `.grad`"
+    what = {"clip": "clips gradients", "grad": "reads `.grad`", "norm": "takes the norm of gradients"}[event.kind]
     return Hit(
         event.node,
         f"{what} that are still multiplied by the GradScaler's scale (a clip threshold then "
