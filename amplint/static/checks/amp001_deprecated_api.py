@@ -9,7 +9,7 @@ import libcst as cst
 
 from amplint.static import autofix, names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts, Scope
+from amplint.static.semantics import AmpFacts, Scope, identifiers
 
 CODE = "AMP001"
 
@@ -61,6 +61,12 @@ def _alternatives(facts: AmpFacts, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         if isinstance(parent, (cst.If, cst.IfExp)) and _version_test(facts, parent):
             if child is parent.body:
                 yield parent.orelse
+                if isinstance(parent, cst.If) and parent.orelse is None and _exits(parent.body):
+                    # `if not NEW_TORCH: return old` and then `return new`: what follows is the else.
+                    block = facts.parent_of.get(id(parent))
+                    statements = list(getattr(block, "body", ()))
+                    if parent in statements:
+                        yield from statements[statements.index(parent) + 1 :]
             elif child is parent.orelse:
                 yield parent.body
         elif isinstance(parent, cst.Try) and child in parent.handlers:
@@ -74,7 +80,15 @@ def _alternatives(facts: AmpFacts, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
 
 
 def _version_test(facts: AmpFacts, node: cst.If | cst.IfExp) -> bool:
-    return _VERSION_TEST.search(facts.module.code_for_node(node.test)) is not None
+    if _VERSION_TEST.search(facts.module.code_for_node(node.test)):
+        return True
+    # A flag computed once: `NEW_TORCH = Version(torch.__version__) >= Version("2.4")`, then
+    # `if NEW_TORCH:` (or `HAS_TORCH_AMP = hasattr(torch.amp, "GradScaler")`).
+    for name in identifiers(node.test).split():
+        values = [a.value for a in facts.assignments if a.key == name]
+        if values and all(_VERSION_TEST.search(facts.module.code_for_node(value)) for value in values):
+            return True
+    return False
 
 
 def _exits(block: cst.BaseSuite) -> bool:
