@@ -10,7 +10,7 @@ import libcst as cst
 from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
-from amplint.static.semantics import AmpFacts, CallSite, argument
+from amplint.static.semantics import AmpFacts, CallSite, argument, dotted_name
 
 CODE = "AMP010"
 
@@ -29,6 +29,10 @@ def _scaler_on_fp16_path(facts: AmpFacts, call: CallSite) -> bool:
     if enabled is not None and not (isinstance(enabled, cst.Name) and enabled.value == "True"):
         if _FP16_CONDITION.search(facts.module.code_for_node(enabled)):
             return True  # nanoGPT: GradScaler(enabled=(dtype == torch.float16))
+        # `need_scaling = amp_dtype == torch.float16`, then `enabled=need_scaling`
+        values = facts.bindings(dotted_name(enabled), call.scope)
+        if values and all(_FP16_CONDITION.search(facts.module.code_for_node(value)) for value, _scope in values):
+            return True
     return any(_FP16_CONDITION.search(facts.module.code_for_node(g.test)) for g in call.where.ifs)
 
 
