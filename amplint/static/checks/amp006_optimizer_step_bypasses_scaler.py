@@ -23,10 +23,23 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         for event in events:
             if event.kind != "opt_step" or id(event.call.node) in reported:
                 continue
-            if any(ts.same_object(s.target, event.target) for s in scaler_steps):
-                continue
             if "scaler" in facts.module.code_for_node(event.call.node).lower():
                 continue  # a custom optimizer that is handed the scaler (`opt.step(grad_scaler=...)`)
+            again = _stepped_by_the_scaler_before(event, scaler_steps)
+            if again is not None:
+                reported.add(id(event.call.node))
+                yield Hit(
+                    event.call.node,
+                    f"`{event.target}.step()` runs again after `{again.scaler}.step({again.target})` (line "
+                    f"{{0}}) in the same iteration: the weights are updated twice, and the second update "
+                    f"applies the steps the scaler skipped for inf/NaN gradients; remove it, or make it "
+                    f"the other branch of the `if` that chooses AMP",
+                    event.call.where.statement,
+                    related=(again.call.node,),
+                )
+                continue
+            if any(ts.same_object(s.target, event.target) for s in scaler_steps):
+                continue
             # A scaled backward before the step, or after it in a loop both run in (the next
             # iteration's step follows it); one that only follows the step is not its partner.
             partners = [
@@ -49,6 +62,20 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 _fix(facts, event, scaler, events) if _same_condition(partner, event) else None,
                 related=(partner.call.node,),
             )
+
+
+def _stepped_by_the_scaler_before(step: ts.Event, scaler_steps: list[ts.Event]) -> ts.Event | None:
+    """The `scaler.step(opt)` of the same optimizer that runs earlier in the same iteration (old
+    torchvision: `scaler.step(optimizer)` under `if args.amp:`, then `optimizer.step()` for all)."""
+    loop = ts.innermost_loop(step.anchor)
+    return next(
+        (
+            s for s in reversed(scaler_steps)
+            if ts.same_object(s.target, step.target) and s.order < step.order
+            and not ts.exclusive(s, step) and ts.innermost_loop(s.anchor) is loop
+        ),
+        None,
+    )
 
 
 def _share_a_loop(a: ts.Event, b: ts.Event) -> bool:
