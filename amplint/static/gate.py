@@ -140,7 +140,7 @@ def _amp009(text: _Text) -> bool:
 
 
 def _amp010(text: _Text) -> bool:
-    return text.has(b"GradScaler") and (text.has(b"bfloat16") or text.has(b"cpu"))
+    return text.has(b"GradScaler") and (text.has(b"bfloat16") or text.has(b"bf16") or text.has(b"cpu"))
 
 
 def _amp012(text: _Text) -> bool:

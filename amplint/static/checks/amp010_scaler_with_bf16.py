@@ -50,10 +50,42 @@ def _bf16_model(facts: AmpFacts) -> CallSite | None:
     return None
 
 
+def _built_only_for_bf16(facts: AmpFacts, call: CallSite) -> cst.BaseExpression | None:
+    """The bfloat16 flag a scaler is built under, when it is built only then: `GradScaler() if
+    use_bfloat16 else None` (I-JEPA's factory), `if args.bf16: scaler = GradScaler()`."""
+    child: cst.CSTNode = call.node
+    for parent in facts.ancestors(call.node):
+        if isinstance(parent, (cst.IfExp, cst.If)) and child is parent.body and _names_bf16(facts, parent.test):
+            return parent.test
+        if isinstance(parent, (cst.FunctionDef, cst.ClassDef)):
+            return None
+        child = parent
+    return None
+
+
+def _names_bf16(facts: AmpFacts, test: cst.BaseExpression) -> bool:
+    """A flag that says bfloat16 (`use_bfloat16`, `args.bf16`), not a negation or comparison of one."""
+    return isinstance(test, (cst.Name, cst.Attribute)) and bool(_BF16_FLAG.search(facts.module.code_for_node(test)))
+
+
+_BF16_FLAG = re.compile(r"bf16|bfloat16", re.IGNORECASE)
+
+
 def check(facts: AmpFacts) -> Iterator[Hit]:
     scalers = [c for c in facts.scalers_in() if c.qualname in names.GRAD_SCALER]
     if not scalers:
         return
+    for call in scalers:
+        flag = _built_only_for_bf16(facts, call)
+        if flag is not None:
+            yield Hit(
+                call.node,
+                f"this GradScaler is built only when `{facts.module.code_for_node(flag)}` is true, that "
+                f"is for bfloat16, which needs no loss scaling; float16 runs, which do, get no scaler; "
+                f"build it for float16 (`enabled=(amp_dtype == torch.float16)`)",
+                call.where.statement,
+            )
+    scalers = [c for c in scalers if _built_only_for_bf16(facts, c) is None]
     dtypes = set()
     for call, region in rg.autocasts(facts):
         if not rg.enabled(region):
