@@ -46,6 +46,17 @@ def _with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
     return fixed
 
 
+def _device_first(call: cst.Call, device: str) -> cst.Arg:
+    """The device argument put in front; on a line of its own when the arguments are one per line."""
+    device_arg = cst.Arg(_string(device))
+    opening = call.whitespace_before_args
+    if call.args and isinstance(opening, cst.ParenthesizedWhitespace):
+        # The same line break and indentation as before the first argument, without its comment.
+        after = opening.with_changes(first_line=cst.TrailingWhitespace(), empty_lines=[])
+        device_arg = device_arg.with_changes(comma=cst.Comma(whitespace_after=after))
+    return device_arg
+
+
 def migrated_arguments(call: cst.Call, kind: str, device: str) -> list[cst.Arg] | None:
     """The argument list of the torch.amp call that replaces a deprecated one, or None if unsafe."""
     if has_star_args(call):
@@ -62,11 +73,11 @@ def migrated_arguments(call: cst.Call, kind: str, device: str) -> list[cst.Arg] 
                 arg = arg.with_changes(keyword=cst.Name(positional_names[position]), equal=cst.AssignEqual(_NO_SPACE, _NO_SPACE))
                 position += 1
             converted.append(arg)
-        return _with_commas([cst.Arg(_string(device)), *converted])
+        return _with_commas([_device_first(call, device), *converted])
     if kind == "GradScaler":
         if any(a.keyword is not None and a.keyword.value == "device" for a in args):
             return None
-        return _with_commas([cst.Arg(_string(device)), *args])
+        return _with_commas([_device_first(call, device), *args])
     # custom_fwd / custom_bwd: device_type is keyword-only and required.
     if any(a.keyword is not None and a.keyword.value == "device_type" for a in args):
         return None
