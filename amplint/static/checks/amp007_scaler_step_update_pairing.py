@@ -54,8 +54,9 @@ def _check_scaler(facts: AmpFacts, events: list[ts.Event], all_updates: list[ts.
     if not any(ts.same_object(u.scaler, scaler) for u in all_updates):
         yield from _missing_update(facts, steps, scaler)
         return
-    if updates:
-        yield from _update_outside_loop(facts, steps, updates, scaler)
+    # Also where every update() is in a caller: a helper that steps on each batch of its own loop
+    # still gets one update() per call.
+    yield from _update_outside_loop(facts, steps, updates, scaler)
     yield from _update_placement(facts, events, scaler)
 
 
