@@ -104,14 +104,17 @@ class Context:
     branches: tuple[tuple[int, str], ...] = ()
 
 
+def ends_with(block: cst.BaseSuite, kinds: tuple[type, ...]) -> bool:
+    """Whether the block's last statement is one of `kinds` (`cst.Return`, `cst.Break`...)."""
+    last = block.body[-1] if isinstance(block, cst.IndentedBlock) and block.body else block
+    small = getattr(last, "body", None)
+    return isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) and bool(small) and isinstance(small[-1], kinds)
+
+
 def _always_leaves(block: cst.BaseSuite) -> bool:
     """The block ends in `return`, `raise`, `continue` or `break`: whatever follows it in the
     enclosing block runs only when the block did not."""
-    last = block.body[-1] if isinstance(block, cst.IndentedBlock) and block.body else block
-    small = getattr(last, "body", None)
-    return isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) and bool(small) and isinstance(
-        small[-1], (cst.Return, cst.Raise, cst.Continue, cst.Break)
-    )
+    return ends_with(block, (cst.Return, cst.Raise, cst.Continue, cst.Break))
 
 
 def mutually_exclusive(a: Context, b: Context) -> bool:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+import libcst as cst
+
 from amplint.model import Applicability
 from amplint.static.checks import FixPlan, Hit
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, Loop
+from amplint.static.semantics import AmpFacts, Loop, ends_with
 
 CODE = "AMP007"
 
@@ -20,7 +22,13 @@ def _iteration_loop(event: ts.Event) -> Loop | None:
     loops = [loop for loop in event.anchor.loops if loop.kind != "comprehension"]
     while loops:
         loop = loops[-1]
-        if _OPTIMIZER_LOOP.search(loop.text) or (event.target and event.target.split(".")[0] in re.findall(r"\w+", loop.target)):
+        if (
+            _OPTIMIZER_LOOP.search(loop.text)
+            or (event.target and event.target.split(".")[0] in re.findall(r"\w+", loop.target))
+            # `while True: ...; return` (Composer's out-of-memory retry): a pass that gets to
+            # the end leaves, only a retry runs the body again.
+            or ends_with(loop.node.body, (cst.Return, cst.Break))
+        ):
             loops.pop()
             continue
         return loop
