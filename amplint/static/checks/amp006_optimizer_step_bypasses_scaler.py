@@ -65,13 +65,17 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
 
 
 def _stepped_by_the_scaler_before(step: ts.Event, scaler_steps: list[ts.Event]) -> ts.Event | None:
-    """The `scaler.step(opt)` of the same optimizer that runs earlier in the same iteration (old
-    torchvision: `scaler.step(optimizer)` under `if args.amp:`, then `optimizer.step()` for all)."""
+    """The `scaler.step(opt)` of the same optimizer that runs earlier in the same iteration of the
+    same function (old torchvision: `scaler.step(optimizer)` under `if args.amp:`, then
+    `optimizer.step()` for all). Not one in another helper the caller also calls: an AMP run and
+    an fp32 run of the same model, one after the other, are separate loops."""
+    function = step.call.where.scope.function_scope
     loop = ts.innermost_loop(step.anchor)
     return next(
         (
             s for s in reversed(scaler_steps)
             if ts.same_object(s.target, step.target) and s.order < step.order
+            and s.call.where.scope.function_scope is function
             and not ts.exclusive(s, step) and ts.innermost_loop(s.anchor) is loop
         ),
         None,

@@ -117,7 +117,7 @@ def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> I
         ]
         later = [e for e in same_iteration if e.order > event.order]
         earlier = [e for e in same_iteration if e.order < event.order]
-        if any(e.kind == "step" for e in later) or _in_the_optimizer_loop_of_a_step(event, same_iteration):
+        if _steps_another_optimizer_after(earlier, later) or _in_the_optimizer_loop_of_a_step(event, same_iteration):
             yield Hit(
                 event.call.node,
                 f"`{scaler}.update()` runs between the `step()` calls of several optimizers; call it "
@@ -139,6 +139,27 @@ def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> I
             )
             continue
         yield from _update_without_step(facts, event, same_iteration, loop, scaler)
+
+
+def _steps_another_optimizer_after(earlier: list[ts.Event], later: list[ts.Event]) -> bool:
+    """A step after the update of an optimizer the steps before it did not step. The same
+    optimizer stepped and updated twice in a row (two iterations written out, or a step helper
+    called twice) is two iterations, which torch allows."""
+    before: list[ts.Event] = []
+    for event in reversed(earlier):  # the steps since the previous update
+        if event.kind == "update":
+            break
+        if event.kind == "step":
+            before.append(event)
+    after: list[ts.Event] = []
+    for event in later:  # the steps until the next update
+        if event.kind == "update":
+            break
+        if event.kind == "step":
+            after.append(event)
+    if not before:
+        return bool(after)
+    return any(not any(ts.same_object(a.target, b.target) for b in before) for a in after)
 
 
 def _in_the_optimizer_loop_of_a_step(update: ts.Event, same_iteration: list[ts.Event]) -> bool:
