@@ -138,13 +138,32 @@ def deprecated_reference(ref: Reference, qualname: str, facts: AmpFacts) -> FixP
     if head is None:
         return _alias_fix(ref.node, ref.where.scope, facts)
     device, kind = names.DEPRECATED_AMP[qualname]
-    if kind not in ("custom_fwd", "custom_bwd") or not _supported(kind, facts):
-        return None  # a class used as a value (isinstance, a base class) has no safe rewrite
-    if not _is_bare_decorator(ref.node, facts):
+    if not _supported(kind, facts):
         return None
+    if kind in ("autocast", "GradScaler") and _in_a_type_test(ref.node, facts):
+        return FixPlan(Applicability.SAFE, (Replacement(ref.node, f"{head}.amp.{kind}"),))
+    if kind not in ("custom_fwd", "custom_bwd") or not _is_bare_decorator(ref.node, facts):
+        return None  # a class used as another value (a base class, stored) has no safe rewrite
     return FixPlan(
         Applicability.SAFE, (Replacement(ref.node, f'{head}.amp.{kind}(device_type="{device}")'),)
     )
+
+
+def _in_a_type_test(node: cst.CSTNode, facts: AmpFacts) -> bool:
+    """The class tested in `isinstance(x, ...)` / `issubclass(...)`, or named in an annotation.
+    The deprecated classes subclass the torch.amp ones, so the new name accepts every object the
+    old one did, and the scalers the fixed constructors build."""
+    child = node
+    for parent in facts.ancestors(node):
+        if isinstance(parent, cst.Annotation):
+            return True
+        if isinstance(parent, cst.Call):
+            tested = parent.args[1] if len(parent.args) == 2 else None
+            return dotted_name(parent.func) in ("isinstance", "issubclass") and child is tested
+        if isinstance(parent, cst.BaseStatement):
+            return False
+        child = parent
+    return False
 
 
 def _is_bare_decorator(node: cst.CSTNode, facts: AmpFacts) -> bool:
@@ -184,12 +203,26 @@ def _bound_name(alias: cst.ImportAlias) -> str | None:
     return dotted_name(alias.asname.name) if alias.asname is not None else dotted_name(alias.name)
 
 
+# Where each deprecated module's names live now (`torch.amp.autocast_mode` and
+# `torch.amp.grad_scaler` hold the classes `torch.amp` exports).
+_NEW_MODULE = {
+    "torch.cuda.amp": "torch.amp",
+    "torch.cpu.amp": "torch.amp",
+    "torch.cuda.amp.autocast_mode": "torch.amp.autocast_mode",
+    "torch.cpu.amp.autocast_mode": "torch.amp.autocast_mode",
+    "torch.cuda.amp.grad_scaler": "torch.amp.grad_scaler",
+    "torch.cpu.amp.grad_scaler": "torch.amp.grad_scaler",
+    "torch.cuda": "torch",
+    "torch.cpu": "torch",
+}
+
+
 def _from_import_fix(node: cst.ImportFrom, facts: AmpFacts) -> FixPlan | None:
     module = dotted_name(node.module)
     if node.relative or module is None:
         return None
-    device = {"torch.cuda.amp": "cuda", "torch.cpu.amp": "cpu", "torch.cuda": "cuda", "torch.cpu": "cpu"}.get(module)
-    if device is None:
+    new_module = _NEW_MODULE.get(module)
+    if new_module is None:
         return None
     replacements: list[Replacement] = []
     for alias in _aliases(node):
@@ -209,7 +242,6 @@ def _from_import_fix(node: cst.ImportFrom, facts: AmpFacts) -> FixPlan | None:
         replacements.extend(uses)
     if not all(_supported(kind, facts) for kind in _kinds_in(node, module)):
         return None
-    new_module = "torch" if module in ("torch.cuda", "torch.cpu") else "torch.amp"
     replacements.append(Replacement(node.module, new_module))
     return FixPlan(Applicability.SAFE, tuple(replacements))
 
@@ -234,8 +266,9 @@ def _name_uses(bound: str | None, kind: str, facts: AmpFacts) -> list[Replacemen
             if kind in ("custom_fwd", "custom_bwd") and _is_bare_decorator(ref.node, facts):
                 device = names.DEPRECATED_AMP[ref.where.scope.resolve(bound)][0]
                 replacements.append(Replacement(ref.node, f'{bound}(device_type="{device}")'))
-            else:
-                return None  # used as a value: isinstance, a base class, stored in a variable
+            elif not (kind in ("autocast", "GradScaler") and _in_a_type_test(ref.node, facts)):
+                return None  # used as another value: a base class, stored in a variable
+            # A type test keeps its name, which now means the wider torch.amp class.
     return replacements
 
 
