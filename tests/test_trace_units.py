@@ -68,14 +68,28 @@ def _scaler(state: TraceState, line: int, steps: int) -> None:
     state.scalers.append(info)
 
 
-def test_scaler_per_iteration_versus_per_fold() -> None:
+def test_a_flagged_scaler_line_is_confirmed_when_the_run_rebuilds_it() -> None:
+    """The static finding says the loop is per batch or per epoch; the run confirms any rebuild."""
+    per_batch, per_epoch, once = TraceState(), TraceState(), TraceState()
+    for _ in range(5):
+        _scaler(per_batch, 12, steps=1)
+    for _ in range(3):
+        _scaler(per_epoch, 12, steps=4)
+    _scaler(once, 12, steps=50)
+    assert statuses([finding("AMP004", 12)], per_batch)[0][3:] == ("confirmed", 5)
+    assert statuses([finding("AMP004", 12)], per_epoch)[0][3:] == ("confirmed", 3)
+    assert statuses([finding("AMP004", 12)], once)[0][3:] == ("refuted", 0)
+
+
+def test_a_runtime_only_scaler_finding_needs_one_scaler_per_step() -> None:
+    """Without a static finding the loop is unknown: a scaler per fold steps many times and is right."""
     per_batch, per_fold = TraceState(), TraceState()
     for _ in range(5):
         _scaler(per_batch, 12, steps=1)
     for _ in range(2):
-        _scaler(per_fold, 12, steps=50)  # one scaler per fold is correct
-    assert statuses([finding("AMP004", 12)], per_batch)[0][3:] == ("confirmed", 5)
-    assert statuses([finding("AMP004", 12)], per_fold)[0][3:] == ("refuted", 0)
+        _scaler(per_fold, 12, steps=50)
+    assert [r[:2] for r in statuses([], per_batch) if r[0] == "AMP004"] == [("AMP004", 12)]
+    assert [r for r in statuses([], per_fold) if r[0] == "AMP004"] == []
 
 
 def test_scheduler_after_skip_counts_only_skipped_steps() -> None:

@@ -14,7 +14,8 @@ Callsite = tuple[str, int]  # (absolute filename, line)
 
 def _library_dirs() -> list[str]:
     dirs = set()
-    for scheme_key in ("stdlib", "platstdlib", "purelib", "platlib"):
+    # "scripts": console entry points (`.venv/bin/amplint`) call into amplint, not the user's code.
+    for scheme_key in ("stdlib", "platstdlib", "purelib", "platlib", "scripts"):
         for vars_ in ({}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}):
             try:
                 dirs.add(sysconfig.get_path(scheme_key, vars=vars_ or None))

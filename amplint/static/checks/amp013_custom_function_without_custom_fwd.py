@@ -24,7 +24,7 @@ _AUTOCAST_OPS = re.compile(
 # Arguments whose names say they are not tensors: dimensions and sizes, distributed settings,
 # numeric constants, dtypes and devices, flags, callables, and objects that describe the call.
 _SETTING_NAME = re.compile(
-    r"(^|_)(dims?|axis|axes|sizes?|shapes?|lens?|lengths?|strides?|padding|dilation|ranks?|groups?|pg|modes?|"
+    r"(^|_)(dims?|keepdims?|axis|axes|sizes?|shapes?|lens?|lengths?|strides?|padding|dilation|ranks?|groups?|pg|modes?|"
     r"eps|epsilon|momentum|dtype|device|training|inplace|fn|func|function|config|spec|name|handle|stream)$"
     r"|^(num|n|is|use|enable)_"
 )
