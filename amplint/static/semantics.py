@@ -786,13 +786,45 @@ class AmpFacts:
             if call.scope.resolve_head(call.callee) is not None:
                 return None  # an imported name shadows nothing here
             candidates = [f for f in self.functions_by_name.get(call.callee, ()) if f.class_name is None]
-            return candidates[0] if candidates else None
+            return candidates[0] if candidates else self._instance_call(call)
         if call.receiver_key in ("self", "cls", "super()"):
             owner = call.scope.function_scope.class_name
             candidates = self.functions_by_name.get(call.method, ())
             same_class = [f for f in candidates if f.class_name == owner]
             return same_class[0] if same_class else None
-        return None
+        if call.receiver_key in self._class_names:  # `Stepper.backward_and_step(loss, opt)`
+            return self._method_of(call.receiver_key, call.method)
+        owner = self._local_instance_class(call.receiver_key, call.scope)
+        return self._method_of(owner, call.method) if owner else None
+
+    @cached_property
+    def _class_names(self) -> set[str]:
+        return {scope.name for scope, _bases in self.classes}
+
+    def _method_of(self, owner: str, name: str) -> Scope | None:
+        return next((f for f in self.functions_by_name.get(name, ()) if f.class_name == owner), None)
+
+    def _local_instance_class(self, key: str | None, scope: Scope) -> str | None:
+        """The class this file defines that a local name holds an instance of (`stepper =
+        Stepper(opt)`, `criterion = DiceBCELoss()` in the same function), if every binding says so.
+        Only local names: the slicer keeps a class's methods where its name is used."""
+        if key is None or "." in key:
+            return None
+        function = scope.function_scope
+        values = [a.value for a in self._assignments_by_key.get(key, ()) if a.where.scope.function_scope is function]
+        owners = {v.func.value for v in values if isinstance(v, cst.Call) and isinstance(v.func, cst.Name)}
+        if not values or len(owners) != 1 or len(values) != sum(isinstance(v, cst.Call) and isinstance(v.func, cst.Name) for v in values):
+            return None
+        (owner,) = owners
+        return owner if owner in self._class_names else None
+
+    def _instance_call(self, call: CallSite) -> Scope | None:
+        """`criterion(probs, targets)` on a local instance: the class's `__call__`, or the `forward`
+        an nn.Module's call runs."""
+        owner = self._local_instance_class(call.callee, call.scope)
+        if owner is None:
+            return None
+        return self._method_of(owner, "__call__") or self._method_of(owner, "forward")
 
     @cached_property
     def _method_on_result(self) -> dict[int, str]:

@@ -148,6 +148,18 @@ class _Unit:
     def words(self) -> set[str]:
         return set(_WORD.findall(self.text))
 
+    def calls_method_of(self, owner: str, name: str) -> bool:
+        """Whether it may call method `name` of class `owner` as semantics' `called_function`
+        resolves it: `Owner.name(...)`, or on a local instance (`stepper = Owner(...)`, then
+        `stepper.name(...)`, or `stepper(...)` for `__call__` and an nn.Module's `forward`)."""
+        if owner not in self.plain_calls:
+            return False
+        receivers = [re.escape(owner), *(re.escape(v) for v in re.findall(rf"\b(\w+)\s*=\s*{re.escape(owner)}\s*\(", self.text))]
+        called = [rf"{r}\s*\.\s*{re.escape(name)}\s*\(" for r in receivers]
+        if name in ("__call__", "forward"):
+            called += [rf"{r}\s*\(" for r in receivers[1:]]
+        return re.search(rf"\b(?:{'|'.join(called)})", self.text) is not None
+
     @cached_property
     def _self_scopes(self) -> tuple[dict[int, str | None], set[tuple[str | None, str]]]:
         """The class each nested line's `self` belongs to, as the facts say (semantics'
@@ -607,10 +619,23 @@ class _CallGraph:
         return self._reached[key]
 
     def _called_by(self, callers: set[_Unit] | frozenset[_Unit]) -> set[_Unit]:
-        """The module-level functions and same-class methods `callers` call."""
+        """The module-level functions and same-class methods `callers` call, and the methods of
+        classes they call through the class or a local instance."""
         called = set().union(*(u.plain_calls for u in callers)) & self.functions
         methods = {(u.owner, m) for u in callers if u.owner for m in u.method_calls}
-        return {u for u in self.units if (u.name in called if u.owner is None else (u.owner, u.name) in methods)}
+        return {
+            u for u in self.units
+            if (u.name in called if u.owner is None else (u.owner, u.name) in methods)
+            or (u.owner is not None and any(c.calls_method_of(u.owner, u.name) for c in callers))
+        }
+
+    def _calls_any(self, unit: _Unit, callees: set[_Unit] | frozenset[_Unit]) -> bool:
+        """Whether `unit` calls one of `callees`, as `_called_by` follows calls."""
+        return any(
+            (c.name in unit.plain_calls) if c.owner is None
+            else (c.owner == unit.owner and c.name in unit.method_calls) or unit.calls_method_of(c.owner, c.name)
+            for c in callees
+        )
 
     def callees(self, callers: frozenset[_Unit]) -> frozenset[_Unit]:
         """The functions and same-class methods `callers` call, and those they call, as deep as
@@ -630,12 +655,7 @@ class _CallGraph:
         found: set[_Unit] = set()
         current: set[_Unit] = set(callees)
         for _ in range(names.CALL_DEPTH):
-            functions = {u.name for u in current if u.owner is None}
-            methods = {(u.owner, u.name) for u in current if u.owner}
-            current = {
-                u for u in self.units
-                if not functions.isdisjoint(u.plain_calls) or any((u.owner, name) in methods for name in u.method_calls)
-            } - found
+            current = {u for u in self.units if self._calls_any(u, current)} - found
             if not current:
                 break
             found |= current
@@ -688,6 +708,7 @@ class _CallGraph:
                 if (unit.owner is None and unit.name in self.module_calls)  # called at module level
                 or not kept_functions.isdisjoint(unit.plain_calls)  # a caller
                 or any((unit.owner, name) in kept_methods for name in unit.method_calls)
+                or any(unit.calls_method_of(owner, name) for owner, name in kept_methods)  # through an instance
                 or any(owner == unit.owner and f".{name}" in unit.text for owner, name in attributes)
             }
             added -= kept

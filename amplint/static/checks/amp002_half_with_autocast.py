@@ -145,8 +145,9 @@ def _stored_in_a_buffer(call: CallSite, facts: AmpFacts) -> bool:
     value = _outermost_method_call(call.node, facts)
     statement = facts.parent_of.get(id(value))
     return isinstance(statement, cst.Assign) and statement.value is value and all(
-        isinstance(target.target, cst.Subscript) for target in statement.targets
-    )
+        isinstance(target.target, cst.Subscript) and any(isinstance(e.slice, cst.Slice) for e in target.target.slice)
+        for target in statement.targets
+    )  # a slice: `batch["image"] = batch["image"].half()` replaces a model input
 
 
 def _outermost_method_call(node: cst.Call, facts: AmpFacts) -> cst.Call:
