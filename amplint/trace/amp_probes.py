@@ -319,7 +319,11 @@ class RuleProbes:
             @functools.wraps(real)
             def binary_cross_entropy(*args, **kwargs):
                 try:
-                    return real(*args, **kwargs)
+                    result = real(*args, **kwargs)
+                    active = state.mirror.active
+                    if active and not state.paused:  # ran under autocast without raising (CPU allows it)
+                        state.bce_devices.setdefault(probes._callsite(), set()).add(active[-1][0])
+                    return result
                 except RuntimeError as exc:
                     if "unsafe to autocast" in str(exc) and not state.paused:
                         site = probes._callsite()

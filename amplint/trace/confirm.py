@@ -254,6 +254,18 @@ def _event_check(code: str):
     return check
 
 
+def _amp016(site: _Site, facts: Facts):
+    count, reached, evidence = _event_check("AMP016")(site, facts)
+    devices = {d for at, ran in facts.state.bce_devices.items() if site.matches(at) for d in ran}
+    if not count and devices and "cuda" not in devices:
+        # Binary cross-entropy ran only under CPU autocast, which allows it: the CUDA case the
+        # finding is about did not run, which is not evidence that it is fine.
+        evidence = {**evidence, "kind": "bce-under-autocast", "autocast_devices": sorted(devices),
+                    "note": "binary_cross_entropy ran only under non-CUDA autocast, which allows it; CUDA autocast raises"}
+        return 0, False, evidence
+    return count, reached, evidence
+
+
 _CHECKS = {
     "AMP001": _amp001,
     "AMP002": _amp002,
@@ -262,7 +274,8 @@ _CHECKS = {
     "AMP005": _amp005,
     "AMP006": _amp006,
     "AMP011": _amp011,
-    **{code: _event_check(code) for code in ("AMP007", "AMP008", "AMP009", "AMP010", "AMP012", "AMP013", "AMP014", "AMP015", "AMP016", "AMP017")},
+    "AMP016": _amp016,
+    **{code: _event_check(code) for code in ("AMP007", "AMP008", "AMP009", "AMP010", "AMP012", "AMP013", "AMP014", "AMP015", "AMP017")},
 }
 
 

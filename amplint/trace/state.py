@@ -232,6 +232,7 @@ class TraceState:
         self.threads: dict = {}  # AMP015: creation callsite -> record
         self.autocast_constructions: dict = {}  # AMP016: callsite -> record
         self.bce_errors: dict = {}  # AMP016: callsite -> record
+        self.bce_devices: dict = {}  # AMP016: callsite -> autocast devices binary_cross_entropy ran under
         self.compiled: list = []  # AMP017: records of torch.compile results
         self.compiled_pending = None  # a compiled call under autocast since the last backward
 
