@@ -192,7 +192,22 @@ def _alias_fix(expr: cst.BaseExpression, scope: Scope, facts: AmpFacts) -> FixPl
             if isinstance(small, cst.ImportFrom) and any(_bound_name(a) == head for a in _aliases(small)):
                 if scope.resolve_head(head) == ref.qualname or scope.resolve_head(head) is not None:
                     return _from_import_fix(small, facts)
+            if isinstance(small, cst.Import):
+                alias = next((a for a in small.names if a.asname is not None and _bound_name(a) == head), None)
+                if alias is not None and scope.resolve_head(head) is not None:
+                    return _module_import_fix(alias, facts)
     return None
+
+
+def _module_import_fix(alias: cst.ImportAlias, facts: AmpFacts) -> FixPlan | None:
+    """`import torch.cuda.amp as amp` -> `import torch.amp as amp`, with every `amp.X(...)`."""
+    module = dotted_name(alias.name)
+    if module not in ("torch.cuda.amp", "torch.cpu.amp"):
+        return None
+    uses = _module_alias_uses(_bound_name(alias), facts)
+    if uses is None or not all(_supported(kind, facts) for kind in ("autocast", "GradScaler")):
+        return None
+    return FixPlan(Applicability.SAFE, (*uses, Replacement(alias.name, "torch.amp")))
 
 
 def _aliases(node: cst.ImportFrom) -> list[cst.ImportAlias]:
