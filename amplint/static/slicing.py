@@ -606,6 +606,8 @@ class _CallGraph:
         self.module_level = module_level
         self.functions = {u.name for u in self.units if u.owner is None}  # module-level ones
         self.module_calls = _plain_names(module_level) & self.functions
+        # Module-level code as a caller: `model = Net()` then `model(x)` runs `Net.forward`.
+        self._module_caller = _Unit("<module>", None, 0, 0, module_level, None)
         self._reached: dict[tuple[str, bool, bool], frozenset[_Unit]] = {}
 
     def global_names(self, trigger: re.Pattern[str]) -> set[str]:
@@ -706,6 +708,7 @@ class _CallGraph:
                 unit
                 for unit in self.units
                 if (unit.owner is None and unit.name in self.module_calls)  # called at module level
+                or (unit.owner is not None and self._module_caller.calls_method_of(unit.owner, unit.name))
                 or not kept_functions.isdisjoint(unit.plain_calls)  # a caller
                 or any((unit.owner, name) in kept_methods for name in unit.method_calls)
                 or any(unit.calls_method_of(owner, name) for owner, name in kept_methods)  # through an instance

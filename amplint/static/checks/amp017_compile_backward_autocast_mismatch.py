@@ -37,7 +37,18 @@ def _compiled(facts: AmpFacts) -> list[tuple[CallSite, str | None, object]]:
         for decorator in function.decorators:
             if not isinstance(decorator.decorator, cst.Call) and facts.qualname(decorator.decorator, function.parent or function) in _COMPILE:
                 found.append((decorator, function.name, function.node))
+                # `@torch.compile` on a module's `forward`: its instances are the compiled models.
+                if function.class_name is not None and function.name in ("forward", "__call__"):
+                    found.extend((decorator, key, None) for key in _instances_of(facts, function.class_name))
     return found
+
+
+def _instances_of(facts: AmpFacts, class_name: str) -> set[str]:
+    """The names bound to `ClassName(...)` in this file."""
+    return {
+        a.key for a in facts.assignments
+        if isinstance(a.value, cst.Call) and isinstance(a.value.func, cst.Name) and a.value.func.value == class_name
+    }
 
 
 def _assigned_to(facts: AmpFacts, call: CallSite) -> str | None:
