@@ -1017,7 +1017,7 @@ class AmpFacts:
             return False
         if dotted in self._classes_not_grad_scalers:
             return True
-        if any(scope.name == dotted for scope, _bases in self.classes):
+        if dotted in self._class_names:
             return False  # this file's GradScaler subclass
         qualified = self.qualname(call.func, scope) or dotted
         return qualified not in names.GRAD_SCALER and not qualified.endswith("GradScaler")
