@@ -15,6 +15,9 @@ from amplint.static.semantics import AmpFacts, Assignment, CallSite, dotted_name
 CODE = "AMP014"
 
 _CASTS = {"float", "double", "to", "type", "cpu"}
+# Reading these feeds no op a low-precision input: metadata, a Python number, or the start of a
+# backward pass (`inner_loss.backward()` computes nothing in the disabled region's dtype).
+_NOT_AN_INPUT = {"shape", "dtype", "device", "ndim", "size", "dim", "numel", "item", "backward"}
 # Values that are not low-precision tensors: sizes, Python numbers, casts to float32, metadata.
 _NOT_A_TENSOR = re.compile(
     r"\.(shape|dtype|device|ndim|size\(|item\(|float\(\)|double\(\)|numel\(|dim\(|tolist\()|\.to\([^)]*float(32|64)?\b|"
@@ -100,13 +103,13 @@ def _uncast_reads(facts: AmpFacts, function, inner: cst.WithItem, produced: set[
             continue
         if isinstance(parents.get(id(ref.node)), (cst.AssignTarget,)):
             continue
-        if "." in ref.dotted and ref.dotted.split(".")[1] in ("shape", "dtype", "device", "ndim"):
+        if "." in ref.dotted and ref.dotted.split(".")[1] in _NOT_AN_INPUT:
             continue
         found.append(head)
     for call in facts.calls:
         if call.scope.function_scope is not function or not any(w is inner for w in call.where.withs):
             continue
         head = (call.receiver_key or "").split(".")[0]
-        if head in produced and head not in cast_inside and head not in found and call.method not in _CASTS | {"size", "dim", "numel", "item"}:
+        if head in produced and head not in cast_inside and head not in found and call.method not in _CASTS | _NOT_AN_INPUT:
             found.append(head)
     return sorted(found)
