@@ -89,6 +89,10 @@ class Loop:
         """What the loop is over, for name heuristics: `tqdm(loader, desc="fold")` says nothing of folds."""
         return (self.words or f"{self.target} {self.iterable}").lower()
 
+    def binds(self, name: str | None) -> bool:
+        """Whether `name` is one of the loop variables (`opt` in `for name, opt in ...`)."""
+        return name is not None and name in re.findall(r"\w+", self.target)
+
 
 @dataclass(eq=False, frozen=True)
 class Context:

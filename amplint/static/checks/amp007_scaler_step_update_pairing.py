@@ -24,7 +24,7 @@ def _iteration_loop(event: ts.Event) -> Loop | None:
         loop = loops[-1]
         if (
             _OPTIMIZER_LOOP.search(loop.text)
-            or (event.target and event.target.split(".")[0] in re.findall(r"\w+", loop.target))
+            or (event.target is not None and loop.binds(event.target.split(".")[0]))
             # `while True: ...; return` (Composer's out-of-memory retry): a pass that gets to
             # the end leaves, only a retry runs the body again.
             or ends_with(loop.node.body, (cst.Return, cst.Break))
@@ -167,7 +167,7 @@ def _in_the_optimizer_loop_of_a_step(update: ts.Event, same_iteration: list[ts.E
     inner = ts.innermost_loop(update.anchor)
     if inner is None or not _OPTIMIZER_LOOP.search(inner.text):
         return False
-    if update.scaler in re.findall(r"\w+", inner.target):
+    if inner.binds(update.scaler):
         return False  # `for scaler, opt in zip(scalers, optimizers)`: a scaler of its own per optimizer
     return any(e.kind == "step" and inner in e.anchor.loops for e in same_iteration)
 

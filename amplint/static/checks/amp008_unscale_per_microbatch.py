@@ -47,7 +47,7 @@ def _loops(event: ts.Event):
 def _over_its_optimizers(loop, unscale: ts.Event) -> bool:
     """`for opt in optimizers: scaler.unscale_(opt)`: each pass unscales another optimizer once
     (SpeechBrain unscales, clips and steps its optimizers in three such loops)."""
-    return unscale.target is not None and unscale.target in re.findall(r"\w+", loop.target)
+    return loop.binds(unscale.target)
 
 
 def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> Hit | None:
