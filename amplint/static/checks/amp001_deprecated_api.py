@@ -9,7 +9,7 @@ import libcst as cst
 
 from amplint.static import autofix, names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts, Scope, identifiers
+from amplint.static.semantics import AmpFacts, Scope, ends_with, identifiers
 
 CODE = "AMP001"
 
@@ -93,10 +93,7 @@ def _version_test(facts: AmpFacts, node: cst.If | cst.IfExp) -> bool:
 
 def _exits(block: cst.BaseSuite) -> bool:
     """A block whose last statement returns or raises: what follows runs only when it did not."""
-    statements = block.body if isinstance(block, cst.IndentedBlock) else [block]  # `if x: return y`
-    last = statements[-1] if statements else None
-    small = last.body if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) else []
-    return bool(small) and isinstance(small[-1], (cst.Return, cst.Raise))
+    return ends_with(block, (cst.Return, cst.Raise))
 
 
 def _replacements(facts: AmpFacts) -> list[cst.CSTNode]:

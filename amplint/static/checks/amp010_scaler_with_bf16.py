@@ -75,8 +75,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     scalers = [c for c in facts.scalers_in() if c.qualname in names.GRAD_SCALER]
     if not scalers:
         return
-    for call in scalers:
-        flag = _built_only_for_bf16(facts, call)
+    flags = [(call, _built_only_for_bf16(facts, call)) for call in scalers]
+    for call, flag in flags:
         if flag is not None:
             yield Hit(
                 call.node,
@@ -85,7 +85,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 f"build it for float16 (`enabled=(amp_dtype == torch.float16)`)",
                 call.where.statement,
             )
-    scalers = [c for c in scalers if _built_only_for_bf16(facts, c) is None]
+    scalers = [call for call, flag in flags if flag is None]
     dtypes = set()
     for call, region in rg.autocasts(facts):
         if not rg.enabled(region):

@@ -111,7 +111,7 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
         return None
     dict_node, texts = built
     text = "\n".join(texts)
-    if _SCALER.search(text) or not _mentions_optimizer_state(facts, dict_node, text, call.scope):
+    if _SCALER.search(text) or not _mentions_optimizer_state(text):
         return None
     if isinstance(dict_node, cst.Dict) and any(isinstance(e, cst.StarredDictElement) for e in dict_node.elements):
         return None  # `**extra`: the scaler may be in there
@@ -145,7 +145,7 @@ _OPTIMIZER_STATE_TEXT = re.compile(
 )
 
 
-def _mentions_optimizer_state(facts: AmpFacts, node: cst.CSTNode, text: str, scope: Scope) -> bool:
+def _mentions_optimizer_state(text: str) -> bool:
     return bool(_OPTIMIZER_STATE_TEXT.search(_without_comments(text)))
 
 
