@@ -110,15 +110,12 @@ THIRD_PARTY_OPTIMIZERS = {"transformers.AdamW", "transformers.Adafactor", "trans
 SCHEDULER_PREFIXES = ("torch.optim.lr_scheduler.",)
 MODEL_FACTORIES = {"timm.create_model", "torch.hub.load"}
 MODEL_PREFIXES = ("torchvision.models.",)
-# Packages whose training loops scale the loss themselves (Lightning, accelerate, DeepSpeed, apex).
 # Packages whose training loop scales the loss itself: accelerate's Accelerator, Lightning's
 # precision plugins, DeepSpeed's engine, apex.amp, ColossalAI's booster, Composer's Trainer.
 FRAMEWORK_PACKAGES = frozenset({"lightning", "pytorch_lightning", "accelerate", "deepspeed", "apex", "colossalai", "composer"})
 # Their helper modules hand them nothing: `from accelerate.utils import set_seed`,
 # `from apex.optimizers import FusedAdam`.
 _FRAMEWORK_HELPERS = re.compile(r"\.(?:utils?|utilities|internal|testing|test_utils|logging|ops|optimizers|normalization|parallel|data)(?:\.|$)")
-
-
 # Objects of those frameworks whose `backward(loss)` and `clip_grad_norm_(...)` scale and unscale
 # for the caller (`accelerator.backward`, `engine.clip_grad_norm_`).
 FRAMEWORK_OWNERS = ("accelerator", "fabric", "engine", "model_engine", "trainer", "strategy")
@@ -128,6 +125,8 @@ def imports_a_framework(qualname: str) -> bool:
     """Whether an imported name (`accelerate.Accelerator`, `deepspeed`) brings a framework that
     scales the loss for the code that uses it."""
     return qualname.split(".")[0] in FRAMEWORK_PACKAGES and not _FRAMEWORK_HELPERS.search(qualname)
+
+
 # A name that says it holds a loss scaler (`scaler`, `grad_scaler`, timm's `NativeScaler`), in any
 # case; not scikit-learn's feature scalers (`StandardScaler`, `MinMaxScaler`, ...).
 SCALER_WORD = re.compile(
