@@ -150,14 +150,23 @@ def _stored_in_a_buffer(call: CallSite, facts: AmpFacts) -> bool:
     )  # a slice: `batch["image"] = batch["image"].half()` replaces a model input
 
 
-def _outermost_method_call(node: cst.Call, facts: AmpFacts) -> cst.Call:
-    """The last call of the method chain a call starts: `g.half().clone().detach()` for `.half()`."""
+def _methods_called_on(node: cst.Call, facts: AmpFacts, methods: frozenset[str] | None = None) -> Iterator[cst.Call]:
+    """The calls chained on a call's result, innermost first (`.clone()`, then `.detach()` after
+    `g.half()`), while each is one of `methods` (any method when None)."""
     while True:
         attribute = facts.parent_of.get(id(node))
         outer = facts.parent_of.get(id(attribute))
         if not (isinstance(attribute, cst.Attribute) and isinstance(outer, cst.Call) and outer.func is attribute):
-            return node
+            return
+        if methods is not None and attribute.attr.value not in methods:
+            return
+        yield outer
         node = outer
+
+
+def _outermost_method_call(node: cst.Call, facts: AmpFacts) -> cst.Call:
+    """The last call of the method chain a call starts: `g.half().clone().detach()` for `.half()`."""
+    return [node, *_methods_called_on(node, facts)][-1]
 
 
 def _uses_name(use: Reference | CallSite, key: str) -> bool:
@@ -295,15 +304,7 @@ def _frozen(call: CallSite, facts: AmpFacts) -> bool:
 
 def _same_object_chain(call: CallSite, facts: AmpFacts) -> list[cst.Call]:
     """The calls of `x.to(device).half().eval()` around a cast, innermost first, outermost last."""
-    chain = [*_chain_below(call)[0], call.node]
-    current = call.node
-    while True:
-        attribute = facts.parent_of.get(id(current))
-        outer = facts.parent_of.get(id(attribute))
-        if not (isinstance(attribute, cst.Attribute) and attribute.attr.value in _SAME_OBJECT and isinstance(outer, cst.Call)):
-            return chain
-        chain.append(outer)
-        current = outer
+    return [*_chain_below(call)[0], call.node, *_methods_called_on(call.node, facts, _SAME_OBJECT)]
 
 
 def _freezes(node: cst.Call) -> bool:
