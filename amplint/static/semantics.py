@@ -141,6 +141,11 @@ class CallSite:
     def scope(self) -> Scope:
         return self.where.scope
 
+    @property
+    def name(self) -> str:
+        """The name called: `m` of `x.m(...)`, `f` of `f(...)`; "" for anything else."""
+        return self.method or self.callee or ""
+
     def arg(self, position: int | None, keyword: str | None) -> cst.BaseExpression | None:
         return argument(self.node, position, keyword)
 

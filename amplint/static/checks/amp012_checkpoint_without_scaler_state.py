@@ -70,8 +70,7 @@ def _saves(facts: AmpFacts, call: CallSite) -> bool:
     torch.save)."""
     if call.qualname in _SAVE:
         return True
-    name = (call.callee or "").rsplit(".", 1)[-1]
-    return bool(_SAVE_HELPER.match(name)) and facts.called_function(call) is None
+    return bool(_SAVE_HELPER.match(call.name)) and facts.called_function(call) is None
 
 
 def _saved_objects(facts: AmpFacts, save: CallSite) -> Iterator[tuple[CallSite, cst.BaseExpression | None]]:

@@ -185,7 +185,7 @@ def _restores_autocast_by_hand(
         return False
     ctx = _first_argument(backward)
     for call in function.calls:
-        if not _AUTOCAST_NAME.search(_called_name(call)):
+        if not _AUTOCAST_NAME.search(call.name):
             continue
         # `torch.autocast("cuda", **ctx.autocast_kwargs)`, or one opened under `if ctx.had_autocast_in_fwd:`.
         read = [*(arg.value for arg in call.node.args), *(branch.test for branch in call.where.ifs)]
@@ -196,14 +196,10 @@ def _restores_autocast_by_hand(
 
 def _reads_autocast_state(facts: AmpFacts, call: CallSite) -> bool:
     """`torch.is_autocast_enabled()`, `torch.get_autocast_dtype(...)`, or an in-file helper that calls them."""
-    if _AUTOCAST_STATE.search(_called_name(call)):
+    if _AUTOCAST_STATE.search(call.name):
         return True
     helper = facts.called_function(call)
-    return helper is not None and any(_AUTOCAST_STATE.search(_called_name(inner)) for inner in helper.calls)
-
-
-def _called_name(call: CallSite) -> str:
-    return call.method or (call.callee or "").rsplit(".", 1)[-1]
+    return helper is not None and any(_AUTOCAST_STATE.search(inner.name) for inner in helper.calls)
 
 
 def _applied_only_with_autocast_off(facts: AmpFacts, scope: Scope) -> bool:
