@@ -103,6 +103,7 @@ def check_paths(
     cache = ResultCache(settings.root / ".amplint_cache", settings.fingerprint()) if use_cache else None
     tasks: list[_Task] = []
     stats: list[os.stat_result] = []
+    entries: list[str] = []  # each task's cache key
     for source_file in files:
         result.files_checked += 1
         result.sources[source_file.display] = source_file
@@ -119,12 +120,13 @@ def check_paths(
         previous = cache.previous(entry) if cache else None
         tasks.append(_Task(source_file.key, source_file.display, source_file.named, enabled, settings.min_torch, previous, cache is not None))
         stats.append(stat)
-    for task, stat, outcome in zip(tasks, stats, _check_all(tasks, stats, jobs)):
+        entries.append(entry)
+    for task, stat, entry, outcome in zip(tasks, stats, entries, _check_all(tasks, stats, jobs)):
         if outcome.error is not None:
             result.errors.append(f"{task.display}: cannot read: {outcome.error}")
             continue
         if cache:
-            cache.store(_cache_key(task.key, task.named), stat, outcome.digest, [f.to_json() for f in outcome.findings])
+            cache.store(entry, stat, outcome.digest, [f.to_json() for f in outcome.findings])
         result.findings.extend(outcome.findings)
     if cache:
         cache.save()
