@@ -254,8 +254,11 @@ def _event_check(code: str):
     return check
 
 
+_amp016_events = _event_check("AMP016")
+
+
 def _amp016(site: _Site, facts: Facts):
-    count, reached, evidence = _event_check("AMP016")(site, facts)
+    count, reached, evidence = _amp016_events(site, facts)
     devices = {d for at, ran in facts.state.bce_devices.items() if site.matches(at) for d in ran}
     if not count and devices and "cuda" not in devices:
         # Binary cross-entropy ran only under CPU autocast, which allows it: the CUDA case the
