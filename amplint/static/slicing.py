@@ -120,6 +120,10 @@ _CLASS_HEADER = re.compile(r"^[ \t]*class\s+\w+\s*\(([^)]*)\)", re.MULTILINE)
 _NAME_OR_ATTRIBUTE = re.compile(r"\.?[A-Za-z_]\w*")
 _SELF_ATTRIBUTE = re.compile(r"(?:self(?<!\wself)|cls(?<!\wcls))\.([A-Za-z_]\w*)")
 _WORD = re.compile(r"[A-Za-z_]\w*")
+# Calls a unit makes, for calls_method_of: `name(`, `receiver.name(`, `variable = callee(`.
+_CALLED_NAME = re.compile(r"\b(\w+)\s*\(")
+_ATTRIBUTE_CALL = re.compile(r"\b(\w+)\s*\.\s*(\w+)\s*\(")
+_BINDS_A_CALL = re.compile(r"\b(\w+)\s*=\s*(\w+)\s*\(")
 
 
 @dataclass(eq=False)
@@ -148,17 +152,26 @@ class _Unit:
     def words(self) -> set[str]:
         return set(_WORD.findall(self.text))
 
+    @cached_property
+    def _calls(self) -> tuple[set[str], set[tuple[str, str]], dict[str, set[str]]]:
+        """The names it calls (`f(`), the attribute calls (`receiver.m(`), and the local names
+        bound to a call of each callee (`stepper = Owner(` binds `stepper` under `Owner`)."""
+        bound: dict[str, set[str]] = {}
+        for variable, callee in _BINDS_A_CALL.findall(self.text):
+            bound.setdefault(callee, set()).add(variable)
+        return set(_CALLED_NAME.findall(self.text)), set(_ATTRIBUTE_CALL.findall(self.text)), bound
+
     def calls_method_of(self, owner: str, name: str) -> bool:
         """Whether it may call method `name` of class `owner` as semantics' `called_function`
         resolves it: `Owner.name(...)`, or on a local instance (`stepper = Owner(...)`, then
         `stepper.name(...)`, or `stepper(...)` for `__call__` and an nn.Module's `forward`)."""
         if owner not in self.plain_calls:
             return False
-        receivers = [re.escape(owner), *(re.escape(v) for v in re.findall(rf"\b(\w+)\s*=\s*{re.escape(owner)}\s*\(", self.text))]
-        called = [rf"{r}\s*\.\s*{re.escape(name)}\s*\(" for r in receivers]
-        if name in ("__call__", "forward"):
-            called += [rf"{r}\s*\(" for r in receivers[1:]]
-        return re.search(rf"\b(?:{'|'.join(called)})", self.text) is not None
+        called_names, attribute_calls, bound = self._calls
+        instances = bound.get(owner, set())
+        if any((receiver, name) in attribute_calls for receiver in (owner, *instances)):
+            return True
+        return name in ("__call__", "forward") and not instances.isdisjoint(called_names)
 
     @cached_property
     def _self_scopes(self) -> tuple[dict[int, str | None], set[tuple[str | None, str]]]:
