@@ -312,6 +312,22 @@ def test_a_named_folder_is_checked_though_exclude_names_it_unless_force_exclude(
     assert checked(result) == set() and result.returncode == 0
 
 
+def test_anchored_patterns_count_from_their_own_folder_when_a_subfolder_is_walked(tmp_path: Path) -> None:
+    """`src/gen/` in the configuration and `/nested/tmp.py` in src/.gitignore name paths from the
+    folder that holds them, whichever folder the command line names."""
+    repository(tmp_path, "")
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nexclude = ["src/gen/"]\n')
+    write(tmp_path / "src" / ".gitignore", "/nested/tmp.py\n")
+    for name in ("src/gen/a.py", "src/nested/tmp.py", "src/nested/train.py", "src/nested/gen/b.py"):
+        write(tmp_path / name, TWO_RULES)
+    result = amplint("src/nested", "--format", "json", "--select", "AMP001", cwd=tmp_path)
+    assert checked(result) == {"src/nested/train.py", "src/nested/gen/b.py"}
+    assert checked(amplint("src", "--format", "json", "--select", "AMP001", cwd=tmp_path)) == {
+        "src/nested/train.py",
+        "src/nested/gen/b.py",
+    }
+
+
 def test_respect_gitignore_false_walks_ignored_files(tmp_path: Path) -> None:
     repository(tmp_path, "generated/\n")
     write(tmp_path / "pyproject.toml", "[tool.amplint]\nrespect-gitignore = false\n")
