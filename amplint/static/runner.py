@@ -154,14 +154,15 @@ def _analyse(job: _Job) -> list[Finding]:
     """The selected rules on one file; a file no rule can flag only gets CPython's syntax check."""
     if not job.codes - {"AMP000"}:
         return _syntax_only(job.source, job.display) if job.codes else []
-    from amplint.static.analyse import analyse_source
-
-    # libcst allocates hundreds of thousands of acyclic nodes per large file, and each burst of
-    # allocations triggers a pass of the cyclic collector over all of them: ~20% of the time.
-    # Reference counting frees the trees; any cycles are collected once it is back on.
+    # libcst allocates hundreds of thousands of acyclic nodes per large file (and thousands of
+    # classes when it is imported), and each burst of allocations triggers a pass of the cyclic
+    # collector over all of them: ~20% of the time. Reference counting frees the trees; any
+    # cycles are collected once it is back on.
     enabled = gc.isenabled()
     gc.disable()
     try:
+        from amplint.static.analyse import analyse_source
+
         return analyse_source(job.source, job.display, job.codes, job.min_torch, check_syntax=job.named)
     finally:
         if enabled:
