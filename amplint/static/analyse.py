@@ -17,6 +17,7 @@ from libcst.metadata.position_provider import PositionProvidingCodegenState
 from amplint.catalogue import rule_info
 from amplint.model import Edit, Finding, Fix
 from amplint.static.checks import Hit, Insertion, all_checks
+from amplint.static.screen import nodes
 from amplint.static.semantics import AmpFacts
 from amplint.static.slicing import first_line, prepare
 from amplint.static.source import (
@@ -212,7 +213,7 @@ class _Locator:
             origins[id(statement)] = (first_line(tree.body[position]), 0)
             position += count
         kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-        definitions = sorted((n for n in ast.walk(tree) if isinstance(n, kinds)), key=lambda n: (n.lineno, n.col_offset))
+        definitions = sorted((n for n in nodes(tree) if isinstance(n, kinds)), key=lambda n: (n.lineno, n.col_offset))
         if position == len(tree.body) and len(definitions) == len(self.facts.definitions):
             for ours, theirs in zip(self.facts.definitions, definitions):
                 if ours.name.value != theirs.name:
