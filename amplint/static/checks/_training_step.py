@@ -181,11 +181,14 @@ class Event:
 
 def exclusive(a: Event, b: Event) -> bool:
     """Whether two events never run in one call of the analysed function: they sit in different
-    branches of one `if` there or, both coming from one call of a helper, in the helper. Two
-    calls of a helper from the two branches of an `if` are one call per run."""
-    if a.anchor is b.anchor:
-        return mutually_exclusive(a.call.where, b.call.where)
-    return mutually_exclusive(a.anchor, b.anchor)
+    branches of one `if` there or, both coming from a helper, in the helper. Two calls of a
+    helper from the two branches of an `if` are one call per run; two calls of one helper that
+    branches on AMP (`run_epoch(train)` then `run_epoch(val)`, each `if use_amp: scaler.step(opt)
+    else: opt.step()`) take the same branch, or are an AMP run and a float32 one."""
+    if a.anchor is b.anchor or a.call.where.scope.function_scope is b.call.where.scope.function_scope:
+        if mutually_exclusive(a.call.where, b.call.where):
+            return True
+    return a.anchor is not b.anchor and mutually_exclusive(a.anchor, b.anchor)
 
 
 def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
