@@ -617,6 +617,25 @@ def test_amp013_custom_fwd_with_setup_context() -> None:
     assert lines(src, "AMP013") == [4]
 
 
+def test_amp013_one_tensor_input_is_not_said_to_receive_mixed_tensors() -> None:
+    """A Function of one tensor still runs its matmuls in float16 under autocast; the message
+    says that, not that forward receives a mix of dtypes."""
+    src = """\
+    import torch
+    class MatrixSqrt(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            vals, vecs = torch.linalg.eigh(a)
+            ctx.save_for_backward(vals, vecs)
+            return vecs @ vals.sqrt().diag_embed() @ vecs.mT
+    with torch.autocast("cuda"):
+        y = MatrixSqrt.apply(x)
+    """
+    [finding] = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP013"]
+    assert "matmuls, convolutions or extension calls in its forward run in float16" in finding.message
+    assert "receives a mix" not in finding.message
+
+
 # --------------------------------------------------------------------------------- AMP014
 def test_amp014_uncast_outer_tensor_in_disabled_block() -> None:
     src = """\

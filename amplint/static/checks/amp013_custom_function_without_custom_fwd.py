@@ -120,13 +120,22 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
 def _undecorated(
     facts: AmpFacts, scope: Scope, forward: cst.FunctionDef, backward: cst.FunctionDef | None
 ) -> Iterator[Hit]:
-    if _does_precision_sensitive_work(facts, forward):
+    decorate = (
+        "decorate `forward` with `@torch.amp.custom_fwd(device_type=..., cast_inputs=...)` and "
+        "`backward` with `@torch.amp.custom_bwd(device_type=...)`"
+    )
+    if _takes_tensors(facts, forward) >= 2:
         message = (
             f"`{scope.name}` is a custom autograd.Function without `@torch.amp.custom_fwd`: under "
             f"autocast its forward receives a mix of float16 and float32 tensors (and its backward "
-            f"runs with autocast in an unknown state); decorate `forward` with "
-            f"`@torch.amp.custom_fwd(device_type=..., cast_inputs=...)` and `backward` with "
-            f"`@torch.amp.custom_bwd(device_type=...)`"
+            f"runs with autocast in an unknown state); {decorate}"
+        )
+    elif _AUTOCAST_OPS.search(facts.module.code_for_node(forward.body)):
+        message = (
+            f"`{scope.name}` is a custom autograd.Function without `@torch.amp.custom_fwd`: under "
+            f"autocast the matmuls, convolutions or extension calls in its forward run in float16 "
+            f"while its backward runs with autocast in an unknown state, so the gradients mix "
+            f"float16 and float32; {decorate}"
         )
     elif _recomputes_in_backward(facts, backward):
         message = (
@@ -144,10 +153,8 @@ def _undecorated(
     yield Hit(scope.node.name, message, scope.node)
 
 
-def _does_precision_sensitive_work(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
-    if sum(1 for p in _arguments(forward) if _may_be_a_tensor(facts, p)) >= 2:
-        return True
-    return bool(_AUTOCAST_OPS.search(facts.module.code_for_node(forward.body)))
+def _takes_tensors(facts: AmpFacts, forward: cst.FunctionDef) -> int:
+    return sum(1 for p in _arguments(forward) if _may_be_a_tensor(facts, p))
 
 
 def _arguments(function: cst.FunctionDef) -> list[cst.Param]:
