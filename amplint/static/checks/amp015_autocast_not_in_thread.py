@@ -23,7 +23,16 @@ _EXECUTORS = {
 }
 _EXECUTOR_NAME = re.compile(r"executor|thread_?pool|^pool$|_pool$|^ex$|^tpe$")
 _IO_WORK = re.compile(r"\bopen\(|\.write|json|print\(|logg|requests\.|upload|socket|sleep\(|wandb|tensorboard|writer\.|queue|\.put\(|shutil|os\.")
-_TENSOR_WORK = re.compile(r"torch|model|\bnet\b|forward|encode|decode|generate|\bF\.|nn\.|self\.\w+\(|\.cuda\(")
+_MODEL_WORK = re.compile(r"model|\bnet\b|forward|encode|decode|generate|\bF\.|nn\.|self\.\w+\(")
+# torch functions autocast leaves alone: they build, copy or move tensors (a prefetch thread's
+# `torch.as_tensor(batch).pin_memory()`, `torch.clone(d).to(device)`), whatever thread runs them.
+_MOVES_DATA = frozenset({
+    "torch.as_tensor", "torch.from_numpy", "torch.tensor", "torch.clone", "torch.stack", "torch.cat",
+    "torch.zeros", "torch.ones", "torch.empty", "torch.full", "torch.arange", "torch.zeros_like",
+    "torch.ones_like", "torch.empty_like", "torch.load", "torch.save", "torch.no_grad", "torch.inference_mode",
+    "torch.cuda.stream", "torch.cuda.Stream", "torch.cuda.current_stream", "torch.cuda.synchronize",
+    "torch.cuda.set_device", "torch.set_num_threads",
+})
 
 
 def _bound_to(facts: AmpFacts, call: CallSite, qualnames: set[str]) -> bool:
@@ -44,6 +53,8 @@ _HARMLESS_METHODS = frozenset({
     "info", "debug", "warning", "warn", "error", "exception", "critical", "log", "write", "flush",
     "set", "clear", "wait", "is_set", "acquire", "release", "notify", "notify_all", "format", "items",
     "keys", "values", "join", "split", "strip",
+    # moving data: autocast does not cast these
+    "to", "cuda", "cpu", "pin_memory", "contiguous", "clone", "detach", "numpy", "tolist", "item", "record_stream",
 })
 _HARMLESS_FUNCTIONS = frozenset({
     "print", "len", "range", "str", "repr", "int", "float", "bool", "min", "max", "sum", "sorted",
@@ -52,21 +63,26 @@ _HARMLESS_FUNCTIONS = frozenset({
 
 
 def _target_does_no_tensor_work(facts: AmpFacts, target: cst.BaseExpression | None, call: CallSite) -> bool:
-    """A same-file worker with no torch, model or `F.` calls: it does input/output, or every call
-    it makes is bookkeeping (`log.info(...)`, `results.append(i)`)."""
+    """A same-file worker with no model or `F.` calls and no torch call but those that build or
+    move tensors: it does input/output, moves data, or every call it makes is bookkeeping
+    (`log.info(...)`, `results.append(i)`)."""
     if target is None:
         return False
     function = facts._function_named(target, call.scope)
     if function is None:
         return False
     text = facts.module.code_for_node(function.node)
-    if _TENSOR_WORK.search(text):
+    if _MODEL_WORK.search(text) or any(_torch_compute(c) for c in function.calls):
         return False
     bookkeeping = all(
-        (c.method in _HARMLESS_METHODS) if c.method is not None else (c.callee in _HARMLESS_FUNCTIONS)
+        c.qualname in _MOVES_DATA or ((c.method in _HARMLESS_METHODS) if c.method is not None else (c.callee in _HARMLESS_FUNCTIONS))
         for c in function.calls
     )
     return bookkeeping or bool(_IO_WORK.search(text))
+
+
+def _torch_compute(call: CallSite) -> bool:
+    return call.qualname is not None and call.qualname.startswith("torch") and call.qualname not in _MOVES_DATA
 
 
 def _target_enters_autocast(facts: AmpFacts, target: cst.BaseExpression | None, call: CallSite) -> bool:
