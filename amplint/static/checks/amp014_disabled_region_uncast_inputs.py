@@ -39,42 +39,57 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         item = _with_item_of(facts, call)
         if item is None:
             continue
-        outer = facts.innermost_autocast(call.where)
-        if outer is None or outer.enabled == "no":
-            continue
         function = call.scope.function_scope
-        produced = _produced_in(facts, function, outer, item)
-        if not produced:
-            continue
-        used = _uncast_reads(facts, function, item, produced)
+        outer = facts.innermost_autocast(call.where)
+        if outer is not None and outer.enabled != "no":
+            produced = dict.fromkeys(_produced_in(facts, function, outer, item), outer)
+            where = "the enclosing autocast region"
+        else:
+            # RT-DETR: `with autocast(): outputs = model(x)`, then `with autocast(enabled=False):
+            # loss = criterion(outputs, y)`: the outputs keep their float16 in the second block.
+            produced = _produced_before(facts, function, call, item)
+            where = "the autocast region"
+        used = _uncast_reads(facts, function, item, set(produced)) if produced else []
         if used:
             listed = ", ".join(f"`{name}`" for name in used)
             yield Hit(
                 call.node,
-                f"autocast is disabled here but {listed}, computed in the enclosing autocast region (line "
+                f"autocast is disabled here but {listed}, computed in {where} (line "
                 f"{{0}}), may be float16/bfloat16; ops in this block then run in low precision (or fail on "
                 f"mixed dtypes); cast them with `.float()` first",
                 call.where.statement,
-                related=(outer.node,),
+                related=(produced[used[0]].node,),
             )
+
+
+def _low_precision_value(facts: AmpFacts, assignment: Assignment) -> bool:
+    return "." not in assignment.key and not _NOT_A_TENSOR.search(facts.module.code_for_node(assignment.value))
 
 
 def _produced_in(facts: AmpFacts, function, outer, inner: cst.WithItem) -> set[str]:
     names = set()
     for assignment in facts.assignments:
         where = assignment.where
-        if where.scope.function_scope is not function or "." in assignment.key:
-            continue
-        if any(w is inner for w in where.withs):
+        if where.scope.function_scope is not function or any(w is inner for w in where.withs):
             continue
         region = facts.innermost_autocast(where)
-        if region is None or region.node is not outer.node:
-            continue
-        if _NOT_A_TENSOR.search(facts.module.code_for_node(assignment.value)):
-            continue
-        names.add(assignment.key)
-    # Rebound later with a cast (`x = x.float()`) outside the disabled block: no longer low precision.
+        if region is not None and region.node is outer.node and _low_precision_value(facts, assignment):
+            names.add(assignment.key)
     return names
+
+
+def _produced_before(facts: AmpFacts, function, call: CallSite, inner: cst.WithItem) -> dict:
+    """Names whose value on entering the disabled block was computed in an earlier autocast
+    region of the same function (and not rebound since), with that region."""
+    produced = {}
+    for key in {a.key for a in facts.assignments if a.where.scope.function_scope is function}:
+        assignment = facts.reaching_assignment(key, call.where)
+        if assignment is None or any(w is inner for w in assignment.where.withs):
+            continue
+        region = facts.innermost_autocast(assignment.where)
+        if region is not None and region.enabled != "no" and _low_precision_value(facts, assignment):
+            produced[key] = region
+    return produced
 
 
 def _casts_itself(assignment: Assignment) -> bool:
