@@ -293,3 +293,23 @@ def test_case_ids_are_printed_verbatim_not_as_markup(tmp_path):
     result = CliRunner().invoke(main, ["compare", spec, "--no-gains"])
     assert result.exit_code == 1
     assert "img[3] [bold]" in result.stdout
+
+
+def test_a_spec_without_any_decision_says_decisions_were_not_compared(tmp_path):
+    spec = write(tmp_path, """
+        import torch
+        def model():
+            return torch.nn.Linear(3, 1)
+        def cases():
+            return [("a", torch.ones(1, 3))]
+    """)
+    result = amplint(spec, "--no-gains", "--trials", "bf16")
+    assert result.returncode == 0
+    assert "no case has a decision" in result.stdout and "define decide(output)" in result.stdout
+
+
+def test_save_baseline_cannot_rewrite_the_baseline_being_compared_against(tmp_path):
+    spec = write(tmp_path, ACCEPTANCE_SPEC)
+    stored = str(tmp_path / "base.pt")
+    assert_one_error_line(amplint(spec, "--baseline", stored, "--save-baseline", stored), "amplint compare: error: --save-baseline and --baseline")
+    assert_one_error_line(amplint(spec, "--save-baseline", stored, "--json", stored), "amplint compare: error: --save-baseline and --json")

@@ -133,3 +133,22 @@ def test_profiler_chatter_does_not_reach_stderr(tmp_path, capfd):
     capfd.readouterr()
     gains.peak_bytes(prepared, prepared.fresh_model(), "bfloat16")
     assert "profiler_st" not in capfd.readouterr().err
+
+
+def test_each_timed_pass_gets_fresh_copies_of_the_inputs(tmp_path):
+    """A model that normalises its input in place would otherwise be timed on drifting values."""
+    prepared = prepared_from(tmp_path, """
+        import torch
+        SEEN = []
+        class InPlace(torch.nn.Module):
+            def forward(self, x):
+                SEEN.append(float(x.max()))
+                return x.sub_(0.5).div_(0.25)
+        def model():
+            return InPlace()
+        def cases():
+            return [("a", torch.ones(4))]
+    """)
+    seen = prepared.model.forward.__globals__["SEEN"]
+    gains.measure(prepared, "bfloat16", warmup=1, repeats=3)
+    assert seen and set(seen) == {1.0}

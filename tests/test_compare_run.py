@@ -444,3 +444,88 @@ def test_an_error_inside_a_cases_generator_names_its_line(tmp_path):
     with pytest.raises(CompareError) as caught:
         compare(path)
     assert str(caught.value) == "cases(), line 7: KeyError: 'labels.csv'"
+
+
+def _spec(tmp_path, body: str):
+    path = tmp_path / "spec.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+IDENTITY = """
+import torch
+def model():
+    m = torch.nn.Linear(3, 3)
+    with torch.no_grad():
+        m.weight.copy_(torch.eye(3))
+        m.bias.zero_()
+    return m
+"""
+
+
+def test_every_changed_row_of_a_batched_case_counts_as_a_changed_decision(tmp_path):
+    """Three near-tie rows in a batch of eight change in bfloat16: three decisions, not one case."""
+    body = IDENTITY + """
+def cases():
+    return [("batch-of-8", torch.tensor([[1.0, 1.0003, 0.0]] * 3 + [[2.0, 0.0, 0.0]] * 5))]
+CRITERIA = {"max_decision_changes": 2}
+"""
+    [trial] = compare(_spec(tmp_path, body), trials=("bfloat16",))["trials"]
+    assert trial["decision_changes"] == 3 and trial["cases"][0]["decisions_changed"] == 3
+    assert "decision_changes" in trial["failed_criteria"]
+
+
+def test_per_pixel_scores_have_no_default_decision(tmp_path):
+    """`[B, C, H, W]`: the last dimension is the width, not the classes; decide() must say."""
+    body = """
+import torch
+def model():
+    m = torch.nn.Conv2d(2, 2, 1)
+    with torch.no_grad():
+        m.weight.copy_(torch.eye(2).view(2, 2, 1, 1))
+        m.bias.zero_()
+    return m
+def cases():
+    return [("tile", torch.tensor([[[[1.0, 5.0, 5.0]], [[1.0003, 0.0, 0.0]]]]))]
+"""
+    report = compare(_spec(tmp_path, body), trials=("bfloat16",))
+    assert report["baseline"]["cases"][0]["decision"] is None
+    assert report["baseline"]["cases"][0]["margin"] is None
+
+
+def test_the_worst_element_is_the_one_farthest_outside_its_own_output_tolerance(tmp_path):
+    body = """
+import torch
+class TwoScales(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(2, 2)
+        with torch.no_grad():
+            self.l.weight.copy_(torch.eye(2))
+            self.l.bias.zero_()
+    def forward(self, x):
+        h = self.l(x)
+        return {"logits": h, "boxes": h * 300 + 400}
+def model():
+    return TwoScales()
+def cases():
+    return [("c0", torch.tensor([[0.1234567, 1.3]]))]
+CRITERIA = {"atol": {"logits": 1e-4, "boxes": 2.0}}
+"""
+    [trial] = compare(_spec(tmp_path, body), trials=("bfloat16",))["trials"]
+    case = trial["cases"][0]
+    assert not case["within_tolerance"] and case["worst"]["output"] == "logits"
+    assert case["max_abs_diff"] > 1.0  # the absolute gap of the boxes, within their own tolerance
+
+
+def test_a_negative_margin_is_an_error(tmp_path):
+    body = IDENTITY + """
+def cases():
+    return [("a", torch.tensor([[1.0, 0.0, 0.0]]))]
+def decide(output):
+    return bool(output[0, 0] > 50.0)
+def margin(output):
+    return float(output[0, 0] - 50.0)
+"""
+    with pytest.raises(CompareError, match="non-negative"):
+        compare(_spec(tmp_path, body), trials=("bfloat16",))

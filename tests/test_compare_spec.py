@@ -51,7 +51,35 @@ def test_missing_cases_names_the_close_misspelling(tmp_path):
 
 def test_misspelt_uppercase_setting_is_not_silently_ignored(tmp_path):
     message = load_error(tmp_path, MINIMAL + "TRIAL = ['float16']\n")
-    assert message == "the spec defines `TRIAL`; did you mean `TRIALS`?"
+    assert message.startswith("the spec defines `TRIAL`; did you mean `TRIALS`?")
+
+
+@pytest.mark.parametrize(
+    ("definition", "meant"),
+    [
+        ("criteria = {'atol': 1e-6}\n", "CRITERIA"),
+        ("device = 'cpu'\n", "DEVICE"),
+        ("def decied(output):\n    return output.argmax(-1)\n", "decide"),
+        ("def decision(output):\n    return output.argmax(-1)\n", "decide"),
+        ("def margins(output):\n    return 1.0\n", "margin"),
+    ],
+)
+def test_a_name_in_another_case_or_misspelt_is_an_error_not_a_silent_default(tmp_path, definition, meant):
+    message = load_error(tmp_path, MINIMAL + definition)
+    assert f"did you mean `{meant}`?" in message and "_" in message.split("(")[-1]
+
+
+def test_private_and_imported_names_are_not_taken_for_misspellings(tmp_path):
+    (tmp_path / "helpers.py").write_text("def decision(output):\n    return output.argmax(-1)\n")
+    body = MINIMAL + "from helpers import decision\n_device = 'cpu'\nimport math as margins\n"
+    assert load_spec(write_spec(tmp_path, body)).decide is None
+
+
+def test_model_can_import_a_helper_beside_the_spec_when_it_runs(tmp_path):
+    (tmp_path / "net_helper.py").write_text("import torch\ndef build():\n    return torch.nn.Linear(3, 3)\n")
+    body = MINIMAL.replace("def model():", "def model():\n    from net_helper import build\n    return build()\ndef _unused():")
+    spec = load_spec(write_spec(tmp_path, body))
+    assert spec.model().in_features == 3
 
 
 def test_unrelated_uppercase_constants_are_allowed(tmp_path):

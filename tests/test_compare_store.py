@@ -86,9 +86,10 @@ def test_another_device_is_refused(saved):
 def test_a_file_that_is_not_a_baseline_is_refused(tmp_path, saved):
     prepared, _ = saved
     junk = tmp_path / "junk.pt"
-    junk.write_text("not a baseline")
-    with pytest.raises(CompareError, match="cannot be read"):
+    junk.write_text('{"spec": "spec.py", "trials": []}')  # a JSON report passed by mistake
+    with pytest.raises(CompareError, match="is not an amplint compare baseline") as refused:
         store.load_baseline(str(junk), prepared)
+    assert "weights_only" not in str(refused.value)
     other = tmp_path / "other.pt"
     torch.save({"weights": torch.ones(1)}, other)
     with pytest.raises(CompareError, match="is not an amplint compare baseline"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import warnings
 
@@ -60,6 +61,10 @@ def run_compare_command(
 ) -> int:
     # The JSON on stdout must stay parseable, so `--json -` sends the human report, and whatever
     # the spec's own code prints, to stderr.
+    if save_baseline and baseline_path:
+        return _error("--save-baseline and --baseline cannot be combined: a stored baseline is compared against, never rewritten")
+    if save_baseline and json_path and json_path != "-" and _same_file(save_baseline, json_path):
+        return _error(f"--save-baseline and --json name the same file ({json_path}); the report would overwrite the baseline")
     stdout = sys.stdout
     stream = sys.stderr if json_path == "-" else sys.stdout
     quiet_stdout = contextlib.redirect_stdout(sys.stderr) if json_path == "-" else contextlib.nullcontext()
@@ -148,6 +153,12 @@ def _write_partial(report: dict, json_path: str, stdout) -> None:
         write_json(report, json_path, stdout)
     except OSError:
         pass  # the error line that follows matters more than the partial report
+
+
+def _same_file(first: str, second: str) -> bool:
+    return os.path.abspath(first) == os.path.abspath(second) or (
+        os.path.exists(first) and os.path.exists(second) and os.path.samefile(first, second)
+    )
 
 
 def _error(message: str) -> int:

@@ -24,6 +24,7 @@ those events are unavailable (a torch without the private event tree), memory is
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import statistics
 import tempfile
@@ -81,11 +82,17 @@ def _significant(value: float, digits: int = 4) -> float:
     return float(f"{value:.{digits}g}")
 
 
-def _one_pass(prepared: Prepared, model: torch.nn.Module, dtype: str | None) -> None:
+def _one_pass(prepared: Prepared, model: torch.nn.Module, dtype: str | None, inputs: list | None = None) -> None:
     device_type = prepared.device.type
-    for _, case_input in prepared.cases:
+    for case_input in inputs if inputs is not None else _fresh_inputs(prepared):
         with autocast_context(device_type, dtype):
             out.call_model(model, case_input)
+
+
+def _fresh_inputs(prepared: Prepared) -> list:
+    """Copies of the inputs for one pass: a model that changes its input in place (an in-place
+    normalisation) would otherwise be fed drifting values pass after pass."""
+    return [copy.deepcopy(case_input) for _, case_input in prepared.cases]
 
 
 def _synchronize(prepared: Prepared) -> None:
@@ -94,25 +101,27 @@ def _synchronize(prepared: Prepared) -> None:
 
 
 def _timed_pass(prepared: Prepared, model: torch.nn.Module, dtype: str | None) -> float:
+    inputs = _fresh_inputs(prepared)  # copied before the clock starts
     _synchronize(prepared)
     start = time.perf_counter()
-    _one_pass(prepared, model, dtype)
+    _one_pass(prepared, model, dtype, inputs)
     _synchronize(prepared)
     return time.perf_counter() - start
 
 
 def peak_bytes(prepared: Prepared, model: torch.nn.Module, dtype: str | None) -> int | None:
+    inputs = _fresh_inputs(prepared)  # copied before the measurement: they are not the pass's memory
     if prepared.device.type == "cuda":
         _synchronize(prepared)
         torch.cuda.reset_peak_memory_stats(prepared.device)
         before = torch.cuda.memory_allocated(prepared.device)
-        _one_pass(prepared, model, dtype)
+        _one_pass(prepared, model, dtype, inputs)
         _synchronize(prepared)
         return int(torch.cuda.max_memory_allocated(prepared.device) - before)
-    return _cpu_peak_bytes(prepared, model, dtype)
+    return _cpu_peak_bytes(prepared, model, dtype, inputs)
 
 
-def _cpu_peak_bytes(prepared: Prepared, model: torch.nn.Module, dtype: str | None) -> int | None:
+def _cpu_peak_bytes(prepared: Prepared, model: torch.nn.Module, dtype: str | None, inputs: list) -> int | None:
     try:
         from torch._C._profiler import _EventType
         from torch.profiler import ProfilerActivity, profile
@@ -120,7 +129,7 @@ def _cpu_peak_bytes(prepared: Prepared, model: torch.nn.Module, dtype: str | Non
         return None
     try:
         with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            _one_pass(prepared, model, dtype)
+            _one_pass(prepared, model, dtype, inputs)
         roots = prof.profiler.kineto_results.experimental_event_tree()
     except Exception:  # the private event tree moved or the profiler is unavailable: no number  # noqa: BLE001 - user code or torch internals may raise anything
         return None

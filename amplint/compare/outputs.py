@@ -95,12 +95,12 @@ def default_decide(output: Any) -> Any:
     """The contract's default: argmax of the last dimension, ties going to the lowest index.
 
     Applied to the first floating tensor of the output. Rows of one element (a scalar regressor, a
-    single logit, also a batch of them: `[B, 1]`) have nothing to choose between, so they have no
-    default decision (None): define ``decide`` with the application's threshold. A row holding NaN
-    has no decision either (None).
+    single logit, also a batch of them: `[B, 1]`) have nothing to choose between, and per-pixel
+    scores (`[B, C, H, W]`) hold their classes in dimension 1, so neither has a default decision
+    (None): define ``decide``. A row holding NaN has no decision either (None).
     """
-    scores = first_float_tensor(output)
-    if scores is None or scores.dim() == 0 or scores.shape[-1] <= 1:
+    scores = _class_scores(output)
+    if scores is None:
         return None
     scores = scores.detach().to("cpu", torch.float64)
     size = scores.shape[-1]
@@ -111,10 +111,20 @@ def default_decide(output: Any) -> Any:
     return _rows_to_json(choice, size)
 
 
+def _class_scores(output: Any) -> torch.Tensor | None:
+    """The first floating tensor when its last dimension can hold class scores: `[C]`, `[B, C]`
+    or `[B, T, C]`. Rows of one element have nothing to choose between; four dimensions and more
+    are images or volumes (`[B, C, H, W]`), whose classes are not the last dimension."""
+    scores = first_float_tensor(output)
+    if scores is None or not 1 <= scores.dim() <= 3 or scores.shape[-1] <= 1:
+        return None
+    return scores
+
+
 def default_margin(output: Any) -> float | None:
     """Gap between the two highest scores of the last dimension (smallest over rows), or None."""
-    scores = first_float_tensor(output)
-    if scores is None or scores.dim() == 0 or scores.shape[-1] < 2:
+    scores = _class_scores(output)
+    if scores is None:
         return None
     top_two = scores.detach().to("cpu", torch.float64).topk(2, dim=-1).values
     return float((top_two[..., 0] - top_two[..., 1]).min())

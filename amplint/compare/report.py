@@ -107,19 +107,27 @@ def _trial_table(report: dict, baseline: dict, trial: dict) -> Table:
     table.add_row(
         "numeric gap",
         f"tolerance {_tolerance(criteria)}",
-        f"max |diff| {_num(trial['max_abs_diff'], none='non-finite')}; {trial['out_of_tolerance_cases']} outside",
+        f"max |diff| {_num(trial['max_abs_diff'], none=_no_gap(trial))}; {trial['out_of_tolerance_cases']} outside",
         _fail(f"more than {criteria['max_out_of_tolerance_cases']} outside the fixed tolerance")
         if FAILED_TOLERANCE in failed
         else PASS,
     )
     decided = sum(case["decision"] is not None for case in baseline["cases"])
     near = sum(case["near_tie"] for case in trial["cases"])
-    table.add_row(
-        "application decision",
-        f"{decided} decided; {near} near tie(s) (margin < {_num(criteria['near_tie_margin'])})",
-        f"{trial['decision_changes']} changed (allowed {criteria['max_decision_changes']})",
-        _fail("review the changed decisions") if FAILED_DECISIONS in failed else PASS,
-    )
+    if decided:
+        table.add_row(
+            "application decision",
+            f"{decided} decided; {near} near tie(s) (margin < {_num(criteria['near_tie_margin'])})",
+            f"{trial['decision_changes']} changed (allowed {criteria['max_decision_changes']})",
+            _fail("review the changed decisions") if FAILED_DECISIONS in failed else PASS,
+        )
+    else:
+        table.add_row(
+            "application decision",
+            "no case has a decision",
+            "not compared",
+            Text("define decide(output) to compare decisions", style="yellow"),
+        )
     if baseline["quality"] is not None or trial["quality"] is not None:
         minimum = criteria["min_quality"]
         table.add_row(
@@ -153,6 +161,12 @@ def _trial_table(report: dict, baseline: dict, trial: dict) -> Table:
     return table
 
 
+def _no_gap(trial: dict) -> str:
+    """Why a trial has no largest gap: a non-finite one, or no case whose outputs compare."""
+    comparable = [case for case in trial["cases"] if not case.get("note")]
+    return "non-finite" if comparable else "n/a (outputs differ in shape)"
+
+
 def ordered_cases(baseline: dict, trial: dict) -> list[tuple[dict, dict]]:
     """Problems first (changed, non-finite, out of tolerance), then near ties, then the rest."""
     pairs = list(zip(baseline["cases"], trial["cases"]))
@@ -172,7 +186,7 @@ def _cases_table(baseline: dict, trial: dict, *, all_cases: bool) -> Table:
     table.add_column("finite")
     table.add_column("max |diff|")
     table.add_column("tolerance")
-    table.add_column("largest gap: fp32 → trial")
+    table.add_column("worst element for its tolerance: fp32 → trial")
     table.add_column("decision: fp32 → trial")
     table.add_column("fp32 margin")
     for base, case in ordered_cases(baseline, trial):
@@ -185,9 +199,13 @@ def _cases_table(baseline: dict, trial: dict, *, all_cases: bool) -> Table:
             index = "[" + ",".join(str(i) for i in worst["index"]) + "]" if worst["index"] else ""
             name = "" if worst["output"] == "output" else worst["output"]
             worst_text = f"{_num(worst['baseline'])} → {_num(worst['trial'])} at {name}{index}" if name or index else f"{_num(worst['baseline'])} → {_num(worst['trial'])}"
+        if case.get("note"):
+            worst_text = case["note"]
         decision = Text(f"{_short(base['decision'])} → {_short(case['decision'])}")
         if case["decision_changed"]:
-            decision.append("  CHANGED", style="bold red")
+            rows = len(base["decision"]) if isinstance(base["decision"], list) else 0
+            changed = case.get("decisions_changed", 1)
+            decision.append(f"  CHANGED ({changed} of {rows} rows)" if rows > 1 else "  CHANGED", style="bold red")
         margin = Text(_num(base["margin"]))
         if case["near_tie"]:
             margin.append("  near tie", style="yellow")

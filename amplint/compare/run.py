@@ -344,7 +344,7 @@ def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict
         trial["failed_criteria"] = [FAILED_ERROR]
         return trial
 
-    worst = 0.0
+    worst: float | None = None  # none while no case's outputs could be compared
     for (case_id, _), base_output, trial_output, base_case in zip(prepared.cases, baseline.outputs, outputs, baseline_cases):
         case = compare_outputs(base_output, trial_output, criteria)
         try:
@@ -366,6 +366,7 @@ def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict
             "within_tolerance": case["within_tolerance"],
             "decision": decision,
             "decision_changed": decision != base_case["decision"],
+            "decisions_changed": changed_decisions(base_case["decision"], decision),
             "near_tie": base_case["margin"] is not None and base_case["margin"] < criteria.near_tie_margin,
             "worst": case["worst"],
         }
@@ -376,9 +377,10 @@ def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict
         trial["cases"].append(entry)
         trial["nonfinite_cases"] += not entry["finite"]
         trial["out_of_tolerance_cases"] += not entry["within_tolerance"]
-        trial["decision_changes"] += entry["decision_changed"]
-        worst = max(worst, case["max_abs_diff"]) if not math.isnan(case["max_abs_diff"]) else math.inf
-    trial["max_abs_diff"] = _finite_or_none(worst)
+        trial["decision_changes"] += entry["decisions_changed"]
+        if case["note"] is None:  # outputs of another structure or shape have no gap to rank
+            worst = max(worst or 0.0, case["max_abs_diff"]) if not math.isnan(case["max_abs_diff"]) else math.inf
+    trial["max_abs_diff"] = _finite_or_none(worst) if worst is not None else None
 
     failed = []
     if trial["nonfinite_cases"]:
@@ -399,11 +401,24 @@ def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict
     return trial
 
 
+def changed_decisions(base: Any, trial: Any) -> int:
+    """How many decisions differ: row by row for a batch (a list of one decision per row, as
+    the default gives for `[B, C]`), else one for the case."""
+    if isinstance(base, list) and isinstance(trial, list) and len(base) == len(trial):
+        return sum(changed_decisions(b, t) for b, t in zip(base, trial))
+    return int(base != trial)
+
+
 def compare_outputs(base: Any, trial: Any, criteria: Criteria) -> dict:
-    """Finiteness, the largest |trial - baseline| and |trial - base| <= atol + rtol*|base| per element."""
+    """Finiteness, the largest |trial - baseline| and |trial - base| <= atol + rtol*|base| per element.
+
+    `worst` is the element farthest outside (or nearest to) its own output's tolerance: with
+    per-output tolerances, the largest absolute gap may be a large-scale output well within its
+    own."""
     base_leaves = dict(out.leaves(base))
     trial_leaves = dict(out.leaves(trial))
     result = {"finite": out.is_finite(trial), "max_abs_diff": 0.0, "within_tolerance": True, "worst": None, "note": None}
+    worst_share = 0.0
     if list(base_leaves) != list(trial_leaves):
         result.update(max_abs_diff=math.nan, within_tolerance=False, note="the trial's outputs differ in structure from the baseline's")
         return result
@@ -421,12 +436,14 @@ def compare_outputs(base: Any, trial: Any, criteria: Criteria) -> dict:
         inside = diff <= atol + rtol * b.abs()
         if not bool(inside.all()):
             result["within_tolerance"] = False
-        ranked = torch.nan_to_num(diff.double(), nan=math.inf, posinf=math.inf)
-        position = int(ranked.reshape(-1).argmax())
-        gap = float(ranked.reshape(-1)[position])
-        if result["worst"] is None or gap > result["max_abs_diff"]:
+        gaps = torch.nan_to_num(diff.double(), nan=math.inf, posinf=math.inf).reshape(-1)
+        result["max_abs_diff"] = max(result["max_abs_diff"], float(gaps.max()))
+        allowed = (atol + rtol * b.abs()).reshape(-1).clamp_min(torch.finfo(torch.float64).tiny)
+        share = torch.nan_to_num(gaps / allowed, nan=math.inf)  # of its tolerance used: above 1 is outside
+        position = int(share.argmax())
+        if result["worst"] is None or float(share[position]) > worst_share:
+            worst_share = float(share[position])
             index = list(torch.unravel_index(torch.tensor(position), b.shape)) if b.dim() else []
-            result["max_abs_diff"] = gap
             result["worst"] = {
                 "output": name,
                 "index": [int(i) for i in index],
@@ -443,8 +460,11 @@ def _margin(spec: Spec, output: Any, spec_file: str, case_id: str) -> float | No
     value = out.jsonable(value)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise CompareError(f"margin() must return a finite number or None, got {value!r} for case {case_id!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise CompareError(
+            f"margin() must return a finite, non-negative distance to the decision boundary or None, "
+            f"got {value!r} for case {case_id!r}"
+        )
     return float(value)
 
 

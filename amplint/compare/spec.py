@@ -56,10 +56,10 @@ def load_spec(path: str, device: str | None = None, trials: tuple[str, ...] | No
     """Import the spec file and validate its names. ``device``/``trials`` override DEVICE/TRIALS."""
     module = _import_spec(path)
     names = vars(module)
-    _reject_misspellings(names)
     for required in ("model", "cases"):
         if required not in names:
             raise CompareError(f"the spec defines no `{required}`{_did_you_mean(required, names)}")
+    _reject_misspellings(names, module.__name__)
     for optional in ("decide", "margin", "quality"):
         if names.get(optional) is not None and not callable(names[optional]):
             raise CompareError(f"`{optional}` must be a function, got {type(names[optional]).__name__}")
@@ -138,14 +138,42 @@ def _did_you_mean(name: str, names: dict) -> str:
     return f" (found `{close[0]}`; the name must be `{name}`)" if close else ""
 
 
-def _reject_misspellings(names: dict) -> None:
-    """`TRIAL = [...]` or `CRITERION = {...}` would otherwise be ignored and the defaults used."""
-    for name in names:
-        if name in KNOWN_NAMES or name.startswith("_") or not name.isupper():
+def _reject_misspellings(names: dict, module_name: str) -> None:
+    """`criteria = {...}`, `TRIAL = [...]` or `def decied(outputs)` would otherwise be ignored
+    and the defaults used: a name the spec itself defines that is a known name in another case,
+    or close to one the spec lacks, is an error."""
+    for name, value in names.items():
+        if name in KNOWN_NAMES or name.startswith("_") or not _defined_in(value, module_name):
             continue
-        close = difflib.get_close_matches(name, [k for k in KNOWN_NAMES if k.isupper()], n=1, cutoff=0.8)
-        if close and close[0] not in names:
-            raise CompareError(f"the spec defines `{name}`; did you mean `{close[0]}`?")
+        known = _meant(name, callable(value))
+        if known is not None and known not in names:
+            raise CompareError(
+                f"the spec defines `{name}`; did you mean `{known}`? amplint reads only `{known}` "
+                f"(name it `_{name}` if it is for your own code)"
+            )
+
+
+_FUNCTIONS = ("decide", "margin", "quality")
+
+
+def _meant(name: str, is_function: bool) -> str | None:
+    """The known name `name` looks like a misspelling of: the same in another case, close to it
+    (`decied`, `CRITERION`), or for a function the same start (`decision`, `quality_score`)."""
+    lower = name.lower()
+    for known in KNOWN_NAMES:
+        if known.lower() == lower or (is_function and known in _FUNCTIONS and lower.startswith(known[:4])):
+            return known
+    close = difflib.get_close_matches(lower, [k.lower() for k in KNOWN_NAMES], n=1, cutoff=0.8)
+    return next((k for k in KNOWN_NAMES if close and k.lower() == close[0]), None)
+
+
+def _defined_in(value: object, module_name: str) -> bool:
+    """Defined by the spec rather than imported into it: its own functions and classes, and plain
+    values (an imported module or another module's function is not a spec name)."""
+    if type(value).__name__ == "module":
+        return False
+    owner = getattr(value, "__module__", None)
+    return owner == module_name if callable(value) else True
 
 
 def _import_spec(path: str):
@@ -159,9 +187,10 @@ def _import_spec(path: str):
     if module_spec is None or module_spec.loader is None:
         raise CompareError("cannot be imported as a Python file")
     module = importlib.util.module_from_spec(module_spec)
-    # Let a spec import helpers that sit beside it.
+    # Let a spec import helpers that sit beside it, at import time or when `model()` runs.
     directory = os.path.dirname(absolute)
-    sys.path.insert(0, directory)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
     # Registered like any imported module: dataclasses and pickling look their module up here.
     sys.modules[module_spec.name] = module
     try:
@@ -172,9 +201,6 @@ def _import_spec(path: str):
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code or torch internals may raise anything
         del sys.modules[module_spec.name]
         raise CompareError(spec_exception(exc, absolute)) from None
-    finally:
-        if sys.path and sys.path[0] == directory:
-            del sys.path[0]
     return module
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 
 import torch
 
@@ -49,6 +50,10 @@ def load_baseline(path: str, prepared: Prepared) -> Baseline:
         # weights_only: a baseline file holds tensors and plain containers, never code to run.
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - user code or torch internals may raise anything
+        if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc) or "invalid load key" in str(exc):
+            # A JSON report, or a file torch.save wrote with objects in it: torch's message would
+            # suggest weights_only=False, which a baseline never needs.
+            raise CompareError(f"baseline file {path} is not an amplint compare baseline (written by --save-baseline)") from None
         raise CompareError(f"baseline file {path} cannot be read: {describe_exception(exc)}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CompareError(f"baseline file {path} is not an amplint compare baseline (written by --save-baseline)")
