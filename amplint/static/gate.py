@@ -147,7 +147,7 @@ def _amp010(text: _Text) -> bool:
 
 
 def _amp012(text: _Text) -> bool:
-    return text.has(b"GradScaler") and (text.has(b"save") or text.has(b"load_state_dict"))
+    return text.has(b"GradScaler") and (text.has(b"save") or text.has(b"load_state_dict") or text.has(b"Checkpoint"))
 
 
 def _amp013(text: _Text) -> bool:

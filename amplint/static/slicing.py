@@ -51,7 +51,7 @@ _SCALER = r"\.scale\s*\(|unscale_|get_scale|GradScaler|caler|CALER"  # `scaler` 
 # function that steps one.
 _BUILDS_OPTIMIZERS = r"optim(?<!\woptim)(?:izers)?\b|AdamW|Adafactor|get_\w*schedule"
 _OPTIMIZER_RULES = frozenset({"AMP003", "AMP006", "AMP007", "AMP008", "AMP011", "AMP012"})
-_SAVES = r"save(?<!\wsave)\s*\("
+_SAVES = r"save(?<!\wsave)\s*\(|Checkpoint\s*\("
 # AMP002's casts, and the AMP code a function holding one may reach through its helpers.
 _AMP002_CASTS = r"\.(?:half|bfloat16)\(|float16|half(?<!\whalf)\b|HalfTensor"
 _AMP002_AMP = r"autocast|training_step|" + _SCALER  # a scaler used by name counts (semantics.is_scaler)
@@ -79,7 +79,7 @@ TRIGGERS: dict[str, str] = {
     "AMP010": r"autocast|bfloat16|" + _SCALER,
     # A checkpoint saved or restored, and anywhere `torch.load` is called (the module-wide
     # question its restore check starts from).
-    "AMP012": r"save|state_dict|load(?<!\wload)\b|" + _SCALER,
+    "AMP012": r"save|state_dict|load(?<!\wload)\b|Checkpoint|" + _SCALER,
     # What makes the module AMP-aware; a Function's own methods are kept by _FUNCTION_CLASS_RULES.
     # Every `.apply` of a Function: its exemption needs all of them in autocast-disabled regions.
     "AMP013": r"custom_fwd|custom_bwd|autocast|\.apply(?!\w)|" + _SCALER,

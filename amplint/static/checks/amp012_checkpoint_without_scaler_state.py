@@ -17,6 +17,9 @@ from amplint.static.semantics import AmpFacts, CallSite, Context, Scope, argumen
 CODE = "AMP012"
 
 _SAVE = {"torch.save"}
+# ignite's checkpoint handler: it saves the objects of its `to_save` dict, calling their
+# `state_dict()` itself, so the scaler goes in as the object (`"scaler": scaler`).
+_SAVES_OBJECTS = {"ignite.handlers.Checkpoint", "ignite.handlers.checkpoint.Checkpoint"}
 _SCALER = re.compile(r"scaler|grad_scale|loss_scale|\bamp\b|\"amp\"|'amp'", re.IGNORECASE)
 _OPTIMIZER_STATE = re.compile(r"optim\w*\.state_dict\(|\bopt\w*\.state_dict\(|optim", re.IGNORECASE)
 
@@ -68,7 +71,7 @@ _SAVE_HELPER = re.compile(r"^save(?:_on_master|_checkpoint)?$")
 def _saves(facts: AmpFacts, call: CallSite) -> bool:
     """`torch.save`, or a save helper this file does not define (its own are followed to their
     torch.save)."""
-    if call.qualname in _SAVE:
+    if call.qualname in _SAVE or call.qualname in _SAVES_OBJECTS:
         return True
     return bool(_SAVE_HELPER.match(call.name)) and facts.called_function(call) is None
 
@@ -77,7 +80,7 @@ def _saved_objects(facts: AmpFacts, save: CallSite) -> Iterator[tuple[CallSite, 
     """What `torch.save` writes, and the call that decides it: the save itself, or, when it saves
     a parameter of a same-file helper (`def save_checkpoint(state, ...): torch.save(state, ...)`),
     each call of the helper with the object it passes."""
-    obj = argument(save.node, 0, "obj")
+    obj = argument(save.node, 0, "to_save" if save.qualname in _SAVES_OBJECTS else "obj")
     function = save.scope.function_scope
     name = obj.value if isinstance(obj, cst.Name) else None
     if name is None or name not in function.params or facts.bindings(name, save.scope):
@@ -117,15 +120,17 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
     reported.add(id(dict_node))
     fix = None
     scaler = _scaler_for(facts, call, scalers)
+    saved = f"{scaler or 'scaler'}" if call.qualname in _SAVES_OBJECTS else f"{scaler or 'scaler'}.state_dict()"
     if isinstance(dict_node, cst.Dict) and dict_node.elements and scaler is not None:
         statement = _statement_of(facts, dict_node)
-        replacements = _with_scaler_entry(facts, dict_node, scaler, statement) if statement is not None else None
+        replacements = _with_scaler_entry(facts, dict_node, saved, statement) if statement is not None else None
         fix = FixPlan(Applicability.UNSAFE, replacements) if replacements else None
+    restore = "restore it with `load_state_dict`" if call.qualname not in _SAVES_OBJECTS else "`Checkpoint.load_objects` then restores it"
     return Hit(
         call.node,
         "this checkpoint saves the optimizer state but not the GradScaler's; a resumed run restarts "
-        "at the initial scale (65536) and skips steps while it re-calibrates; add "
-        f"`\"scaler\": {scaler or 'scaler'}.state_dict()` and restore it with `load_state_dict`",
+        f"at the initial scale (65536) and skips steps while it re-calibrates; add `\"scaler\": {saved}` "
+        f"and {restore}",
         call.where.statement,
         fix,
     )
@@ -223,8 +228,8 @@ def _scaler_for(facts: AmpFacts, call: CallSite, scalers: list[str]) -> str | No
     return visible.pop() if len(visible) == 1 else None
 
 
-def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, scaler: str, statement: cst.CSTNode) -> tuple[Replacement, ...] | None:
-    """Append `"scaler": <scaler>.state_dict()` after the dict's last entry, in the dict's own layout."""
+def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, saved: str, statement: cst.CSTNode) -> tuple[Replacement, ...] | None:
+    """Append `"scaler": <saved>` after the dict's last entry, in the dict's own layout."""
     elements = list(node.elements)
     last = elements[-1]
     if not isinstance(last, cst.DictElement):
@@ -241,7 +246,7 @@ def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, scaler: str, statement: 
         separator = f",\n{indent}{whitespace.last_line.value}"
     else:
         separator = ", "
-    entry = f"{quote}scaler{quote}: {scaler}.state_dict()"
+    entry = f"{quote}scaler{quote}: {saved}"
     comment = _comment_after(last, node)
     if comment is None:
         return (Replacement(last.value, f"{value_text}{separator}{entry}"),)
