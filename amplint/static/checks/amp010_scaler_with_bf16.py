@@ -71,13 +71,24 @@ def _names_bf16(facts: AmpFacts, test: cst.BaseExpression) -> bool:
 _BF16_FLAG = re.compile(r"bf16|bfloat16", re.IGNORECASE)
 
 
+def _flag_enables_float16(facts: AmpFacts, flag: cst.BaseExpression) -> bool:
+    """The flag turns on a float16 region (`autocast(dtype=torch.float16, enabled=use_bfloat16)`,
+    V-JEPA's evaluation): whatever its name says, it means AMP in float16, which the scaler serves."""
+    text = facts.module.code_for_node(flag)
+    for call, region in rg.autocasts(facts):
+        enabled = _enabled_expression(call)
+        if enabled is not None and facts.module.code_for_node(enabled) == text and rg.literal_dtype(facts, region, call) in rg.FLOAT16:
+            return True
+    return False
+
+
 def check(facts: AmpFacts) -> Iterator[Hit]:
     scalers = [c for c in facts.scalers_in() if c.qualname in names.GRAD_SCALER]
     if not scalers:
         return
     flags = [(call, _built_only_for_bf16(facts, call)) for call in scalers]
     for call, flag in flags:
-        if flag is not None:
+        if flag is not None and not _flag_enables_float16(facts, flag):
             yield Hit(
                 call.node,
                 f"this GradScaler is built only when `{facts.module.code_for_node(flag)}` is true, that "
