@@ -105,6 +105,15 @@ STAR_EXPORTS = {
     "torch": {"autocast"},
 }
 
+# What code reads or calls on an optimizer: any other attribute (`opt.niter`) says the name holds
+# something else, such as parsed command-line options.
+OPTIMIZER_ATTRIBUTES = frozenset({
+    "step", "zero_grad", "param_groups", "state", "state_dict", "load_state_dict", "defaults",
+    "add_param_group", "optimizer", "register_step_pre_hook", "register_step_post_hook", "train", "eval",
+    "consolidate_state_dict", "synchronize", "skip_synchronize", "backward", "pre_step", "post_step",
+    "loss_scale", "cur_scale", "update_scale", "clip_grad_norm", "clip_master_grads", "get_lr",
+})
+
 TORCH_OPTIMIZER_PREFIXES = ("torch.optim.", "bitsandbytes.optim.", "apex.optimizers.", "timm.optim.")
 THIRD_PARTY_OPTIMIZERS = {"transformers.AdamW", "transformers.Adafactor", "transformers.optimization.AdamW"}
 SCHEDULER_PREFIXES = ("torch.optim.lr_scheduler.",)

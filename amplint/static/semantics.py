@@ -1061,7 +1061,18 @@ class AmpFacts:
         last = key.split(".")[-1].lower()
         if "sched" in last or "scaler" in last:
             return False
-        return bool(re.search(r"optim|^opt(_|\d|$)|_opt$|^opt[a-z]$", last))
+        return bool(re.search(r"optim|^opt(_|\d|$)|_opt$|^opt[a-z]$", last)) and key not in self._option_namespaces
+
+    @cached_property
+    def _option_namespaces(self) -> set[str]:
+        """Names read for attributes no optimizer has: `opt = parser.parse_args()` then
+        `range(opt.niter)`, the command-line options of the DCGAN / CycleGAN / YOLOv5 lineage."""
+        namespaces: set[str] = set()
+        for reference in self.references:
+            owner, _, attribute = reference.dotted.rpartition(".")
+            if owner and attribute not in names.OPTIMIZER_ATTRIBUTES:
+                namespaces.add(owner)
+        return namespaces
 
     @cached_property
     def _optimizer_keys(self) -> set[str]:

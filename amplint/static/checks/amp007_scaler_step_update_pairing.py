@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import libcst as cst
 
 from amplint.model import Applicability
+from amplint.static import names
 from amplint.static.checks import FixPlan, Hit
 from amplint.static.checks import _training_step as ts
 from amplint.static.semantics import AmpFacts, Loop, ends_with
@@ -15,6 +16,15 @@ from amplint.static.semantics import AmpFacts, Loop, ends_with
 CODE = "AMP007"
 
 _OPTIMIZER_LOOP = re.compile(r"optim|\bopts?\b|\bopt_|_opts?\b")
+# `opt.niter`: an attribute no optimizer has, read from parsed options named `opt`.
+_OPTION_READ = re.compile(r"\b(?:opts?|opt_\w+|\w+_opts?)\s*\.\s*(\w+)")
+
+
+def _over_optimizers(loop: Loop) -> bool:
+    """A loop over optimizers (`for opt in optimizers`, `zip(scalers, opts)`), not one whose
+    header reads options (`for it in range(opt.niter)`)."""
+    options = {m.group(0).split(".")[0].strip().lower() for m in _OPTION_READ.finditer(loop.iterable) if m.group(1) not in names.OPTIMIZER_ATTRIBUTES}
+    return any(_OPTIMIZER_LOOP.search(word) for word in loop.text.split() if word not in options)
 
 
 def _iteration_loop(event: ts.Event) -> Loop | None:
@@ -23,7 +33,7 @@ def _iteration_loop(event: ts.Event) -> Loop | None:
     while loops:
         loop = loops[-1]
         if (
-            _OPTIMIZER_LOOP.search(loop.text)
+            _over_optimizers(loop)
             or (event.target is not None and loop.binds(event.target.split(".")[0]))
             # `while True: ...; return` (Composer's out-of-memory retry): a pass that gets to
             # the end leaves, only a retry runs the body again.
@@ -165,7 +175,7 @@ def _steps_another_optimizer_after(earlier: list[ts.Event], later: list[ts.Event
 def _in_the_optimizer_loop_of_a_step(update: ts.Event, same_iteration: list[ts.Event]) -> bool:
     """`for opt in optimizers: scaler.step(opt); scaler.update()`: one update per optimizer."""
     inner = ts.innermost_loop(update.anchor)
-    if inner is None or not _OPTIMIZER_LOOP.search(inner.text):
+    if inner is None or not _over_optimizers(inner):
         return False
     if inner.binds(update.scaler):
         return False  # `for scaler, opt in zip(scalers, optimizers)`: a scaler of its own per optimizer
