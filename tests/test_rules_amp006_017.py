@@ -796,3 +796,16 @@ def test_amp017_cites_the_backward_of_the_function_that_compiles() -> None:
     """
     found = sorted((f.line, f.message) for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP017")
     assert [(line, "(line 7)" in message, "(line 13)" in message) for line, message in found] == [(4, True, False), (10, False, True)]
+
+
+def test_amp009_names_the_scaler_of_the_regions_device() -> None:
+    src = """\
+    import torch
+    for x in data:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x).mean()
+        loss.backward()
+        optimizer.step()
+    """
+    [finding] = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP009"]
+    assert 'GradScaler("cpu")' in finding.message

@@ -4,6 +4,7 @@ device values, the merge of rank reports, the launcher's traceback trimming."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -255,3 +256,17 @@ def test_custom_function_joins_any_line_of_its_class() -> None:
     state.backward_calls[(FILE, 32)] = [0, 2]  # backward ran outside autocast
     assert statuses([finding("AMP013", 14)], state) == [("AMP013", 14, "static", "confirmed", 2)]
     assert statuses([finding("AMP013", 20)], state) == [("AMP013", 7, "runtime", "confirmed", 2), ("AMP013", 20, "static", "not-reached", 0)]
+
+
+def test_the_json_report_writes_non_finite_numbers_as_strings(tmp_path):
+    """`"total_norm_seen": Infinity` is not JSON; strict parsers refuse the whole file."""
+    from amplint.trace.report import write_json
+
+    path = tmp_path / "trace.json"
+    write_json({"findings": [{"evidence": {"total_norm_seen": float("inf"), "low": float("-inf"), "loss": float("nan")}}]}, str(path))
+
+    def refuse(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    report = json.loads(path.read_text(), parse_constant=refuse)
+    assert report["findings"][0]["evidence"] == {"total_norm_seen": "inf", "low": "-inf", "loss": "nan"}

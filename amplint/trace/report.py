@@ -10,6 +10,7 @@ Extensions beyond the contract (consumers may ignore them): `name`/`summary` on 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
@@ -190,12 +191,24 @@ def rank_path(path: str, rank: int) -> str:
     return f"{stem}.rank{rank}{ext or '.json'}"
 
 
+def strict_json(value):
+    """The report with non-finite numbers as the strings "inf", "-inf" and "nan": JSON has no
+    such numbers, and strict parsers (JavaScript's, jq --strict) refuse Python's `Infinity`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value
+
+
 def write_json(report: dict, path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=1, default=str)
+            json.dump(strict_json(report), handle, indent=1, default=str, allow_nan=False)
             handle.write("\n")
         os.replace(tmp, path)  # readers (other ranks merging) never see half a file
     except OSError as exc:

@@ -31,6 +31,11 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             call.node,
             f"this autocast region computes in {why} and the module trains (calls backward) without a "
             f"GradScaler: small float16 gradients underflow to zero; scale the loss with "
-            f"`torch.amp.GradScaler(\"cuda\")` or use `dtype=torch.bfloat16` where supported",
+            f"`torch.amp.GradScaler(\"{_scaler_device(region.device)}\")` or use `dtype=torch.bfloat16` where supported",
             call.where.statement,
         )
+
+
+def _scaler_device(device: str | None) -> str:
+    """The scaler for the region's device (a CPU float16 region needs `GradScaler("cpu")`)."""
+    return device if device in ("cpu", "xpu", "mps", "hpu") else "cuda"
