@@ -367,3 +367,34 @@ def test_a_report_the_script_made_unwritable_is_one_error_line(tmp_path: Path, e
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("amplint trace: error:")]
     assert errors == [f"amplint trace: error: cannot write the report: {tmp_path / 'runs' / 'trace.json'}: No such file or directory"]
+
+
+def test_a_log_the_script_tees_stdout_into_keeps_its_tail(tmp_path: Path) -> None:
+    """A training script that replaces sys.stdout with a logger writing a file too: Python's
+    shutdown flushes it in a plain run, and so must the trace."""
+    script = write(tmp_path, "tee.py", """
+        import sys
+
+        import torch
+
+        class Tee:
+            def __init__(self, path):
+                self.terminal, self.log = sys.stdout, open(path, "w")
+            def write(self, message):
+                self.terminal.write(message)
+                self.log.write(message)
+            def flush(self):
+                self.terminal.flush()
+                self.log.flush()
+
+        sys.stdout = Tee("train_log.txt")
+        sys.stderr = sys.stdout
+        model = torch.nn.Linear(2, 2)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(torch.randn(1, 2))
+        for epoch in range(2000):
+            print("epoch", epoch)
+    """)
+    result = trace(tmp_path, str(script))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "train_log.txt").read_text().endswith("epoch 1999\n")

@@ -28,6 +28,18 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _flush_replaced_streams(ours: tuple) -> None:
+    """Flush the streams the script put in place of ours (a "tee" logger), as Python's shutdown
+    would at the end of a plain run: the tail of its log file is written."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream in ours or getattr(stream, "closed", False):
+            continue
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - the script's own object; a plain run would ignore this too
+            pass
+
+
 def _error(message: str) -> int:
     print(f"amplint trace: error: {message}", file=sys.stderr)
     return 2
@@ -148,6 +160,7 @@ class TraceSession:
         except OSError as exc:  # the script removed the report's folder, or it is not writable
             unwritten = f"cannot write the report: {exc.filename or ''}: {exc.strerror or exc}"
         print_script_traceback(outcome)
+        _flush_replaced_streams(streams)
         sys.stdout, sys.stderr = streams
         if not options.quiet and self.prints_summary:
             from amplint.trace.terminal import print_summary
