@@ -398,3 +398,24 @@ def test_a_log_the_script_tees_stdout_into_keeps_its_tail(tmp_path: Path) -> Non
     result = trace(tmp_path, str(script))
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "train_log.txt").read_text().endswith("epoch 1999\n")
+
+
+def test_a_compiled_model_run_eagerly_by_the_op_recording_is_said_so(tmp_path: Path) -> None:
+    """Dynamo does not compile under amplint's op recording: AMP017's evidence says the mismatch
+    is read from where forward and backward ran, and how to run the compiled program instead."""
+    script = write(tmp_path, "compiled.py", """
+        import torch
+
+        model = torch.nn.Linear(8, 8)
+        compiled = torch.compile(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = compiled(torch.randn(4, 8))
+            out.float().sum().backward()
+            optimizer.step()
+    """)
+    result = trace(tmp_path, "--json", "trace.json", str(script))
+    assert result.returncode == 0, result.stderr
+    [finding] = [f for f in json.loads((tmp_path / "trace.json").read_text())["findings"] if f["code"] == "AMP017"]
+    assert "--no-ops" in finding["evidence"]["note"]

@@ -264,6 +264,14 @@ def _amp016(facts) -> list[RuleEvent]:
     return events
 
 
+def _dynamo_made_graphs() -> bool:
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return True  # no way to tell: say nothing
+    return bool(counters["stats"].get("unique_graphs"))
+
+
 def _amp017(facts) -> list[RuleEvent]:
     events = []
     try:
@@ -288,6 +296,12 @@ def _amp017(facts) -> list[RuleEvent]:
             evidence["autocast"] = {"device": record["autocast"][0], "dtype": record["autocast"][1]}
         if record.get("backward_at"):
             evidence["backward_at"] = facts.where(record["backward_at"])
+        if not _dynamo_made_graphs():
+            evidence["note"] = (
+                "torch.compile built no graph in this run (amplint's op recording makes Dynamo run the "
+                "model eagerly): the mismatch is read from where forward and backward ran; rerun with "
+                "--no-ops to run the compiled program"
+            )
         count = record["mismatched_backwards"]
         message = (
             f"the compiled model ran under autocast and backward ran outside it {count} time(s) with "
