@@ -419,3 +419,27 @@ def test_a_compiled_model_run_eagerly_by_the_op_recording_is_said_so(tmp_path: P
     assert result.returncode == 0, result.stderr
     [finding] = [f for f in json.loads((tmp_path / "trace.json").read_text())["findings"] if f["code"] == "AMP017"]
     assert "--no-ops" in finding["evidence"]["note"]
+
+
+def test_each_name_of_a_deprecated_import_is_confirmed_by_its_own_uses(tmp_path: Path) -> None:
+    script = write(tmp_path, "legacy.py", """
+        import torch
+        from torch.cuda.amp import autocast, GradScaler
+
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = GradScaler(enabled=False)
+        for _ in range(3):
+            with autocast(enabled=False):
+                loss = model(torch.randn(4, 2)).mean()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    """)
+    result = trace(tmp_path, "--json", "trace.json", str(script))
+    assert result.returncode == 0, result.stderr
+    imports = [f for f in json.loads((tmp_path / "trace.json").read_text())["findings"] if f["code"] == "AMP001" and f["line"] == 3]
+    assert sorted((f["evidence"]["api"], f["evidence"]["warnings"]) for f in imports) == [
+        (["torch.cuda.amp.GradScaler"], 1),
+        (["torch.cuda.amp.autocast"], 3),
+    ]

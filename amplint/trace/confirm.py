@@ -202,11 +202,15 @@ def _warnings_for(facts: Facts, predicate):
     return [w for w in facts.state.warnings.values() if deprecated_api_of(w.message) and predicate(w)]
 
 
-def _amp001(site: _Site, facts: Facts, source_line: str = ""):
+def _amp001(site: _Site, facts: Facts, source_line: str = "", column: int = 1):
     here = _warnings_for(facts, lambda w: site.matches(w.callsite))
     if not here and re.match(r"\s*(from|import)\s", source_line):
-        # An import is never warned about itself: it is confirmed by the uses it enables.
-        names = [n for n in _API_NAMES if re.search(rf"\b{n}\b", source_line)] or list(_API_NAMES)
+        # An import is never warned about itself: it is confirmed by the uses it enables, those
+        # of the name the finding points at (`from torch.cuda.amp import autocast, GradScaler`
+        # has a finding per name).
+        named = re.match(r"\w+", source_line[max(column, 1) - 1 :])
+        names = [named.group(0)] if named and named.group(0) in _API_NAMES else []
+        names = names or [n for n in _API_NAMES if re.search(rf"\b{n}\b", source_line)] or list(_API_NAMES)
         here = _warnings_for(
             facts,
             lambda w: os.path.normcase(os.path.abspath(w.callsite[0])) == site.filename
@@ -310,7 +314,7 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
             continue
         claimed[finding.code].append(site)
         if finding.code == "AMP001":
-            count, reached, evidence = check(site, facts, _source_line(filename, finding.line, sources))
+            count, reached, evidence = check(site, facts, _source_line(filename, finding.line, sources), finding.column)
         else:
             count, reached, evidence = check(site, facts)
         severity = getattr(getattr(finding, "severity", None), "value", None)
