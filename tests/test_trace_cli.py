@@ -443,3 +443,21 @@ def test_each_name_of_a_deprecated_import_is_confirmed_by_its_own_uses(tmp_path:
         (["torch.cuda.amp.GradScaler"], 1),
         (["torch.cuda.amp.autocast"], 3),
     ]
+
+
+def test_the_summary_is_not_cut_at_80_columns_in_a_log(tmp_path: Path) -> None:
+    """stderr piped into a CI log is no 80-column terminal: the op table keeps its last column."""
+    script = write(tmp_path, "infer.py", """
+        import torch
+
+        model = torch.nn.Linear(4, 4)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(torch.randn(2, 4)).softmax(-1)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "amplint", "trace", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    [header] = [line for line in result.stderr.splitlines() if line.startswith("┃ op ")]
+    assert header.rstrip().endswith("┃ policy ┃")

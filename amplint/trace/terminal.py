@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import sys
 from collections import defaultdict
 
 from rich.console import Console
@@ -188,7 +189,12 @@ def _scale_runs(history: list) -> str:
 
 
 def print_summary(report: dict, cwd: str, console: Console | None = None) -> None:
-    console = console or Console(stderr=True, highlight=False)
+    if console is None:
+        # Piped or redirected (a CI log, `2> trace.log`): give the tables room rather than cut them
+        # at 80 columns; COLUMNS still wins.
+        interactive = sys.stderr.isatty() if hasattr(sys.stderr, "isatty") else False
+        wide = None if interactive or os.environ.get("COLUMNS") else 160
+        console = Console(stderr=True, highlight=False, width=wide)
     env = report["environment"]
     exit_ = report["exit"]
     console.rule(f"amplint trace: {report['script']}")
