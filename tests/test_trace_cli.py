@@ -461,3 +461,27 @@ def test_the_summary_is_not_cut_at_80_columns_in_a_log(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     [header] = [line for line in result.stderr.splitlines() if line.startswith("┃ op ")]
     assert header.rstrip().endswith("┃ policy ┃")
+
+
+def test_an_input_tensor_cast_by_hand_is_unchecked_not_refuted(tmp_path: Path) -> None:
+    """AMP002's runtime check follows converted modules: a tensor's `.half()` that ran is not
+    evidence against the finding, so it is listed as unchecked with its reason."""
+    script = write(tmp_path, "inputs.py", """
+        import torch
+
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        x = torch.randn(8, 4).half()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x).float().mean()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    """)
+    result = trace(tmp_path, "--json", "trace.json", str(script))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "trace.json").read_text())
+    assert not [f for f in report["findings"] if f["code"] == "AMP002"]
+    [unchecked] = report["unchecked_findings"]
+    assert unchecked["code"] == "AMP002" and unchecked["line"] == 7 and "tensor" in unchecked["reason"]

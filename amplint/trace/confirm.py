@@ -310,13 +310,18 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
         site = _Site(filename, finding.line, finding.end_line or finding.line)
         check = _CHECKS.get(finding.code)
         if check is None:
-            unchecked.append({"code": finding.code, "path": finding.path, "line": finding.line, "message": finding.message})
+            unchecked.append(_unchecked(finding, "the rule has no runtime check"))
             continue
         claimed[finding.code].append(site)
         if finding.code == "AMP001":
             count, reached, evidence = check(site, facts, _source_line(filename, finding.line, sources), finding.column)
         else:
             count, reached, evidence = check(site, facts)
+        if finding.code == "AMP002" and reached and not evidence["conversions"]:
+            # The line ran but converted no module: an input tensor cast by hand, which the runtime
+            # check (it follows converted modules into autocast) cannot judge either way.
+            unchecked.append(_unchecked(finding, "it converts a tensor, not a module; the runtime check follows modules"))
+            continue
         severity = getattr(getattr(finding, "severity", None), "value", None)
         if finding.code == "AMP011" and count and severity == "info":
             severity = "warning"  # the rule's upgrade: a skip really happened before the scheduler step
@@ -338,6 +343,10 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
     results.extend(_runtime_findings(claimed, facts))
     results.sort(key=lambda f: (f["path"], f["line"], f["code"]))
     return results, unchecked
+
+
+def _unchecked(finding, reason: str) -> dict:
+    return {"code": finding.code, "path": finding.path, "line": finding.line, "message": finding.message, "reason": reason}
 
 
 def _claimed(claimed: dict, code: str, site: Callsite | None) -> bool:

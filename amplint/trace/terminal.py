@@ -208,11 +208,11 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
     else:
         console.print("Findings: none")
     if report.get("unchecked_findings"):
-        codes = sorted({u["code"] for u in report["unchecked_findings"]})
+        reasons = sorted({f"{u['code']}: {u.get('reason', 'the rule has no runtime check')}" for u in report["unchecked_findings"]})
         console.print(
             Text(
-                f"{len(report['unchecked_findings'])} static finding(s) of rules without a runtime check "
-                f"({', '.join(codes)}) are not verified; see `amplint check`.",
+                f"{len(report['unchecked_findings'])} static finding(s) this run cannot verify ({'; '.join(reasons)}) "
+                f"are not given a status; see `amplint check`.",
                 style="dim",
             )
         )
