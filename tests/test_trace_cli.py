@@ -485,3 +485,31 @@ def test_an_input_tensor_cast_by_hand_is_unchecked_not_refuted(tmp_path: Path) -
     assert not [f for f in report["findings"] if f["code"] == "AMP002"]
     [unchecked] = report["unchecked_findings"]
     assert unchecked["code"] == "AMP002" and unchecked["line"] == 7 and "tensor" in unchecked["reason"]
+
+
+def test_a_thread_started_with_autocast_off_is_refuted_not_unreached(tmp_path: Path) -> None:
+    """The Thread line ran (autocast switched off by the script's flag): AMP015 did not happen,
+    which is `refuted`; `not-reached` would say the line never ran."""
+    script = write(tmp_path, "worker.py", """
+        import threading
+
+        import torch
+
+        encoder = torch.nn.Linear(6, 6)
+        use_amp = False
+
+        def work(x, out):
+            out.append(encoder(x))
+
+        for _ in range(2):
+            x = torch.randn(3, 6)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_amp):
+                out = []
+                worker = threading.Thread(target=work, args=(x, out))
+                worker.start()
+                worker.join()
+    """)
+    result = trace(tmp_path, "--json", "trace.json", str(script))
+    assert result.returncode == 0, result.stderr
+    statuses = {f["code"]: f["status"] for f in json.loads((tmp_path / "trace.json").read_text())["findings"]}
+    assert statuses.get("AMP015") == "refuted"

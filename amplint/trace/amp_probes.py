@@ -270,6 +270,8 @@ class RuleProbes:
                 real(self_, *args, **kwargs)
                 if state.mirror.active and not state.paused:
                     self_._amplint_created_at = probes.classifier.user_callsite(1)
+                elif not state.paused:
+                    probes._callsite()  # the line ran (see `start`)
 
             return __init__
 
@@ -286,6 +288,8 @@ class RuleProbes:
                         return rules._run_in_worker(record, run)
 
                     self_.run = run_under_probe
+                elif not state.paused:
+                    probes._callsite()  # the line ran: with autocast off, AMP015's finding is refuted, not unreached
                 return real(self_)
 
             return start
@@ -302,6 +306,8 @@ class RuleProbes:
                         return rules._run_in_worker(record, lambda: fn(*a, **k))
 
                     return real(self_, call_under_probe, *args, **kwargs)
+                if not state.paused:
+                    probes._callsite()
                 return real(self_, fn, *args, **kwargs)
 
             return submit

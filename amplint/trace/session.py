@@ -225,9 +225,11 @@ class TraceSession:
         autocast_disabled = [w for w in state.warnings.values() if "Disabling" in w.message and "autocast" in w.message.lower()]
         if autocast_disabled:
             w = autocast_disabled[0]
+            cuda = "CUDA" in w.message and not self.options.simulate
             notes.append(
                 f"autocast was disabled at {self.display(w.callsite[0])}:{w.callsite[1]} ({w.message.strip()}): "
-                "that region ran in float32"
+                "that region ran in float32, and findings about it were judged on that run"
+                + ("; `--simulate cuda` shows CUDA's dtypes for it" if cuda else "")
             )
 
         kernels: list = []
