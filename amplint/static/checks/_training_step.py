@@ -195,6 +195,8 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
     events: list[Event] = []
     for call in function.calls:
         key = call.receiver_key
+        if call.method == "update" and call.node.args:
+            continue  # `scaler.update(new_scale)` sets the scale (icefall doubles it by hand): no inf checks to consume
         if call.method in ("unscale_", "step", "update") and enabled_scaler_use(facts, call):
             kind = {"unscale_": "unscale", "step": "step", "update": "update"}[call.method]
             target = dotted_name(call.arg(0, "optimizer")) if kind != "update" else None
