@@ -64,11 +64,16 @@ def _built_only_for_bf16(facts: AmpFacts, call: CallSite) -> cst.BaseExpression 
 
 
 def _names_bf16(facts: AmpFacts, test: cst.BaseExpression) -> bool:
-    """A flag that says bfloat16 (`use_bfloat16`, `args.bf16`), not a negation or comparison of one."""
-    return isinstance(test, (cst.Name, cst.Attribute)) and bool(_BF16_FLAG.search(facts.module.code_for_node(test)))
+    """A flag that says bfloat16 (`use_bfloat16`, `args.bf16`), not a negation or comparison of one,
+    nor one that names float16 too (`fp16_not_bf16`, VAR's `using_fp16_rather_bf16`)."""
+    if not isinstance(test, (cst.Name, cst.Attribute)):
+        return False
+    text = facts.module.code_for_node(test)
+    return bool(_BF16_FLAG.search(text)) and not _FP16_FLAG.search(text)
 
 
 _BF16_FLAG = re.compile(r"bf16|bfloat16", re.IGNORECASE)
+_FP16_FLAG = re.compile(r"fp16|(?<!b)float16|half", re.IGNORECASE)
 
 
 def _flag_enables_float16(facts: AmpFacts, flag: cst.BaseExpression) -> bool:
