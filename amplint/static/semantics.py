@@ -1065,14 +1065,16 @@ class AmpFacts:
 
     @cached_property
     def _option_namespaces(self) -> set[str]:
-        """Names read for attributes no optimizer has: `opt = parser.parse_args()` then
-        `range(opt.niter)`, the command-line options of the DCGAN / CycleGAN / YOLOv5 lineage."""
+        """Names read for attributes no optimizer has and never stepped: `opt = parser.parse_args()`
+        then `range(opt.niter)`, the command-line options of the DCGAN / CycleGAN / YOLOv5 lineage.
+        An optimizer wrapper with attributes of its own (OpenNMT's `self.optim.amp`) still steps."""
         namespaces: set[str] = set()
         for reference in self.references:
             owner, _, attribute = reference.dotted.rpartition(".")
             if owner and attribute not in names.OPTIMIZER_ATTRIBUTES:
                 namespaces.add(owner)
-        return namespaces
+        stepped = {c.receiver_key for c in self.calls if c.method in ("step", "zero_grad", "backward")}
+        return namespaces - stepped
 
     @cached_property
     def _optimizer_keys(self) -> set[str]:
