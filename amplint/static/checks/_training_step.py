@@ -131,14 +131,14 @@ def mentions_a_scaler(facts: AmpFacts) -> bool:
     def build():
         if facts.has_scaler:
             return True
-        feature_scalers = {a.key for a in facts.assignments if _feature_scaler(facts, a)}
+        not_loss_scalers = feature_scalers(facts)
         for call in facts.calls:
             if (call.qualname and call.qualname.endswith("GradScaler")) or (
-                names.SCALER_WORD.search(call.callee or "") and call.receiver_key not in feature_scalers
+                names.SCALER_WORD.search(call.callee or "") and call.receiver_key not in not_loss_scalers
             ):
                 return True
         for assignment in facts.assignments:
-            if names.SCALER_WORD.search(assignment.key) and assignment.key not in feature_scalers:
+            if names.SCALER_WORD.search(assignment.key) and assignment.key not in not_loss_scalers:
                 return True
         for function in facts.functions:
             if any(names.SCALER_WORD.search(p) for p in function.params):
@@ -148,14 +148,35 @@ def mentions_a_scaler(facts: AmpFacts) -> bool:
     return cached(facts, "mentions_scaler", build)
 
 
+def feature_scalers(facts: AmpFacts) -> set[str]:
+    """Names every binding of which is something other than a loss scaler, whatever they are called."""
+
+    def build():
+        kinds: dict[str, set[bool]] = {}
+        for assignment in facts.assignments:
+            kinds.setdefault(assignment.key, set()).add(_feature_scaler(facts, assignment))
+        return {key for key, feature in kinds.items() if feature == {True}}
+
+    return cached(facts, "feature_scalers", build)
+
+
+# Where a fitted feature scaler comes from when it is not built here: a GradScaler is never unpickled.
+_UNPICKLES = {"joblib.load", "pickle.load", "pickle.loads", "dill.load", "cloudpickle.load"}
+
+
 def _feature_scaler(facts: AmpFacts, assignment: Assignment) -> bool:
-    """`scaler = StandardScaler()`: tabular code's feature scaling, not a loss scaler."""
+    """`scaler = StandardScaler().fit(X)`, `scaler = joblib.load("scaler.pkl")`: tabular code's
+    feature scaling, not a loss scaler; nor is a plain value (`scaler = 1.0`, `scaler = None`)."""
     value = assignment.value
+    if isinstance(value, (cst.Integer, cst.Float, cst.SimpleString)) or (isinstance(value, cst.Name) and value.value in ("None", "True", "False")):
+        return True
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and isinstance(value.func.value, cst.Call):
+        value = value.func.value  # `StandardScaler().fit(X)`: the constructor at the chain's start
     if not isinstance(value, cst.Call):
         return False
     callee = dotted_name(value.func) or ""
     qualified = facts.qualname(value.func, assignment.where.scope) or ""
-    return bool(names.FEATURE_SCALER.search(callee) or names.FEATURE_SCALER.search(qualified))
+    return bool(names.FEATURE_SCALER.search(callee) or names.FEATURE_SCALER.search(qualified)) or qualified in _UNPICKLES
 
 
 def enabled_scaler_use(facts: AmpFacts, call: CallSite) -> bool:

@@ -112,8 +112,8 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
     if built is None or id(built[0]) in reported:
         return None
     dict_node, texts = built
-    text = "\n".join(texts)
-    if _SCALER.search(text) or not _mentions_optimizer_state(text):
+    text = _without_comments("\n".join(texts))  # `# "scaler": scaler.state_dict(),  # TODO` saves nothing
+    if _SCALER.search(_without_feature_scalers(facts, text)) or not _mentions_optimizer_state(text):
         return None
     if isinstance(dict_node, cst.Dict) and any(isinstance(e, cst.StarredDictElement) for e in dict_node.elements):
         return None  # `**extra`: the scaler may be in there
@@ -151,6 +151,15 @@ _OPTIMIZER_STATE_TEXT = re.compile(
 
 def _mentions_optimizer_state(text: str) -> bool:
     return bool(_OPTIMIZER_STATE_TEXT.search(_without_comments(text)))
+
+
+def _without_feature_scalers(facts: AmpFacts, text: str) -> str:
+    """The text without the names of scalers that are not loss scalers (`"feature_scaler":
+    feature_scaler` where `feature_scaler = StandardScaler().fit(X)`)."""
+    for name in ts.feature_scalers(facts):
+        if "." not in name:
+            text = re.sub(rf"\b{re.escape(name)}\b", " ", text)
+    return text
 
 
 def _without_comments(text: str) -> str:
