@@ -620,6 +620,11 @@ class _Recorder:
         elif isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
             for t, v in zip(target.elements, value.elements):
                 self._bind(t.value, v.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                name = dotted_name(element.value)
+                if name is not None:
+                    self.facts.unpackings.append(Assignment(name, value, self._context()))
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         if node.attr.value == "grad":
@@ -694,6 +699,9 @@ class AmpFacts:
         self.classes: list[tuple[Scope, tuple[str | None, ...]]] = []
         self.calls: list[CallSite] = []
         self.assignments: list[Assignment] = []
+        # `logits, feats = net_d(x)`: each name with the whole value it is unpacked from. Kept
+        # apart: what a name is (an optimizer, a scaler) cannot be read from such a value.
+        self.unpackings: list[Assignment] = []
         self.imports: list[ImportRef] = []
         self.references: list[Reference] = []
         self.grad_reads: list[GradRead] = []
@@ -760,14 +768,15 @@ class AmpFacts:
                     break
         return [(a.value, a.where.scope) for a in chosen]
 
-    def reaching_assignment(self, key: str, where: Context) -> Assignment | None:
+    def reaching_assignment(self, key: str, where: Context, unpacked: bool = False) -> Assignment | None:
         """The assignment to a name that every path to `where` in its function passes last
         (`checkpoint = torch.load(...)` on resume, then `checkpoint = {...}` just before it is
         saved); None when the last one before it sits in an `if` that `where` is not in (each
-        branch may bind its own value)."""
+        branch may bind its own value). With `unpacked`, tuple unpackings count too."""
         function = where.scope.function_scope
+        candidates = [*self._assignments_by_key.get(key, ()), *(u for u in self.unpackings if unpacked and u.key == key)]
         before = [
-            a for a in self._assignments_by_key.get(key, ())
+            a for a in candidates
             if a.where.scope.function_scope is function and a.where.order < where.order and not mutually_exclusive(a.where, where)
         ]
         last = max(before, key=lambda a: a.where.order, default=None)

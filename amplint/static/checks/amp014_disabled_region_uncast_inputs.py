@@ -41,24 +41,26 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             continue
         function = call.scope.function_scope
         outer = facts.innermost_autocast(call.where)
+        produced = {}
         if outer is not None and outer.enabled != "no":
             produced = dict.fromkeys(_produced_in(facts, function, outer, item), outer)
-            where = "the enclosing autocast region"
-        else:
-            # RT-DETR: `with autocast(): outputs = model(x)`, then `with autocast(enabled=False):
-            # loss = criterion(outputs, y)`: the outputs keep their float16 in the second block.
-            produced = _produced_before(facts, function, call, item)
-            where = "the autocast region"
+        # RT-DETR: `with autocast(): outputs = model(x)`, then `with autocast(enabled=False):
+        # loss = criterion(outputs, y)`: the outputs keep their float16 in the second block (or
+        # in a block nested in a later region, as VITS computes its mel loss).
+        for name, region in _produced_before(facts, function, call, item).items():
+            produced.setdefault(name, region)
         used = _uncast_reads(facts, function, item, set(produced)) if produced else []
         if used:
             listed = ", ".join(f"`{name}`" for name in used)
+            source = produced[used[0]]
+            where = "the enclosing autocast region" if outer is not None and source.node is outer.node else "the autocast region"
             yield Hit(
                 call.node,
                 f"autocast is disabled here but {listed}, computed in {where} (line "
                 f"{{0}}), may be float16/bfloat16; ops in this block then run in low precision (or fail on "
                 f"mixed dtypes); cast them with `.float()` first",
                 call.where.statement,
-                related=(produced[used[0]].node,),
+                related=(source.node,),
             )
 
 
@@ -68,7 +70,7 @@ def _low_precision_value(facts: AmpFacts, assignment: Assignment) -> bool:
 
 def _produced_in(facts: AmpFacts, function, outer, inner: cst.WithItem) -> set[str]:
     names = set()
-    for assignment in facts.assignments:
+    for assignment in (*facts.assignments, *facts.unpackings):
         where = assignment.where
         if where.scope.function_scope is not function or any(w is inner for w in where.withs):
             continue
@@ -82,14 +84,25 @@ def _produced_before(facts: AmpFacts, function, call: CallSite, inner: cst.WithI
     """Names whose value on entering the disabled block was computed in an earlier autocast
     region of the same function (and not rebound since), with that region."""
     produced = {}
-    for key in {a.key for a in facts.assignments if a.where.scope.function_scope is function}:
-        assignment = facts.reaching_assignment(key, call.where)
+    for key in {a.key for a in (*facts.assignments, *facts.unpackings) if a.where.scope.function_scope is function}:
+        assignment = facts.reaching_assignment(key, call.where, unpacked=True)
         if assignment is None or any(w is inner for w in assignment.where.withs):
             continue
         region = facts.innermost_autocast(assignment.where)
         if region is not None and region.enabled != "no" and _low_precision_value(facts, assignment):
             produced[key] = region
     return produced
+
+
+def _starts_a_scaled_backward(parents: dict, node: cst.CSTNode) -> bool:
+    """`scaler.scale(loss).backward()`: like `loss.backward()`, it computes nothing in the
+    block's dtype."""
+    arg = parents.get(id(node))
+    scale = parents.get(id(arg)) if isinstance(arg, cst.Arg) else None
+    if not (isinstance(scale, cst.Call) and isinstance(scale.func, cst.Attribute) and scale.func.attr.value == "scale"):
+        return False
+    after = parents.get(id(scale))
+    return isinstance(after, cst.Attribute) and after.attr.value == "backward"
 
 
 def _casts_itself(assignment: Assignment) -> bool:
@@ -116,7 +129,7 @@ def _uncast_reads(facts: AmpFacts, function, inner: cst.WithItem, produced: set[
         head = ref.dotted.split(".")[0]
         if head not in produced or head in cast_inside or head in found:
             continue
-        if isinstance(parents.get(id(ref.node)), (cst.AssignTarget,)):
+        if isinstance(parents.get(id(ref.node)), (cst.AssignTarget,)) or _starts_a_scaled_backward(parents, ref.node):
             continue
         if "." in ref.dotted and ref.dotted.split(".")[1] in _NOT_AN_INPUT:
             continue
