@@ -57,9 +57,10 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
     return events
 
 
-# A gradient-norm helper from another file (Swin's `get_grad_norm(model.parameters())` from
-# utils_simmim): it reads `.grad`. One defined here is followed into instead.
-_GRAD_NORM_HELPER = re.compile(r"(?:^|\.|_)grad_?norm$", re.IGNORECASE)
+# A gradient-norm or clipping helper from another file (Swin's `get_grad_norm(model.parameters())`
+# from utils_simmim, DINO's and iBOT's `utils.clip_gradients(model, clip)`): it reads `.grad`. One
+# defined here is followed into instead.
+_GRAD_NORM_HELPER = re.compile(r"(?:^|\.|_)grad_?norm$|(?:^|\.)clip_gradients$", re.IGNORECASE)
 
 
 def _clips_its_own_gradients(call: CallSite) -> bool:

@@ -68,6 +68,8 @@ def _target_does_no_tensor_work(facts: AmpFacts, target: cst.BaseExpression | No
     (`log.info(...)`, `results.append(i)`)."""
     if target is None:
         return False
+    if facts.qualname(target, call.scope) in _MOVES_DATA:
+        return True  # `Thread(target=torch.save, args=(state, path))`: a checkpoint written in the background
     function = facts._function_named(target, call.scope)
     if function is None:
         return False
