@@ -159,7 +159,14 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
 
     def through_a_fallback(dotted: str, scope: Scope) -> bool:
         head = dotted.split(".")[0]
-        return (id(_binding_scope(scope, head)), head) in fallbacks
+        if (id(_binding_scope(scope, head)), head) in fallbacks:
+            return True
+        # `auto_cast = partial(torch.amp.autocast, ...)` if TORCH_2_4 else `torch.cuda.amp.autocast`,
+        # then `with auto_cast(...)`: the old API is bound only on the older-torch side.
+        return any(
+            _is_deprecated(facts.qualname(value, bound_in)) and _fallback_for_older_torch(facts, value, replacements)
+            for value, bound_in in facts.bindings(head, scope)
+        )
 
     for call in facts.calls:
         if (
