@@ -217,6 +217,28 @@ def _kernel_cast_in_model(call: CallSite, facts: AmpFacts) -> bool:
     return not converts_itself
 
 
+def _input_for_a_frozen_model(call: CallSite, facts: AmpFacts) -> bool:
+    """A tensor cast under no_grad/inference_mode outside any autocast region (distillation's
+    `teacher(x.half())` for a float16 teacher): no gradient to unscale, no autocast to bypass;
+    the cast is what the frozen model needs."""
+    return (
+        isinstance(facts.parent_of.get(id(call.node)), cst.Arg)  # handed straight to a call
+        and facts.value_kind(call.receiver, call.scope) != "model"
+        and rg.in_no_grad(facts, call)
+        and facts.region_of(call.where) is None
+    )
+
+
+def _in_an_autograd_function(call: CallSite, facts: AmpFacts) -> bool:
+    """A custom autograd.Function casting its own output (icefall's SwooshL, its softmax): kernel
+    code, like a model's own casts."""
+    owner = call.scope.function_scope.class_name
+    return owner is not None and any(
+        scope.name == owner and any(base and base.rsplit(".", 1)[-1] == "Function" for base in bases)
+        for scope, bases in facts.classes
+    )
+
+
 def _opens_amp(call: CallSite) -> bool:
     return call.qualname in names.AUTOCAST or call.qualname in names.GRAD_SCALER
 
@@ -349,6 +371,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _is_export(call, facts)
             or _off_graph(call, facts)
             or _kernel_cast_in_model(call, facts)
+            or _in_an_autograd_function(call, facts)
+            or _input_for_a_frozen_model(call, facts)
             or _fresh_model_for_evaluation(call, facts)
             or _frozen(call, facts)
             or _upstream_gradient(call, facts)
