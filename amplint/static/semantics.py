@@ -1133,7 +1133,8 @@ class AmpFacts:
         qualified = self.qualname(expr, scope)
         if qualified in names.AUTOCAST:
             return Autocast(expr, "yes", None, None, qualified in names.DEPRECATED_AMP)
-        return None
+        # `fp16 = torch.autocast("cuda", dtype=torch.float16)`, then `@fp16`.
+        return self.autocast_of(expr, scope) if isinstance(expr, (cst.Name, cst.Attribute)) else None
 
     def region_of(self, where: Context, depth: int = 0) -> tuple[Autocast, CallSite | None] | None:
         """The enabled (or possibly enabled) region a node runs in, lexically or via in-file calls.
