@@ -513,3 +513,26 @@ def test_a_thread_started_with_autocast_off_is_refuted_not_unreached(tmp_path: P
     assert result.returncode == 0, result.stderr
     statuses = {f["code"]: f["status"] for f in json.loads((tmp_path / "trace.json").read_text())["findings"]}
     assert statuses.get("AMP015") == "refuted"
+
+
+def test_an_op_that_raises_on_low_precision_inputs_in_a_disabled_region_confirms_amp014(tmp_path: Path) -> None:
+    """The crash (`mat1 and mat2 must have the same dtype`) is AMP014's worst case: the op that
+    raised is counted, so the finding is confirmed, not refuted."""
+    script = write(tmp_path, "predict.py", """
+        import torch
+
+        backbone = torch.nn.Linear(32, 64)
+        head = torch.nn.Linear(64, 5)
+
+        def predict(x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                feats = backbone(x)
+                with torch.autocast("cpu", enabled=False):
+                    return head(feats)
+
+        predict(torch.randn(4, 32))
+    """)
+    result = trace(tmp_path, "--json", "trace.json", str(script))
+    assert result.returncode == 1 and "RuntimeError" in result.stderr
+    [finding] = [f for f in json.loads((tmp_path / "trace.json").read_text())["findings"] if f["code"] == "AMP014"]
+    assert finding["status"] == "confirmed"

@@ -87,7 +87,12 @@ class DispatchRecorder(TorchDispatchMode):
         if kwargs is None:
             kwargs = {}
         state = self.state
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except Exception:
+            if not state.paused and state.mirror.suppressed:
+                self._raised_in_disabled_region(func, args)
+            raise
         if state.paused:
             return out
         info = self._infos.get(func)
@@ -145,6 +150,19 @@ class DispatchRecorder(TorchDispatchMode):
             self.monitor.check_op(info, args, kwargs, out, site, phase, node)
         return out
 
+
+    def _raised_in_disabled_region(self, func, args) -> None:
+        """An op that raised on its inputs (`mat1 and mat2 must have the same dtype`) in a region
+        that disables autocast: AMP014's worst case, counted like one that ran."""
+        info = self._infos.get(func)
+        if info is None:
+            info = self._infos[func] = OpInfo(func)
+        if info.passive or _graph_task_id() != -1:
+            return
+        site = self._user_callsite(1)
+        if site is not None:
+            self.state.lines_seen.add(site)
+        self._disabled_region_op(self.state.mirror.suppressed, info, args, site)
 
     def _disabled_region_op(self, suppressed, info, args, site) -> None:
         """AMP014: an op in a region that disables autocast inside an enabled one, receiving
