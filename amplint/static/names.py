@@ -114,6 +114,8 @@ OPTIMIZER_ATTRIBUTES = frozenset({
     "loss_scale", "cur_scale", "update_scale", "clip_grad_norm", "clip_master_grads", "get_lr",
 })
 
+EXIT_STACKS = frozenset({"contextlib.ExitStack", "contextlib.AsyncExitStack"})
+
 TORCH_OPTIMIZER_PREFIXES = ("torch.optim.", "bitsandbytes.optim.", "apex.optimizers.", "timm.optim.")
 THIRD_PARTY_OPTIMIZERS = {"transformers.AdamW", "transformers.Adafactor", "transformers.optimization.AdamW"}
 SCHEDULER_PREFIXES = ("torch.optim.lr_scheduler.",)

@@ -1102,7 +1102,7 @@ class AmpFacts:
     def innermost_autocast(self, where: Context) -> Autocast | None:
         """The autocast region a recorded node sits in, lexically, within its own function."""
         for item in reversed(where.withs):
-            found = self._with_item_autocast(item, where.scope)
+            found = self._with_item_autocast(item, where.scope) or self._entered_on_a_stack(item, where)
             if found is not None:
                 return found
         scope: Scope | None = where.scope
@@ -1115,6 +1115,30 @@ class AmpFacts:
                 break
             scope = scope.parent
         return None
+
+    def _entered_on_a_stack(self, item: cst.WithItem, where: Context) -> Autocast | None:
+        """`with contextlib.ExitStack() as stack:` then `stack.enter_context(torch.autocast(...))`:
+        the region runs from that call to the end of the block."""
+        entered = self._stack_regions.get(id(item))
+        if not entered:
+            return None
+        return next((region for order, region in reversed(entered) if order < where.order), None)
+
+    @cached_property
+    def _stack_regions(self) -> dict[int, list[tuple[int, Autocast]]]:
+        """id(with item of an ExitStack) -> (order, region) of each autocast entered on it."""
+        table: dict[int, list[tuple[int, Autocast]]] = {}
+        for call in self.calls:
+            if call.method != "enter_context" or not call.node.args or call.receiver_key is None:
+                continue
+            for item in call.where.withs:
+                stack = item.asname.name if item.asname is not None else None
+                if isinstance(stack, cst.Name) and stack.value == call.receiver_key and isinstance(item.item, cst.Call):
+                    if self.qualname(item.item.func, call.scope) in names.EXIT_STACKS:
+                        region = self.autocast_of(call.node.args[0].value, call.scope)
+                        if region is not None:
+                            table.setdefault(id(item), []).append((call.where.order, region))
+        return table
 
     def _with_item_autocast(self, item: cst.WithItem, scope: Scope) -> Autocast | None:
         key = id(item)
