@@ -53,7 +53,19 @@ def low_precision_target(call: CallSite, facts: AmpFacts) -> str | None:
         qualified = _low_precision_name(argument(call.node, 0, "dtype"), call.scope, facts)
         if qualified in names.LOW_PRECISION_DTYPES or qualified in names.LOW_PRECISION_TENSOR_TYPES:
             return "bfloat16" if "BFloat16" in qualified or "bfloat16" in qualified else "float16"
+    if call.method == "from_pretrained" and not _adapts_a_frozen_base(facts):
+        # `AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float16)`: built in float16.
+        for keyword in ("torch_dtype", "dtype"):
+            qualified = _low_precision_name(argument(call.node, None, keyword), call.scope, facts)
+            if qualified in names.LOW_PRECISION_DTYPES:
+                return qualified.split(".")[-1].replace("half", "float16")
     return None
+
+
+def _adapts_a_frozen_base(facts: AmpFacts) -> bool:
+    """LoRA and other adapters (peft) train small float32 weights on a frozen base model loaded in
+    float16 on purpose."""
+    return any((ref.qualname or "").split(".")[0] == "peft" for ref in facts.imports)
 
 
 def _low_precision_name(expr: cst.BaseExpression | None, scope: Scope, facts: AmpFacts) -> str | None:
@@ -63,6 +75,11 @@ def _low_precision_name(expr: cst.BaseExpression | None, scope: Scope, facts: Am
     qualified = facts.qualname(expr, scope)
     if qualified is not None:
         return qualified
+    if isinstance(expr, cst.IfExp):  # `torch_dtype=torch.float16 if use_fp16 else None`
+        for arm in _arms(expr):
+            arm_name = facts.qualname(arm, scope)
+            if arm_name in names.LOW_PRECISION_DTYPES or arm_name in names.LOW_PRECISION_TENSOR_TYPES:
+                return arm_name
     for value, value_scope in facts.bindings(dotted_name(expr), scope):
         if isinstance(value, cst.IfExp):
             for arm in _arms(value):
@@ -384,10 +401,14 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         subject = _converted(call) or (facts.module.code_for_node(call.receiver) if call.receiver is not None else "value")
         if len(subject) > 40:
             subject = subject[:37] + "..."
+        what = (
+            f"`{subject}.from_pretrained(...)` loads the model in {dtype}"
+            if call.method == "from_pretrained"
+            else f"`{subject}` is converted to {dtype} by hand"
+        )
         yield Hit(
             call.node,
-            f"`{subject}` is converted to {dtype} by hand in code that uses {uses}; keep the model "
-            f"and inputs in float32 and let autocast choose per-op dtypes (a GradScaler cannot "
-            f"unscale {dtype} gradients)",
+            f"{what} in code that uses {uses}; keep the model and inputs in float32 and let autocast "
+            f"choose per-op dtypes (a GradScaler cannot unscale {dtype} gradients)",
             call.where.statement,
         )
