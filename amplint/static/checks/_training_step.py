@@ -216,8 +216,8 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
     events: list[Event] = []
     for call in function.calls:
         key = call.receiver_key
-        if call.method == "update" and call.node.args:
-            continue  # `scaler.update(new_scale)` sets the scale (icefall doubles it by hand): no inf checks to consume
+        if call.method == "update" and _sets_a_new_scale(call):
+            continue  # `scaler.update(scale * 2.0)` sets the scale (icefall doubles it by hand): no inf checks to consume
         if call.method in ("unscale_", "step", "update") and enabled_scaler_use(facts, call):
             kind = {"unscale_": "unscale", "step": "step", "update": "update"}[call.method]
             target = dotted_name(call.arg(0, "optimizer")) if kind != "update" else None
@@ -231,6 +231,13 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
         elif (call.method == "backward" and not isinstance(call.receiver, cst.Call)) or call.qualname in names.AUTOGRAD_BACKWARD:
             events.append(Event("backward", call, None, None, call.where))
     return events
+
+
+def _sets_a_new_scale(call: CallSite) -> bool:
+    """`scaler.update(2.0 ** 16)`, `scaler.update(cur_scale * 2.0)`: a number computed here. A
+    name passed through (mmengine's `update(self._scale_update_param)`, often None) may be none."""
+    new_scale = call.arg(0, "new_scale")
+    return isinstance(new_scale, (cst.Integer, cst.Float, cst.BinaryOperation))
 
 
 def own_events(facts: AmpFacts) -> dict[int, list[Event]]:

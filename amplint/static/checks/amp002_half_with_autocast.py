@@ -53,13 +53,20 @@ def low_precision_target(call: CallSite, facts: AmpFacts) -> str | None:
         qualified = _low_precision_name(argument(call.node, 0, "dtype"), call.scope, facts)
         if qualified in names.LOW_PRECISION_DTYPES or qualified in names.LOW_PRECISION_TENSOR_TYPES:
             return "bfloat16" if "BFloat16" in qualified or "bfloat16" in qualified else "float16"
-    if call.method == "from_pretrained" and not _adapts_a_frozen_base(facts):
+    if call.method == "from_pretrained" and not _adapts_a_frozen_base(facts) and not _for_inference(call):
         # `AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float16)`: built in float16.
         for keyword in ("torch_dtype", "dtype"):
             qualified = _low_precision_name(argument(call.node, None, keyword), call.scope, facts)
             if qualified in names.LOW_PRECISION_DTYPES:
                 return qualified.split(".")[-1].replace("half", "float16")
     return None
+
+
+def _for_inference(call: CallSite) -> bool:
+    """A diffusers pipeline (an inference object), or a load in an evaluation function
+    (`log_validation`): a low-precision copy for sampling, not the model being trained."""
+    loaded = (dotted_name(call.receiver) or "").rsplit(".", 1)[-1]
+    return loaded.endswith("Pipeline") or bool(_EVALUATION.search(call.scope.function_scope.name.lower()))
 
 
 def _adapts_a_frozen_base(facts: AmpFacts) -> bool:
