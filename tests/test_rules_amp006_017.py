@@ -809,3 +809,32 @@ def test_amp009_names_the_scaler_of_the_regions_device() -> None:
     """
     [finding] = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP009"]
     assert 'GradScaler("cpu")' in finding.message
+
+
+def test_amp013_fix_spells_custom_bwd_with_the_files_alias() -> None:
+    src = """\
+    import torch
+    from torch.amp import custom_bwd as cbwd, custom_fwd as cfwd
+    class Gelu(torch.autograd.Function):
+        @staticmethod
+        @cfwd(device_type="cuda")
+        def forward(ctx, x, bias):
+            return x + bias
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, grad
+    """
+    expected = """\
+    import torch
+    from torch.amp import custom_bwd as cbwd, custom_fwd as cfwd
+    class Gelu(torch.autograd.Function):
+        @staticmethod
+        @cfwd(device_type="cuda")
+        def forward(ctx, x, bias):
+            return x + bias
+        @staticmethod
+        @cbwd(device_type="cuda")
+        def backward(ctx, grad):
+            return grad, grad
+    """
+    assert_fix(src, "AMP013", expected)

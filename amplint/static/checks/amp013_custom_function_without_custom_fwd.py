@@ -296,8 +296,11 @@ def _bwd_spelling(facts: AmpFacts, fwd: cst.Decorator, scope: Scope) -> str | No
     if isinstance(fwd.decorator, cst.Call):
         device = argument(fwd.decorator, None, "device_type")
     deprecated = qualified.startswith("torch.cuda.amp")
+    alias = _imported_as(facts, qualified.rsplit(".", 1)[0] + ".custom_bwd")
     if "." in dotted:
         spelling = dotted.rsplit(".", 1)[0] + ".custom_bwd"
+    elif alias is not None:
+        spelling = alias  # `from torch.amp import custom_bwd as cbwd`: `@cbwd(...)`
     elif (scope.parent or facts.module_scope).resolve("custom_bwd") is not None:
         spelling = "custom_bwd"
     elif facts.module_scope.resolve("torch") == "torch":
@@ -309,6 +312,11 @@ def _bwd_spelling(facts: AmpFacts, fwd: cst.Decorator, scope: Scope) -> str | No
     if device is None:
         return None
     return f"{spelling}(device_type={facts.module.code_for_node(device)})"
+
+
+def _imported_as(facts: AmpFacts, qualified: str) -> str | None:
+    """The module-level name an import binds to `qualified`, if any."""
+    return next((name for name, target in facts.module_scope.imports.items() if target == qualified), None)
 
 
 def _fix(facts: AmpFacts, fwd: cst.Decorator, backward: cst.FunctionDef, scope: Scope) -> FixPlan | None:
