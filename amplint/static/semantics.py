@@ -749,6 +749,14 @@ class AmpFacts:
         if key is None:
             return []
         matches = [a for a in self._assignments_by_key.get(key, ())]
+        if not matches and key.count(".") == 1 and key.startswith(("self.", "cls.")):
+            # `amp_ctx = torch.autocast(...)` in the class body, then `with self.amp_ctx:`.
+            owner = scope.function_scope.class_name
+            attribute = key.split(".", 1)[1]
+            return [
+                (a.value, a.where.scope) for a in self._assignments_by_key.get(attribute, ())
+                if a.where.scope.kind == "class" and a.where.scope.name == owner
+            ]
         if not matches:
             return []
         if key.startswith("self.") or key.startswith("cls."):
