@@ -526,8 +526,9 @@ class _Recorder:
         self.statements.append(node)
         for item in node.items:
             self.walk(item)
+        where = self._context()  # the `with` statement, inside the withs around it
         self.withs.extend(node.items)
-        self.facts.with_items.extend((item, self.scope) for item in node.items)
+        self.facts.with_items.extend((item, where) for item in node.items)
         self.walk(node.body)
         del self.withs[len(self.withs) - len(node.items) :]
         self.statements.pop()
@@ -705,7 +706,7 @@ class AmpFacts:
         self.imports: list[ImportRef] = []
         self.references: list[Reference] = []
         self.grad_reads: list[GradRead] = []
-        self.with_items: list[tuple[cst.WithItem, Scope]] = []
+        self.with_items: list[tuple[cst.WithItem, Context]] = []  # each item, where its `with` is
         self.loop_targets: list[tuple[cst.BaseExpression, Context]] = []
         _Recorder(self).walk(module)
         for call in self.calls:

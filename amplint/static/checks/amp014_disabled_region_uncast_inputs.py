@@ -8,9 +8,8 @@ from collections.abc import Iterator
 import libcst as cst
 
 from amplint.static.checks import Hit
-from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, Assignment, CallSite, dotted_name
+from amplint.static.semantics import AmpFacts, Assignment, Context, dotted_name
 
 CODE = "AMP014"
 
@@ -25,41 +24,36 @@ _NOT_A_TENSOR = re.compile(
 )
 
 
-def _with_item_of(facts: AmpFacts, call: CallSite) -> cst.WithItem | None:
-    parent = ts.parents(facts).get(id(call.node))
-    return parent if isinstance(parent, cst.WithItem) and parent.item is call.node else None
-
-
 def check(facts: AmpFacts) -> Iterator[Hit]:
     if not facts.has_autocast:
         return
-    for call, region in rg.autocasts(facts):
-        if region.enabled != "no":
+    for item, where in facts.with_items:
+        # `with torch.autocast(..., enabled=False):`, or a disabled region kept in a variable
+        # (`fp32 = torch.autocast("cuda", enabled=False)`, then `with fp32:`).
+        region = facts.autocast_of(item.item, where.scope)
+        if region is None or region.enabled != "no":
             continue
-        item = _with_item_of(facts, call)
-        if item is None:
-            continue
-        function = call.scope.function_scope
-        outer = facts.innermost_autocast(call.where)
+        function = where.scope.function_scope
+        outer = facts.innermost_autocast(where)
         produced = {}
         if outer is not None and outer.enabled != "no":
             produced = dict.fromkeys(_produced_in(facts, function, outer, item), outer)
         # RT-DETR: `with autocast(): outputs = model(x)`, then `with autocast(enabled=False):
         # loss = criterion(outputs, y)`: the outputs keep their float16 in the second block (or
         # in a block nested in a later region, as VITS computes its mel loss).
-        for name, region in _produced_before(facts, function, call, item).items():
-            produced.setdefault(name, region)
+        for name, source in _produced_before(facts, function, where, item).items():
+            produced.setdefault(name, source)
         used = _uncast_reads(facts, function, item, set(produced)) if produced else []
         if used:
             listed = ", ".join(f"`{name}`" for name in used)
             source = produced[used[0]]
-            where = "the enclosing autocast region" if outer is not None and source.node is outer.node else "the autocast region"
+            said = "the enclosing autocast region" if outer is not None and source.node is outer.node else "the autocast region"
             yield Hit(
-                call.node,
-                f"autocast is disabled here but {listed}, computed in {where} (line "
+                item.item,
+                f"autocast is disabled here but {listed}, computed in {said} (line "
                 f"{{0}}), may be float16/bfloat16; ops in this block then run in low precision (or fail on "
                 f"mixed dtypes); cast them with `.float()` first",
-                call.where.statement,
+                where.statement,
                 related=(source.node,),
             )
 
@@ -80,12 +74,12 @@ def _produced_in(facts: AmpFacts, function, outer, inner: cst.WithItem) -> set[s
     return names
 
 
-def _produced_before(facts: AmpFacts, function, call: CallSite, inner: cst.WithItem) -> dict:
+def _produced_before(facts: AmpFacts, function, where: Context, inner: cst.WithItem) -> dict:
     """Names whose value on entering the disabled block was computed in an earlier autocast
     region of the same function (and not rebound since), with that region."""
     produced = {}
     for key in {a.key for a in (*facts.assignments, *facts.unpackings) if a.where.scope.function_scope is function}:
-        assignment = facts.reaching_assignment(key, call.where, unpacked=True)
+        assignment = facts.reaching_assignment(key, where, unpacked=True)
         if assignment is None or any(w is inner for w in assignment.where.withs):
             continue
         region = facts.innermost_autocast(assignment.where)
