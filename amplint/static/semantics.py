@@ -1121,9 +1121,29 @@ class AmpFacts:
                     found = self.decorator_autocast(decorator, scope.parent or scope)
                     if found is not None:
                         return found
-                break
+                return self._wrapped_in_autocast.get(id(scope))
             scope = scope.parent
         return None
+
+    @cached_property
+    def _wrapped_in_autocast(self) -> dict[int, Autocast]:
+        """Functions rebound to themselves wrapped in a region: `step = torch.autocast(...)(step)`
+        is `@torch.autocast(...)` applied by hand."""
+        table: dict[int, Autocast] = {}
+        for assignment in self.assignments:
+            value = assignment.value
+            if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Call) and len(value.args) == 1):
+                continue
+            wrapped = value.args[0].value
+            if not (isinstance(wrapped, cst.Name) and wrapped.value == assignment.key):
+                continue
+            region = self.autocast_of(value.func, assignment.where.scope)
+            if region is None:
+                continue
+            for function in self.functions_by_name.get(assignment.key, ()):
+                if function.parent is assignment.where.scope:
+                    table[id(function)] = region
+        return table
 
     def _entered_on_a_stack(self, item: cst.WithItem, where: Context) -> Autocast | None:
         """`with contextlib.ExitStack() as stack:` then `stack.enter_context(torch.autocast(...))`:
