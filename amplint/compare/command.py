@@ -59,12 +59,12 @@ def run_compare_command(
     all_cases: bool = False,
     threads: int | None = None,
 ) -> int:
-    # The JSON on stdout must stay parseable, so `--json -` sends the human report, and whatever
-    # the spec's own code prints, to stderr.
     if save_baseline and baseline_path:
         return _error("--save-baseline and --baseline cannot be combined: a stored baseline is compared against, never rewritten")
     if save_baseline and json_path and json_path != "-" and _same_file(save_baseline, json_path):
         return _error(f"--save-baseline and --json name the same file ({json_path}); the report would overwrite the baseline")
+    # The JSON on stdout must stay parseable, so `--json -` sends the human report, and whatever
+    # the spec's own code prints, to stderr.
     stdout = sys.stdout
     stream = sys.stderr if json_path == "-" else sys.stdout
     quiet_stdout = contextlib.redirect_stdout(sys.stderr) if json_path == "-" else contextlib.nullcontext()
