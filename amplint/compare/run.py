@@ -405,7 +405,7 @@ def changed_decisions(base: Any, trial: Any) -> int:
     """How many decisions differ: row by row for a batch (a list of one decision per row, as
     the default gives for `[B, C]`), else one for the case."""
     if isinstance(base, list) and isinstance(trial, list) and len(base) == len(trial):
-        return sum(changed_decisions(b, t) for b, t in zip(base, trial))
+        return sum(changed_decisions(b, t) for b, t in zip(base, trial, strict=True))
     return int(base != trial)
 
 

@@ -1162,11 +1162,13 @@ class AmpFacts:
                 continue
             for item in call.where.withs:
                 stack = item.asname.name if item.asname is not None else None
-                if isinstance(stack, cst.Name) and stack.value == call.receiver_key and isinstance(item.item, cst.Call):
-                    if self.qualname(item.item.func, call.scope) in names.EXIT_STACKS:
-                        region = self.autocast_of(call.node.args[0].value, call.scope)
-                        if region is not None:
-                            table.setdefault(id(item), []).append((call.where.order, region))
+                if not (isinstance(stack, cst.Name) and stack.value == call.receiver_key and isinstance(item.item, cst.Call)):
+                    continue
+                if self.qualname(item.item.func, call.scope) not in names.EXIT_STACKS:
+                    continue
+                region = self.autocast_of(call.node.args[0].value, call.scope)
+                if region is not None:
+                    table.setdefault(id(item), []).append((call.where.order, region))
         return table
 
     def _with_item_autocast(self, item: cst.WithItem, scope: Scope) -> Autocast | None:

@@ -7,6 +7,7 @@ then the script's traceback is printed as Python would, and the script's exit st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -34,10 +35,8 @@ def _flush_replaced_streams(ours: tuple) -> None:
     for stream in (sys.stdout, sys.stderr):
         if stream in ours or getattr(stream, "closed", False):
             continue
-        try:
+        with contextlib.suppress(Exception):  # the script's own object; a plain run ignores this too
             stream.flush()
-        except Exception:  # noqa: BLE001 - the script's own object; a plain run would ignore this too
-            pass
 
 
 def _error(message: str) -> int:

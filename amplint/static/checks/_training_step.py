@@ -206,9 +206,9 @@ def exclusive(a: Event, b: Event) -> bool:
     helper from the two branches of an `if` are one call per run; two calls of one helper that
     branches on AMP (`run_epoch(train)` then `run_epoch(val)`, each `if use_amp: scaler.step(opt)
     else: opt.step()`) take the same branch, or are an AMP run and a float32 one."""
-    if a.anchor is b.anchor or a.call.where.scope.function_scope is b.call.where.scope.function_scope:
-        if mutually_exclusive(a.call.where, b.call.where):
-            return True
+    same_function = a.anchor is b.anchor or a.call.where.scope.function_scope is b.call.where.scope.function_scope
+    if same_function and mutually_exclusive(a.call.where, b.call.where):
+        return True
     return a.anchor is not b.anchor and mutually_exclusive(a.anchor, b.anchor)
 
 
