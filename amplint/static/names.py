@@ -79,6 +79,7 @@ CLIP_GRAD = {
 }
 
 AUTOGRAD_BACKWARD = {"torch.autograd.backward"}
+AUTOGRAD_FUNCTION = {"torch.autograd.Function", "torch.autograd.function.Function"}
 
 LOW_PRECISION_DTYPES = {"torch.float16", "torch.half", "torch.bfloat16"}
 LOW_PRECISION_TENSOR_TYPES = {

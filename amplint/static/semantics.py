@@ -1000,6 +1000,12 @@ class AmpFacts:
     def is_module_class(self, name: str) -> bool:
         return name in self._module_classes
 
+    def is_autograd_function(self, scope: Scope, bases: tuple[str | None, ...]) -> bool:
+        """Whether a class of this file (its scope and bases, as in `classes`) subclasses
+        torch.autograd.Function, however the base is imported."""
+        parent = scope.parent or self.module_scope
+        return any(base is not None and parent.resolve(base) in names.AUTOGRAD_FUNCTION for base in bases)
+
     def scalers_in(self) -> list[CallSite]:
         return [c for c in self.calls if c.qualname in names.GRAD_SCALER]
 

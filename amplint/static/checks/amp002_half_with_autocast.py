@@ -82,12 +82,8 @@ def _low_precision_name(expr: cst.BaseExpression | None, scope: Scope, facts: Am
     qualified = facts.qualname(expr, scope)
     if qualified is not None:
         return qualified
-    if isinstance(expr, cst.IfExp):  # `torch_dtype=torch.float16 if use_fp16 else None`
-        for arm in _arms(expr):
-            arm_name = facts.qualname(arm, scope)
-            if arm_name in names.LOW_PRECISION_DTYPES or arm_name in names.LOW_PRECISION_TENSOR_TYPES:
-                return arm_name
-    for value, value_scope in facts.bindings(dotted_name(expr), scope):
+    # The conditional itself (`torch_dtype=torch.float16 if use_fp16 else None`), or one a name is bound to.
+    for value, value_scope in [(expr, scope), *facts.bindings(dotted_name(expr), scope)]:
         if isinstance(value, cst.IfExp):
             for arm in _arms(value):
                 arm_name = facts.qualname(arm, value_scope)
@@ -257,10 +253,7 @@ def _in_an_autograd_function(call: CallSite, facts: AmpFacts) -> bool:
     """A custom autograd.Function casting its own output (icefall's SwooshL, its softmax): kernel
     code, like a model's own casts."""
     owner = call.scope.function_scope.class_name
-    return owner is not None and any(
-        scope.name == owner and any(base and base.rsplit(".", 1)[-1] == "Function" for base in bases)
-        for scope, bases in facts.classes
-    )
+    return owner is not None and any(scope.name == owner and facts.is_autograd_function(scope, bases) for scope, bases in facts.classes)
 
 
 def _opens_amp(call: CallSite) -> bool:

@@ -14,7 +14,6 @@ from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, dotted
 
 CODE = "AMP013"
 
-_FUNCTION_BASES = {"torch.autograd.Function", "torch.autograd.function.Function"}
 _CUSTOM_FWD = re.compile(r"(^|\.)custom_fwd$")
 _CUSTOM_BWD = re.compile(r"(^|\.)custom_bwd$")
 # Ops autocast would cast (matmuls, convolutions) and calls into compiled extensions.
@@ -38,17 +37,6 @@ _AUTOCAST_NAME = re.compile(r"(^|_)autocast$")
 _CAST_METHODS = {"float", "half", "bfloat16", "double", "to", "type"}
 # `_cast_if_autocast_enabled`, `torch.amp.autocast_mode._cast`, `cast_inputs`; not `autocast`, `broadcast`.
 _CAST_HELPER = re.compile(r"(^|_)cast")
-
-
-def _is_function_class(facts: AmpFacts, scope: Scope, bases) -> bool:
-    parent = scope.parent or facts.module_scope
-    for base in bases:
-        if base is None:
-            continue
-        qualified = parent.resolve(base)
-        if qualified in _FUNCTION_BASES:
-            return True
-    return False
 
 
 def _decorator_name(facts: AmpFacts, decorator: cst.Decorator, scope: Scope) -> str:
@@ -85,7 +73,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     if not facts.classes or not _amp_aware(facts):
         return
     for scope, bases in facts.classes:
-        if not _is_function_class(facts, scope, bases):
+        if not facts.is_autograd_function(scope, bases):
             continue
         forward = _method(scope, "forward")
         backward = _method(scope, "backward")
