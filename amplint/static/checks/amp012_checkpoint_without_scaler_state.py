@@ -21,7 +21,10 @@ _SAVE = {"torch.save"}
 # `state_dict()` itself, so the scaler goes in as the object (`"scaler": scaler`).
 _SAVES_OBJECTS = {"ignite.handlers.Checkpoint", "ignite.handlers.checkpoint.Checkpoint"}
 _SCALER = re.compile(r"scaler|grad_scale|loss_scale|\bamp\b|\"amp\"|'amp'", re.IGNORECASE)
-_OPTIMIZER_STATE = re.compile(r"optim\w*\.state_dict\(|\bopt\w*\.state_dict\(|optim", re.IGNORECASE)
+# An optimizer entry (not `"optimizer": None`, yolov5's classifier saves none) or an optimizer's state.
+_OPTIMIZER_STATE = re.compile(
+    r"optim\w*\"?'?\s*:(?!\s*None\b)|optim\w*\s*=(?!\s*None\b)|optim\w*\.state_dict\(|\bopt\w*\.state_dict\(", re.IGNORECASE
+)
 
 
 def _literally_disabled(call: CallSite) -> bool:
@@ -113,7 +116,7 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
         return None
     dict_node, texts = built
     text = _without_comments("\n".join(texts))  # `# "scaler": scaler.state_dict(),  # TODO` saves nothing
-    if _SCALER.search(_without_feature_scalers(facts, text)) or not _mentions_optimizer_state(text):
+    if _SCALER.search(_without_feature_scalers(facts, text)) or not _OPTIMIZER_STATE.search(text):
         return None
     if isinstance(dict_node, cst.Dict) and any(isinstance(e, cst.StarredDictElement) for e in dict_node.elements):
         return None  # `**extra`: the scaler may be in there
@@ -141,16 +144,6 @@ def _statement_of(facts: AmpFacts, node: cst.CSTNode) -> cst.CSTNode | None:
         if isinstance(parent, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             return parent
     return None
-
-
-# An optimizer entry (not `"optimizer": None`, yolov5's classifier saves none) or an optimizer's state.
-_OPTIMIZER_STATE_TEXT = re.compile(
-    r"optim\w*\"?'?\s*:(?!\s*None\b)|optim\w*\s*=(?!\s*None\b)|optim\w*\.state_dict\(|\bopt\w*\.state_dict\(", re.IGNORECASE
-)
-
-
-def _mentions_optimizer_state(text: str) -> bool:
-    return bool(_OPTIMIZER_STATE_TEXT.search(_without_comments(text)))
 
 
 def _without_feature_scalers(facts: AmpFacts, text: str) -> str:
