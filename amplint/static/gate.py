@@ -10,9 +10,9 @@ and rule example passes its rule's gate, so the gate never costs recall.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
 

@@ -157,6 +157,13 @@ class Assignment:
     where: Context
 
 
+def _by_key(assignments: list[Assignment]) -> dict[str, list[Assignment]]:
+    table: dict[str, list[Assignment]] = {}
+    for assignment in assignments:
+        table.setdefault(assignment.key, []).append(assignment)
+    return table
+
+
 @dataclass(eq=False)
 class GradRead:
     node: cst.Attribute
@@ -783,7 +790,7 @@ class AmpFacts:
         saved); None when the last one before it sits in an `if` that `where` is not in (each
         branch may bind its own value). With `unpacked`, tuple unpackings count too."""
         function = where.scope.function_scope
-        candidates = [*self._assignments_by_key.get(key, ()), *(u for u in self.unpackings if unpacked and u.key == key)]
+        candidates = [*self._assignments_by_key.get(key, ()), *(self._unpackings_by_key.get(key, ()) if unpacked else ())]
         before = [
             a for a in candidates
             if a.where.scope.function_scope is function and a.where.order < where.order and not mutually_exclusive(a.where, where)
@@ -793,10 +800,11 @@ class AmpFacts:
 
     @cached_property
     def _assignments_by_key(self) -> dict[str, list[Assignment]]:
-        table: dict[str, list[Assignment]] = {}
-        for assignment in self.assignments:
-            table.setdefault(assignment.key, []).append(assignment)
-        return table
+        return _by_key(self.assignments)
+
+    @cached_property
+    def _unpackings_by_key(self) -> dict[str, list[Assignment]]:
+        return _by_key(self.unpackings)
 
     @cached_property
     def functions_by_name(self) -> dict[str, list[Scope]]:
