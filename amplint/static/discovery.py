@@ -125,11 +125,9 @@ def walk(argument: str, excluder: Excluder, respect_gitignore: bool, unreadable:
     excludes = [_Patterns.at(root, spec, resolved) for root, spec in excluder.below(top).specs]
     gitignores: list[_Patterns] = []
     if respect_gitignore:
-        own = _gitignore(resolved)
-        if own is not None:
-            gitignores.append(_Patterns(own, ""))
-        # .gitignore files above the folder, up to the repository root, apply too; naming the
-        # folder overrides those that ignore it (a package in an ignored virtual environment).
+        # .gitignore files above the folder, up to the repository root, apply too (its own is read
+        # by the walk, like every folder's); naming the folder overrides those that ignore it (a
+        # package in an ignored virtual environment).
         for parent in [] if (resolved / ".git").exists() else resolved.parents:
             spec = _gitignore(parent)
             if spec is not None:
@@ -137,16 +135,16 @@ def walk(argument: str, excluder: Excluder, respect_gitignore: bool, unreadable:
             if (parent / ".git").exists():
                 break
     problems = unreadable if unreadable is not None else []
-    yield from _walk(argument, str(resolved), argument, excludes + gitignores, respect_gitignore, problems, own_read=True)
+    yield from _walk(argument, str(resolved), argument, excludes + gitignores, respect_gitignore, problems)
 
 
-def _walk(folder: str, resolved: str, display: str, patterns: list[_Patterns], respect_gitignore: bool, unreadable: list[str], own_read: bool = False) -> Iterator[SourceFile]:
+def _walk(folder: str, resolved: str, display: str, patterns: list[_Patterns], respect_gitignore: bool, unreadable: list[str]) -> Iterator[SourceFile]:
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as exc:
         unreadable.append(f"{display}: cannot read: {exc.strerror or exc}")
         return
-    if respect_gitignore and not own_read and any(e.name == ".gitignore" for e in entries):
+    if respect_gitignore and any(e.name == ".gitignore" for e in entries):
         spec = _gitignore(Path(resolved))
         if spec is not None:
             patterns = [*patterns, _Patterns(spec, "")]
