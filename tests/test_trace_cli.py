@@ -536,3 +536,14 @@ def test_an_op_that_raises_on_low_precision_inputs_in_a_disabled_region_confirms
     assert result.returncode == 1 and "RuntimeError" in result.stderr
     [finding] = [f for f in json.loads((tmp_path / "trace.json").read_text())["findings"] if f["code"] == "AMP014"]
     assert finding["status"] == "confirmed"
+
+
+def test_a_script_that_does_not_parse_says_the_static_pass_could_not_read_it(tmp_path: Path) -> None:
+    write(tmp_path, "train.py", "import torch\nloss = (\n")
+    proc = trace(tmp_path, "--json", "r.json", "train.py")
+    assert proc.returncode == 1
+    assert "SyntaxError" in proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["exit"]["status"] == "exception"
+    assert any("cannot read train.py (line 2" in note for note in report["notes"])
+    assert "cannot read train.py" in proc.stderr

@@ -76,12 +76,17 @@ class TraceSession:
 
             with open(filename, "rb") as handle:
                 source = handle.read()
-            return [f for f in lint_source(source, self.display(filename)) if f.code != "AMP000"]
+            findings = lint_source(source, self.display(filename))
         except Exception as exc:  # noqa: BLE001 - the run's evidence is still worth reporting
-            note = f"static checker unavailable ({type(exc).__name__}: {exc}); only runtime findings are reported"
-            if note not in self.notes:
-                self.notes.append(note)
+            self._note(f"static checker unavailable ({type(exc).__name__}: {exc}); only runtime findings are reported")
             return []
+        for unreadable in (f for f in findings if f.code == "AMP000"):
+            self._note(f"the static checker cannot read {unreadable.path} (line {unreadable.line}: {unreadable.message}); it has no findings to confirm")
+        return [f for f in findings if f.code != "AMP000"]
+
+    def _note(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> int:
