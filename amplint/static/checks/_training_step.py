@@ -17,7 +17,7 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import Replacement
-from amplint.static.semantics import AmpFacts, Assignment, CallSite, Context, Loop, Scope, dotted_name, mutually_exclusive
+from amplint.static.semantics import AmpFacts, Assignment, CallSite, Context, Loop, Scope, dotted_name, ends_with, mutually_exclusive
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -85,12 +85,14 @@ def insert_after(facts: AmpFacts, statement: cst.CSTNode, text: str) -> Replacem
 _SCHEDULER_NAME = re.compile(r"sched|lr_policy|warmup")
 
 
-def is_scheduler(facts: AmpFacts, key: str | None, scope: Scope) -> bool:
+def is_scheduler(facts: AmpFacts, key: str | None, scope: Scope, where: Context | None = None) -> bool:
     if key is None:
         return False
     last = key.split(".")[-1].lower()
     if "scaler" in last:
         return False
+    if where is not None and any(loop.binds(key) and _SCHEDULER_NAME.search(loop.iterable.lower()) for loop in where.loops):
+        return True  # `for s in self.schedulers: s.step()`
     for value, value_scope in facts.bindings(key, scope):
         if facts.value_kind(value, value_scope) == "scheduler":
             return True
@@ -226,7 +228,7 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
             events.append(Event("scale_backward", call, key, None, call.where))
         elif call.method == "step" and facts.is_optimizer(key, call.scope) and not facts.is_scaler(key, call.scope):
             events.append(Event("opt_step", call, None, key, call.where))
-        elif call.method in ("step", "step_update") and is_scheduler(facts, key, call.scope):  # timm: step_update
+        elif call.method in ("step", "step_update") and is_scheduler(facts, key, call.scope, call.where):  # timm: step_update
             events.append(Event("sched_step", call, None, key, call.where))
         elif (call.method == "backward" and not isinstance(call.receiver, cst.Call)) or call.qualname in names.AUTOGRAD_BACKWARD:
             events.append(Event("backward", call, None, None, call.where))
@@ -282,6 +284,38 @@ def functions_with_events(facts: AmpFacts) -> list[Scope]:
 def innermost_loop(where: Context) -> Loop | None:
     loops = [loop for loop in where.loops if loop.kind != "comprehension"]
     return loops[-1] if loops else None
+
+
+_OPTIMIZER_LOOP = re.compile(r"optim|\bopts?\b|\bopt_|_opts?\b")
+# `opt.niter`: an attribute no optimizer has, read from parsed options named `opt`.
+_OPTION_READ = re.compile(r"\b(?:opts?|opt_\w+|\w+_opts?)\s*\.\s*(\w+)")
+
+
+def over_optimizers(loop: Loop) -> bool:
+    """A loop over optimizers (`for opt in optimizers`, `zip(scalers, opts)`), not one whose
+    header reads options (`for it in range(opt.niter)`)."""
+    options = {m.group(0).split(".")[0].strip().lower() for m in _OPTION_READ.finditer(loop.iterable) if m.group(1) not in names.OPTIMIZER_ATTRIBUTES}
+    return any(_OPTIMIZER_LOOP.search(word) for word in loop.text.split() if word not in options)
+
+
+def iteration_loop(event: Event) -> Loop | None:
+    """The loop whose iterations are training steps: not a loop over the optimizers or the
+    schedulers of one step (`for opt in optimizers: scaler.step(opt)`, `for s in schedulers:
+    s.step()`), nor a retry loop."""
+    loops = [loop for loop in event.anchor.loops if loop.kind != "comprehension"]
+    while loops:
+        loop = loops[-1]
+        if (
+            over_optimizers(loop)
+            or (event.target is not None and loop.binds(event.target.split(".")[0]))
+            # `while True: ...; return` (Composer's out-of-memory retry): a pass that gets to
+            # the end leaves, only a retry runs the body again.
+            or ends_with(loop.node.body, (cst.Return, cst.Break))
+        ):
+            loops.pop()
+            continue
+        return loop
+    return None
 
 
 def guards_inside(facts: AmpFacts, where: Context, loop: Loop | None) -> list[cst.If]:

@@ -2,47 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
-import libcst as cst
-
 from amplint.model import Applicability
-from amplint.static import names
 from amplint.static.checks import FixPlan, Hit
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, Loop, ends_with
+from amplint.static.semantics import AmpFacts
 
 CODE = "AMP007"
-
-_OPTIMIZER_LOOP = re.compile(r"optim|\bopts?\b|\bopt_|_opts?\b")
-# `opt.niter`: an attribute no optimizer has, read from parsed options named `opt`.
-_OPTION_READ = re.compile(r"\b(?:opts?|opt_\w+|\w+_opts?)\s*\.\s*(\w+)")
-
-
-def _over_optimizers(loop: Loop) -> bool:
-    """A loop over optimizers (`for opt in optimizers`, `zip(scalers, opts)`), not one whose
-    header reads options (`for it in range(opt.niter)`)."""
-    options = {m.group(0).split(".")[0].strip().lower() for m in _OPTION_READ.finditer(loop.iterable) if m.group(1) not in names.OPTIMIZER_ATTRIBUTES}
-    return any(_OPTIMIZER_LOOP.search(word) for word in loop.text.split() if word not in options)
-
-
-def _iteration_loop(event: ts.Event) -> Loop | None:
-    """The loop whose iterations are training steps: loops over optimizers do not count."""
-    loops = [loop for loop in event.anchor.loops if loop.kind != "comprehension"]
-    while loops:
-        loop = loops[-1]
-        if (
-            _over_optimizers(loop)
-            or (event.target is not None and loop.binds(event.target.split(".")[0]))
-            # `while True: ...; return` (Composer's out-of-memory retry): a pass that gets to
-            # the end leaves, only a retry runs the body again.
-            or ends_with(loop.node.body, (cst.Return, cst.Break))
-        ):
-            loops.pop()
-            continue
-        return loop
-    return None
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
@@ -100,7 +67,7 @@ def _missing_update(facts: AmpFacts, steps: list[ts.Event], scaler: str) -> Iter
 
 def _update_outside_loop(facts: AmpFacts, steps, updates, scaler: str) -> Iterator[Hit]:
     for step in steps:
-        loop = _iteration_loop(step)
+        loop = ts.iteration_loop(step)
         if loop is None:
             continue
         if any(loop in u.anchor.loops for u in updates):
@@ -121,9 +88,9 @@ def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> I
     for event in events:
         if event.kind != "update":
             continue
-        loop = _iteration_loop(event)
+        loop = ts.iteration_loop(event)
         same_iteration = [
-            e for e in events if _iteration_loop(e) is loop and not ts.exclusive(e, event) and e is not event
+            e for e in events if ts.iteration_loop(e) is loop and not ts.exclusive(e, event) and e is not event
         ]
         later = [e for e in same_iteration if e.order > event.order]
         earlier = [e for e in same_iteration if e.order < event.order]
@@ -175,7 +142,7 @@ def _steps_another_optimizer_after(earlier: list[ts.Event], later: list[ts.Event
 def _in_the_optimizer_loop_of_a_step(update: ts.Event, same_iteration: list[ts.Event]) -> bool:
     """`for opt in optimizers: scaler.step(opt); scaler.update()`: one update per optimizer."""
     inner = ts.innermost_loop(update.anchor)
-    if inner is None or not _over_optimizers(inner):
+    if inner is None or not ts.over_optimizers(inner):
         return False
     if inner.binds(update.scaler):
         return False  # `for scaler, opt in zip(scalers, optimizers)`: a scaler of its own per optimizer

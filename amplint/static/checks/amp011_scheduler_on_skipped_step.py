@@ -34,18 +34,18 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 f"`{event.target}.{event.call.method}()` runs after `{scaler_step.scaler}.{scaler_step.call.method}()` (line {{0}}) whether or "
                 f"not the scaler skipped the optimizer step for inf/NaN gradients, so the learning rate "
                 f"advances on steps that did nothing; step the scheduler only when the scale did not "
-                f"drop (`if scaler.get_scale() >= scale_before:`)",
+                f"drop (`if {scaler_step.scaler}.get_scale() >= scale_before:`)",
                 event.call.where.statement,
                 related=(scaler_step.call.node,),
             )
 
 
 def _last_scaler_event(facts: AmpFacts, before: list[ts.Event], sched: ts.Event) -> ts.Event | None:
-    loop = ts.innermost_loop(sched.anchor)
+    loop = ts.iteration_loop(sched)
     for event in reversed(before):
         if event.kind not in ("step", "update"):
             continue
-        if ts.innermost_loop(event.anchor) is not loop or ts.exclusive(event, sched):
+        if ts.iteration_loop(event) is not loop or ts.exclusive(event, sched):
             continue
         return event
     return None
