@@ -151,8 +151,8 @@ def _in_the_optimizer_loop_of_a_step(update: ts.Event, same_iteration: list[ts.E
 
 def _update_without_step(facts: AmpFacts, update: ts.Event, same_iteration, loop, scaler: str) -> Iterator[Hit]:
     steps = [e for e in same_iteration if e.kind == "step"]
-    if not steps or loop is None:
-        return
+    if not steps:
+        return  # without a loop, each call of the function is one iteration (a `train_step` method)
     update_guards = {id(g) for g in ts.guards_inside(facts, update.anchor, loop)}
     missing = [
         g for s in steps for g in ts.guards_inside(facts, s.anchor, loop) if id(g) not in update_guards

@@ -57,34 +57,43 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
     step = steps[-1]
     deeper = [loop for loop in _loops(unscale) if loop not in _loops(step) and not _over_its_optimizers(loop, unscale)]
     if deeper:
-        return _hit(unscale, step, "inside the micro-batch loop on line {1}", deeper[-1].node)
+        return _hit(facts, unscale, step, "inside the micro-batch loop on line {1}", deeper[-1].node)
     loops = [loop for loop in _loops(step) if loop in _loops(unscale)]
-    if not loops:
+    if not loops and (_loops(step) or _loops(unscale)):
         return None
-    loop = loops[-1]
+    # Without a loop, each call of the function is one micro-batch (a `train_step` method).
+    loop = loops[-1] if loops else None
     commit = next(
         (
             e for e in events
-            if e.kind == "update" and ts.same_object(e.scaler, unscale.scaler) and loop in _loops(e) and not ts.exclusive(e, unscale)
+            if e.kind == "update" and ts.same_object(e.scaler, unscale.scaler) and (loop is None or loop in _loops(e))
+            and not ts.exclusive(e, unscale)
         ),
         step,
     )
     mine = ts.guards_inside(facts, unscale.anchor, loop)
-    my_tests = {_test(facts, g) for g in mine}
+    my_conditions = {c for g in mine for c in _conjuncts(facts, g.test)}
     for guard in ts.guards_inside(facts, commit.anchor, loop):
-        if any(g is guard for g in mine) or _test(facts, guard) in my_tests:
-            continue
+        if any(g is guard for g in mine) or _conjuncts(facts, guard.test) <= my_conditions:
+            continue  # whenever `unscale_` runs, so does the step (`if a and b: unscale_` then `if b: step`)
         if _AMP_SWITCH.search(_test(facts, guard)) or ts.exclusive(unscale, commit):
             continue
-        return _hit(unscale, step, "outside the `if` on line {1} that guards the step", guard)
-    guard = _continue_between(facts, loop, unscale, commit)
+        return _hit(facts, unscale, step, "outside the `if` on line {1} that guards the step", guard)
+    guard = _continue_between(facts, loop, unscale, commit) if loop is not None else None
     if guard is not None:
-        return _hit(unscale, step, "before the `if ...: continue` on line {1} that skips the step", guard)
+        return _hit(facts, unscale, step, "before the `if ...: continue` on line {1} that skips the step", guard)
     return None
 
 
 def _test(facts: AmpFacts, guard: cst.If) -> str:
     return facts.module.code_for_node(guard.test)
+
+
+def _conjuncts(facts: AmpFacts, test: cst.BaseExpression) -> set[str]:
+    """The conditions an `if` test requires: the operands of a top-level `and`, else the test."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _conjuncts(facts, test.left) | _conjuncts(facts, test.right)
+    return {facts.module.code_for_node(test.with_changes(lpar=[], rpar=[]) if getattr(test, "lpar", None) else test)}
 
 
 def _continue_between(facts: AmpFacts, loop, first: ts.Event, second: ts.Event) -> cst.If | None:
@@ -147,13 +156,23 @@ def _twice(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> Hit | 
     return None
 
 
-def _hit(unscale: ts.Event, step: ts.Event, where: str, node) -> Hit:
+# An `if` that runs the step once per accumulated batch, not one that skips it now and then.
+_ACCUMULATION = re.compile(r"%|accum|micro|sync_grad|update_freq|grad_acc|is_last|last_batch", re.IGNORECASE)
+
+
+def _hit(facts: AmpFacts, unscale: ts.Event, step: ts.Event, where: str, node) -> Hit:
+    accumulates = not isinstance(node, cst.If) or _ACCUMULATION.search(_test(facts, node)) is not None
+    when = (
+        f"runs only at the end of the accumulated batch: the second micro-batch raises"
+        if accumulates
+        else "does not run every time `unscale_()` does: the next `unscale_()` after a skipped step raises"
+    )
+    consequence = " and the gradients accumulated after it stay scaled" if accumulates else ""
     return Hit(
         unscale.call.node,
-        f"`{unscale.scaler}.unscale_()` runs {where}, but `{step.scaler}.step()` (line {{0}}) runs only "
-        f"at the end of the accumulated batch: the second micro-batch raises \"unscale_() has already "
-        f"been called on this optimizer since the last update()\" and the gradients accumulated after it "
-        f"stay scaled; move `unscale_` (and clipping) into the step's block",
+        f"`{unscale.scaler}.unscale_()` runs {where}, but `{step.scaler}.step()` (line {{0}}) {when} "
+        f"\"unscale_() has already been called on this optimizer since the last update()\"{consequence}; "
+        f"move `unscale_` (and clipping) into the step's block",
         unscale.call.where.statement,
         related=(step.call.node, node),
     )
