@@ -122,7 +122,8 @@ def _always_leaves(block: cst.BaseSuite) -> bool:
 
 
 def mutually_exclusive(a: Context, b: Context) -> bool:
-    """Whether two nodes sit in different branches of the same `if`, so one run never sees both."""
+    """Whether two nodes sit in different branches of the same `if` (or cases of one `match`), so
+    one run never sees both."""
     labels = dict(a.branches)
     return any(labels.get(node, label) != label for node, label in b.branches)
 
@@ -557,6 +558,16 @@ class _Recorder:
             # `if fast: ...; return` -- what follows in the block is the `if`'s `else`.
             self.branches.append((id(node), "else"))
             self._exits_per_block[-1] += 1
+        self.statements.pop()
+        return False
+
+    def visit_Match(self, node: cst.Match) -> None:
+        self.statements.append(node)
+        self.walk(node.subject)
+        for index, case in enumerate(node.cases):  # one run takes one case, as one branch of an `if`
+            self.branches.append((id(node), f"case {index}"))
+            self.walk(case)
+            self.branches.pop()
         self.statements.pop()
         return False
 
