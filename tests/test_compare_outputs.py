@@ -134,3 +134,55 @@ def test_a_change_of_output_structure_or_shape_is_outside_tolerance():
     assert not compare_outputs({"a": torch.ones(1)}, {"b": torch.ones(1)}, criteria())["within_tolerance"]
     result = compare_outputs(torch.ones(2), torch.ones(3), criteria())
     assert not result["within_tolerance"] and "shape" in result["note"]
+
+
+def test_a_custom_decision_is_one_per_batch_row_however_long_each_row_is():
+    """A top-3 ranking per query: one swapped pair in one of two rows is one changed decision."""
+    base = out.decision_units([[0, 2, 1], [0, 1, 2]], rows=2, default=False)
+    trial = out.decision_units([[0, 1, 2], [0, 1, 2]], rows=2, default=False)
+    assert out.count_decided(base) == 2 and out.count_changed(base, trial) == 1
+    # Unbatched, or a list that is not one entry per row: the whole case is one decision.
+    assert out.decision_units([0, 2, 1], rows=1, default=False) == [[0, 2, 1]]
+    assert out.decision_units([0, 2, 1], rows=None, default=False) == [[0, 2, 1]]
+
+
+def test_the_default_decision_counts_every_argmax_row_token_by_token():
+    tokens = out.decision_units([[1, 2, 0], [4, 4, 3]], rows=2, default=True)
+    assert out.count_decided(tokens) == 6
+    assert out.count_changed(tokens, out.decision_units([[1, 2, 0], [4, None, 3]], rows=2, default=True)) == 1
+    assert out.count_decided(out.decision_units(None, rows=None, default=True)) == 0
+
+
+def test_a_changed_non_numeric_leaf_puts_the_case_outside_tolerance_and_says_what_changed():
+    base = {"label": "dog", "confidence": torch.tensor([1.0003])}
+    trial = {"label": "cat", "confidence": torch.tensor([1.0])}
+    result = compare_outputs(base, trial, criteria(atol=0.01))
+    assert not result["within_tolerance"] and result["note"] == "output 'label': 'dog' → 'cat'"
+    assert result["max_abs_diff"] == pytest.approx(3e-4, rel=1e-2)  # the numeric leaf is still compared
+    assert compare_outputs(base, {**base}, criteria())["within_tolerance"]
+
+
+def test_the_baselines_own_inf_reproduced_exactly_is_equal_and_out_of_the_gaps():
+    masked = torch.tensor([0.5, float("-inf"), 2.0])
+    result = compare_outputs(masked, torch.tensor([0.504, float("-inf"), 2.0]), criteria())
+    assert result["finite"] and result["within_tolerance"]
+    assert result["max_abs_diff"] == pytest.approx(0.004, rel=1e-3) and result["worst"]["index"] == [0]
+
+
+@pytest.mark.parametrize(
+    "trial_values",
+    [
+        [float("-inf"), float("-inf"), 2.0],  # a finite baseline value turned -inf
+        [0.5, -3.0e38, 2.0],  # the baseline's -inf turned finite
+        [0.5, float("inf"), 2.0],  # the other infinity
+        [0.5, float("nan"), 2.0],
+    ],
+)
+def test_any_other_non_finite_difference_is_non_finite_and_outside(trial_values):
+    result = compare_outputs(torch.tensor([0.5, float("-inf"), 2.0]), torch.tensor(trial_values), criteria(atol=1e9))
+    assert not result["finite"] and not result["within_tolerance"]
+
+
+def test_the_default_margin_of_masked_scores_is_none_when_not_finite():
+    assert out.default_margin(torch.tensor([[1.0, float("-inf"), float("-inf")]])) is None
+    assert out.default_margin(torch.tensor([[1.0, 0.25, float("-inf")]])) == 0.75

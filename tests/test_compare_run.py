@@ -46,7 +46,7 @@ def test_baseline_records_decisions_and_margins(near_tie_report):
     by_id = {case["id"]: case for case in baseline["cases"]}
     assert by_id["near-tie-3e-4"]["decision"] == 1
     assert by_id["near-tie-3e-4"]["margin"] == pytest.approx(3e-4, rel=1e-3)
-    assert by_id["exact-tie"] == {"id": "exact-tie", "finite": True, "decision": 0, "margin": 0.0}
+    assert by_id["exact-tie"] == {"id": "exact-tie", "finite": True, "decision": 0, "margin": 0.0, "decision_count": 1}
 
 
 def test_near_ties_are_marked_from_the_baseline_margin(near_tie_report):
@@ -118,17 +118,17 @@ def test_out_of_tolerance_cases_fail_unless_the_criteria_allow_them(tmp_path):
     assert lenient["out_of_tolerance_cases"] == strict["out_of_tolerance_cases"] and lenient["passed"]
 
 
-def test_a_non_finite_baseline_is_an_error_with_a_partial_report(tmp_path):
+def test_a_baseline_holding_nan_is_an_error_with_a_partial_report(tmp_path):
     path = write_spec(tmp_path, """
         import torch
         def model():
             return torch.nn.Linear(2, 2)
         def cases():
-            return [("ok", torch.ones(2)), ("bad", torch.tensor([float("inf"), 1.0]))]
+            return [("ok", torch.ones(2)), ("bad", torch.tensor([float("nan"), 1.0]))]
     """)
     with pytest.raises(CompareError) as caught:
         compare(path)
-    assert "not finite on 1 case(s) ('bad')" in str(caught.value)
+    assert "holds NaN on 1 case(s) ('bad'); NaN equals nothing" in str(caught.value)
     assert caught.value.report["baseline"]["finite"] is False
     assert [c["finite"] for c in caught.value.report["baseline"]["cases"]] == [True, False]
     assert caught.value.report["trials"] == []
@@ -342,7 +342,7 @@ def test_decide_raising_on_finite_trial_outputs_is_a_trial_error_not_a_changed_d
     """)
     result = trial(compare(path), "float16")
     assert result["failed_criteria"] == ["error"] and result["decision_changes"] == 0
-    assert result["error"].startswith("case 'x': decide() raised on the trial's outputs: AssertionError: decide got torch.float16")
+    assert result["error"] == "case 'x': decide() on the trial's outputs, line 9: AssertionError: decide got torch.float16"
 
 
 def test_nested_outputs_use_the_first_floating_leaf_for_the_default_decision(tmp_path):
@@ -529,3 +529,77 @@ def margin(output):
 """
     with pytest.raises(CompareError, match="non-negative"):
         compare(_spec(tmp_path, body), trials=("bfloat16",))
+
+
+TOP3 = """
+def decide(output):
+    return output.topk(3, dim=-1).indices.tolist()
+def margin(output):
+    top = output.topk(4, dim=-1).values
+    return float((top[..., :-1] - top[..., 1:]).min())
+"""
+
+
+def test_a_ranking_that_changes_in_one_row_of_a_batch_is_one_changed_decision(tmp_path):
+    """Row 0's top-3 swaps two entries (1.0003 rounds to 1.0); row 1 keeps its ranking."""
+    body = IDENTITY.replace("Linear(3, 3)", "Linear(4, 4)").replace("eye(3)", "eye(4)") + TOP3 + """
+def cases():
+    return [("batch-2", torch.tensor([[3.0, 1.0, 1.0003, 0.0], [3.0, 2.0, 1.0, 0.0]]))]
+"""
+    report = compare(_spec(tmp_path, body), trials=("bfloat16",))
+    [case] = report["trials"][0]["cases"]
+    assert report["baseline"]["cases"][0]["decision_count"] == 2
+    assert case["decisions_changed"] == 1 and report["trials"][0]["decision_changes"] == 1
+
+
+def test_the_default_decision_of_token_scores_counts_tokens_on_both_sides(tmp_path):
+    body = IDENTITY + """
+def cases():
+    return [("sentences", torch.tensor([[[1.0, 1.0003, 0.0]] * 4] * 2))]  # [B=2, T=4, C=3]
+"""
+    report = compare(_spec(tmp_path, body), trials=("bfloat16",))
+    assert report["baseline"]["cases"][0]["decision_count"] == 8
+    assert report["trials"][0]["decision_changes"] == 8
+
+
+@pytest.mark.parametrize("bad", ["float('nan')", "float('inf')", "torch.tensor(float('nan'))"])
+def test_a_margin_that_is_not_a_finite_number_is_an_error(tmp_path, bad):
+    body = IDENTITY + f"""
+def cases():
+    return [("a", torch.tensor([[1.0, 0.0, 0.0]]))]
+def margin(output):
+    return {bad}
+"""
+    with pytest.raises(CompareError, match="margin\\(\\) must return a finite, non-negative distance .* got (nan|inf)"):
+        compare(_spec(tmp_path, body), trials=("bfloat16",))
+
+
+def test_a_quality_that_is_not_a_finite_number_is_named_for_the_trial_and_refused_for_the_baseline(tmp_path):
+    body = IDENTITY + """
+def cases():
+    return [("a", torch.tensor([[1.0, 0.0, 0.0]]))]
+def quality(outputs, ids):
+    return 1.0 if outputs["a"].dtype == torch.float32 else float("-inf")
+"""
+    result = compare(_spec(tmp_path, body), trials=("bfloat16",))["trials"][0]
+    assert result["quality"] is None and result["quality_error"] == "quality() returned -inf"
+    assert result["failed_criteria"] == ["quality"]
+    with pytest.raises(CompareError, match=r"^quality\(\) returned nan on the baseline outputs; it must return a finite number$"):
+        compare(_spec(tmp_path, body.replace("1.0 if", "float('nan') if")), trials=("bfloat16",))
+
+
+def test_a_trial_raising_inside_the_specs_forward_names_the_spec_line(tmp_path):
+    body = """
+import torch
+class Float32Only(torch.nn.Module):
+    def forward(self, x):
+        if torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu"):
+            raise RuntimeError("custom kernel only supports float32")
+        return x
+def model():
+    return Float32Only()
+def cases():
+    return [("a", torch.ones(2))]
+"""
+    result = compare(_spec(tmp_path, body), trials=("bfloat16",))["trials"][0]
+    assert result["error"] == "case 'a', line 6 in forward(): RuntimeError: custom kernel only supports float32"

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from amplint.compare.criteria import DEFAULT_CRITERIA, parse_criteria
+from amplint.compare.criteria import DEFAULT_CRITERIA, changes_since, parse_criteria
 from amplint.compare.errors import CompareError
 from amplint.compare.spec import load_spec, parse_device, parse_trials
 
@@ -184,3 +184,12 @@ def test_a_spec_can_import_a_helper_beside_it(tmp_path):
 def test_a_spec_may_use_dataclasses(tmp_path):
     spec = load_spec(write_spec(tmp_path, "import dataclasses\n@dataclasses.dataclass\nclass Config:\n    width: int = 2\n" + MINIMAL))
     assert spec.model().out_features == 2
+
+
+def test_criteria_changed_since_a_baseline_are_named_one_by_one():
+    saved = parse_criteria({"atol": 1e-3}).to_json()
+    assert changes_since(saved, parse_criteria({"atol": 0.1}).to_json()) == ["atol 0.001 -> 0.1"]
+    assert changes_since(saved, parse_criteria({"atol": 1e-3}).to_json()) == []
+    assert changes_since(saved, parse_criteria({"atol": {"*": 0.1}, "min_quality": 0.5}).to_json()) == [
+        "atol 0.001 -> {*: 0.1}", "min_quality None -> 0.5",
+    ]

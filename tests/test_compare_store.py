@@ -90,6 +90,10 @@ def test_a_file_that_is_not_a_baseline_is_refused(tmp_path, saved):
     with pytest.raises(CompareError, match="is not an amplint compare baseline") as refused:
         store.load_baseline(str(junk), prepared)
     assert "weights_only" not in str(refused.value)
+    text = tmp_path / "notes.pt"
+    text.write_text("hi\n")  # torch.load fails on it with a bare "KeyError: 105"
+    with pytest.raises(CompareError, match="is not an amplint compare baseline"):
+        store.load_baseline(str(text), prepared)
     other = tmp_path / "other.pt"
     torch.save({"weights": torch.ones(1)}, other)
     with pytest.raises(CompareError, match="is not an amplint compare baseline"):
@@ -103,4 +107,5 @@ def test_criteria_changed_since_saving_are_recorded(tmp_path, saved):
     widened = prepared_for(tmp_path, atol=0.5, name="widened.py")
     report = run.run_compare(widened, store.load_baseline(file, widened), measure_gains=False)
     assert report["baseline"]["criteria_at_save"]["atol"] == 0.01
+    assert report["baseline"]["criteria_changes"] == ["atol 0.01 -> 0.5"]
     assert report["criteria"]["atol"] == 0.5

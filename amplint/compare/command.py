@@ -134,12 +134,6 @@ def _run(
         progress=say,
         after_baseline=keep_baseline,
     )
-    if report["baseline"].get("criteria_at_save"):
-        console.print(
-            f"warning: the criteria differ from those saved with the baseline: {report['baseline']['criteria_at_save']}",
-            style="yellow",
-            markup=False,
-        )
     reporting.render(report, console, all_cases=all_cases)
     if json_path:
         reporting.write_json(report, json_path, stdout)

@@ -81,14 +81,22 @@ class Criteria:
 
     def describe(self) -> str:
         """One line for the terminal, printed before any trial runs."""
-        parts = []
-        for key, value in self.to_json().items():
-            if isinstance(value, dict):
-                shown = "{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items()) + "}"
-            else:
-                shown = _fmt(value)
-            parts.append(f"{key}={shown}")
-        return ", ".join(parts)
+        return ", ".join(f"{key}={_shown_criterion(value)}" for key, value in self.to_json().items())
+
+
+def changes_since(saved: Mapping, current: Mapping) -> list[str]:
+    """Each criterion that differs from the one saved with a baseline, as "atol 0.001 -> 0.1"."""
+    return [
+        f"{key} {_shown_criterion(saved.get(key))} -> {_shown_criterion(current.get(key))}"
+        for key in dict.fromkeys([*current, *saved])
+        if saved.get(key) != current.get(key)
+    ]
+
+
+def _shown_criterion(value) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items()) + "}"
+    return _fmt(value)
 
 
 def _pick(value: float | Mapping[str, float], name: str) -> float:

@@ -1,8 +1,9 @@
 """Model outputs as named leaves; the default decision and margin; hashing weights and inputs.
 
 An output may be a tensor, a (nested) tuple/list/dict/namedtuple of tensors, or a Python number.
-Every numeric leaf is compared; leaves are named by their path ("output" for a lone tensor,
-"0", "logits", "aux.1" inside containers) so reports and per-output tolerances can refer to them.
+Every numeric leaf is compared within a tolerance; every other leaf (a string label, a bool, None)
+must be equal. Leaves are named by their path ("output" for a lone tensor, "0", "logits", "aux.1"
+inside containers) so reports and per-output tolerances can refer to them.
 """
 
 from __future__ import annotations
@@ -18,18 +19,35 @@ import torch
 ROOT = "output"
 
 
-def leaves(output: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+def leaves(output: Any) -> Iterator[tuple[str, Any]]:
     """(name, leaf) for every tensor or Python number in ``output``, in a stable order."""
-    if isinstance(output, torch.Tensor) or _is_number(output):
-        yield (prefix or ROOT), output
-    elif isinstance(output, dict) or _has_fields(output):
+    return ((name, leaf) for name, leaf in all_leaves(output) if is_numeric(leaf))
+
+
+def all_leaves(output: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(name, leaf) for every leaf in ``output``: the numeric ones and the rest (strings, bools,
+    None, other objects), which carry no number to compare but still say what the model answered."""
+    if isinstance(output, dict) or _has_fields(output):
         items = output.items() if isinstance(output, dict) else output._asdict().items()
         for key, value in items:
-            yield from leaves(value, f"{prefix}.{key}" if prefix else str(key))
+            yield from all_leaves(value, f"{prefix}.{key}" if prefix else str(key))
     elif isinstance(output, (tuple, list)):
         for index, value in enumerate(output):
-            yield from leaves(value, f"{prefix}.{index}" if prefix else str(index))
-    # Anything else (None, strings, objects) carries no numbers to compare.
+            yield from all_leaves(value, f"{prefix}.{index}" if prefix else str(index))
+    else:
+        yield (prefix or ROOT), output
+
+
+def is_numeric(leaf: Any) -> bool:
+    return isinstance(leaf, torch.Tensor) or _is_number(leaf)
+
+
+def same_value(base: Any, trial: Any) -> bool:
+    """Equality of two non-numeric leaves; objects whose == gives no single answer (arrays) by repr."""
+    try:
+        return bool(base == trial)
+    except (TypeError, ValueError, RuntimeError):
+        return repr(base) == repr(trial)
 
 
 def plain(output: Any) -> Any:
@@ -78,6 +96,13 @@ def is_finite(output: Any) -> bool:
     return True
 
 
+def has_nan(output: Any) -> bool:
+    return any(
+        bool(torch.isnan(leaf).any()) if isinstance(leaf, torch.Tensor) else isinstance(leaf, float) and math.isnan(leaf)
+        for _, leaf in leaves(output)
+    )
+
+
 def as_float64(leaf: Any) -> torch.Tensor:
     if isinstance(leaf, torch.Tensor):
         return leaf.detach().to("cpu", torch.complex128 if leaf.is_complex() else torch.float64)
@@ -122,12 +147,52 @@ def _class_scores(output: Any) -> torch.Tensor | None:
 
 
 def default_margin(output: Any) -> float | None:
-    """Gap between the two highest scores of the last dimension (smallest over rows), or None."""
+    """Gap between the two highest scores of the last dimension (smallest over rows), or None.
+
+    None too when the gap is not finite: scores masked with -inf leave a row with a single
+    candidate (an infinite gap) or none (-inf minus -inf)."""
     scores = _class_scores(output)
     if scores is None:
         return None
     top_two = scores.detach().to("cpu", torch.float64).topk(2, dim=-1).values
-    return float((top_two[..., 0] - top_two[..., 1]).min())
+    gap = float((top_two[..., 0] - top_two[..., 1]).min())
+    return gap if math.isfinite(gap) else None
+
+
+def batch_rows(output: Any) -> int | None:
+    """The case's batch size: the first dimension of its first floating tensor, when that has two
+    dimensions or more; None for an unbatched output."""
+    scores = first_float_tensor(output)
+    return scores.shape[0] if scores is not None and scores.dim() >= 2 else None
+
+
+def decision_units(decision: Any, *, rows: int | None, default: bool) -> list:
+    """A case's decision split into the units that count one each against `max_decision_changes`.
+
+    The default decision holds one argmax per row of the last dimension (one per sample of
+    `[B, C]`, one per token of `[B, T, C]`): each is a unit. A custom decide() gives one decision
+    per case, or one per row of the batch when it returns a list as long as the batch (``rows``):
+    a top-k ranking per query is one unit however many entries it has."""
+    if default:
+        return _flatten(decision)
+    if rows is not None and isinstance(decision, list) and len(decision) == rows:
+        return decision
+    return [decision]
+
+
+def count_decided(units: list) -> int:
+    return sum(unit is not None for unit in units)
+
+
+def count_changed(base_units: list, trial_units: list) -> int:
+    """Units whose decision differs; a trial decision of another shape changes every unit."""
+    if len(base_units) != len(trial_units):
+        return max(1, count_decided(base_units))
+    return sum(base != trial for base, trial in zip(base_units, trial_units))
+
+
+def _flatten(value: Any) -> list:
+    return [leaf for item in value for leaf in _flatten(item)] if isinstance(value, list) else [value]
 
 
 def _rows_to_json(choice: torch.Tensor, missing: int) -> Any:
@@ -143,6 +208,22 @@ def _rows_to_json(choice: torch.Tensor, missing: int) -> Any:
     while isinstance(values, list) and len(values) == 1:
         values = values[0]
     return values
+
+
+def python_scalar(value: Any) -> Any:
+    """A one-element tensor or numpy scalar as a Python number, NaN and inf kept; else unchanged."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value
+    if not isinstance(value, (int, float)) and hasattr(value, "item") and callable(value.item):
+        try:
+            return value.item()
+        except (TypeError, ValueError):  # an array of several values is no scalar
+            return value
+    return value
+
+
+def is_finite_number(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value)
 
 
 def jsonable(value: Any) -> Any:

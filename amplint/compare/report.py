@@ -65,7 +65,7 @@ def render(report: dict, console: Console, *, all_cases: bool = False) -> None:
             console.print(cases)
         rest = _unremarkable_count(baseline, trial, all_cases)
         if rest:
-            console.print(f"  {rest} other case(s): finite, within tolerance, decision unchanged, no near tie", markup=False)
+            console.print(f"  {rest} other case(s): {_unremarkable_means(baseline)}", markup=False)
         for warning in trial.get("warnings", []):
             console.print(Text(f"  warning during the trial: {warning}", style="yellow"))
     console.print()
@@ -75,10 +75,19 @@ def render(report: dict, console: Console, *, all_cases: bool = False) -> None:
 def summary_line(report: dict) -> Text:
     trials = report["trials"]
     failed = [t for t in trials if not t["passed"]]
+    # A verdict under criteria changed after the reference was kept must say so (SEED.md §4).
+    changed = report["baseline"].get("criteria_changes")
     if not failed:
+        if changed:
+            return Text(
+                f"All {len(trials)} trial(s) passed, but under criteria changed since the baseline was saved: "
+                f"{'; '.join(changed)}.",
+                style="bold yellow",
+            )
         return Text(f"All {len(trials)} trial(s) passed the criteria fixed before the run.", style="bold green")
     names = ", ".join(f"{t['dtype']} ({', '.join(t['failed_criteria'])})" for t in failed)
-    return Text(f"{len(failed)} of {len(trials)} trial(s) failed: {names}. No gains are reported for a failed trial.", style="bold red")
+    caveat = f" Criteria changed since the baseline was saved: {'; '.join(changed)}." if changed else ""
+    return Text(f"{len(failed)} of {len(trials)} trial(s) failed: {names}. No gains are reported for a failed trial.{caveat}", style="bold red")
 
 
 def _trial_table(report: dict, baseline: dict, trial: dict) -> Table:
@@ -98,10 +107,11 @@ def _trial_table(report: dict, baseline: dict, trial: dict) -> Table:
         return table
 
     finite = total - trial["nonfinite_cases"]
+    with_inf = sum(not case["finite"] for case in baseline["cases"])  # a baseline with NaN never gets here
     table.add_row(
         "finite output",
-        f"{total}/{total} finite",
-        f"{finite}/{total} finite",
+        f"{total - with_inf}/{total} finite" + (f"; ±inf in {with_inf}, to be matched" if with_inf else ""),
+        f"{finite}/{total} finite" + (" or matching" if with_inf else ""),
         _fail("reject unexplained non-finite") if FAILED_NONFINITE in failed else PASS,
     )
     table.add_row(
@@ -112,13 +122,15 @@ def _trial_table(report: dict, baseline: dict, trial: dict) -> Table:
         if FAILED_TOLERANCE in failed
         else PASS,
     )
-    decided = sum(case["decision"] is not None for case in baseline["cases"])
+    decisions = sum(case["decision_count"] for case in baseline["cases"])
     near = sum(case["near_tie"] for case in trial["cases"])
-    if decided:
+    if decisions:
+        decided_cases = sum(case["decision_count"] > 0 for case in baseline["cases"])
+        changed_cases = sum(case["decision_changed"] for case in trial["cases"])
         table.add_row(
             "application decision",
-            f"{decided} decided; {near} near tie(s) (margin < {_num(criteria['near_tie_margin'])})",
-            f"{trial['decision_changes']} changed (allowed {criteria['max_decision_changes']})",
+            f"{_in_cases(decisions, 'decision(s)', decided_cases)}; {near} case(s) near a tie (margin < {_num(criteria['near_tie_margin'])})",
+            f"{_in_cases(trial['decision_changes'], 'changed', changed_cases)} (allowed {criteria['max_decision_changes']})",
             _fail("review the changed decisions") if FAILED_DECISIONS in failed else PASS,
         )
     else:
@@ -163,8 +175,22 @@ def _trial_table(report: dict, baseline: dict, trial: dict) -> Table:
 
 def _no_gap(trial: dict) -> str:
     """Why a trial has no largest gap: a non-finite one, or no case whose outputs compare."""
-    comparable = [case for case in trial["cases"] if not case.get("note")]
-    return "non-finite" if comparable else "n/a (outputs differ in shape)"
+    return "non-finite" if trial["nonfinite_cases"] else "n/a (outputs differ in shape)"
+
+
+def _in_cases(count: int, what: str, cases: int) -> str:
+    """"14 changed in 12 cases": the cases are named only when they are not one decision each."""
+    return f"{count} {what}" + (f" in {cases} case(s)" if cases != count else "")
+
+
+def _unremarkable_means(baseline: dict) -> str:
+    """What the cases left out of the table have in common, claiming nothing that was not compared."""
+    parts = ["finite", "within tolerance"]
+    if any(case["decision_count"] for case in baseline["cases"]):
+        parts.append("decision unchanged")
+    if any(case["margin"] is not None for case in baseline["cases"]):
+        parts.append("no near tie")
+    return ", ".join(parts)
 
 
 def ordered_cases(baseline: dict, trial: dict) -> list[tuple[dict, dict]]:
@@ -199,20 +225,18 @@ def _cases_table(baseline: dict, trial: dict, *, all_cases: bool) -> Table:
             index = "[" + ",".join(str(i) for i in worst["index"]) + "]" if worst["index"] else ""
             name = "" if worst["output"] == "output" else worst["output"]
             worst_text = f"{_num(worst['baseline'])} → {_num(worst['trial'])} at {name}{index}" if name or index else f"{_num(worst['baseline'])} → {_num(worst['trial'])}"
-        if case.get("note"):
-            worst_text = case["note"]
+        worst_text = "; ".join(text for text in (worst_text, case.get("note")) if text)
         decision = Text(f"{_short(base['decision'])} → {_short(case['decision'])}")
         if case["decision_changed"]:
-            rows = len(base["decision"]) if isinstance(base["decision"], list) else 0
-            changed = case.get("decisions_changed", 1)
-            decision.append(f"  CHANGED ({changed} of {rows} rows)" if rows > 1 else "  CHANGED", style="bold red")
+            units = base["decision_count"]
+            decision.append(f"  CHANGED ({case['decisions_changed']} of {units} decisions)" if units > 1 else "  CHANGED", style="bold red")
         margin = Text(_num(base["margin"]))
         if case["near_tie"]:
             margin.append("  near tie", style="yellow")
         table.add_row(
             Text(case["id"]),  # Text, not str: an id like "img[3]" is not rich markup
             Text("yes") if case["finite"] else Text("NO", style="bold red"),
-            _num(case["max_abs_diff"], none="n/a", digits=3),
+            _gap(case["max_abs_diff"]),
             Text("within") if case["within_tolerance"] else Text("OUTSIDE", style="bold red"),
             Text(worst_text),
             decision,
@@ -255,14 +279,21 @@ def _tolerance(criteria: dict) -> str:
     return f"atol {show(criteria['atol'])}, rtol {show(criteria['rtol'])}"
 
 
-def _num(value: Any, none: str = "n/a", digits: int = 6) -> str:
+def _num(value: Any, none: str = "n/a") -> str:
     if value is None:
         return none
     if isinstance(value, bool):
         return str(value)
     if isinstance(value, float):
-        return f"{value:.{digits}g}"
+        return f"{value:.6g}"
     return str(value)
+
+
+def _gap(value: float | None) -> str:
+    """One notation for the whole column, so 584 and 1.3e+03 do not sit side by side."""
+    if value is None:
+        return "n/a"
+    return "0" if value == 0 else f"{value:.2e}"
 
 
 def _short(value: Any, limit: int = 24) -> str:

@@ -28,6 +28,7 @@ from amplint.compare.criteria import (
     FAILED_QUALITY,
     FAILED_TOLERANCE,
     Criteria,
+    changes_since,
 )
 from amplint.compare.errors import CompareError, describe_exception, one_line
 from amplint.compare.spec import Spec, spec_exception
@@ -172,6 +173,10 @@ def autocast_context(device_type: str, dtype: str | None):
     return torch.autocast(device_type, dtype=getattr(torch, dtype))
 
 
+class _NotAFiniteNumber(Exception):
+    """quality() returned something other than a finite number; the message says what."""
+
+
 class _NonFiniteBaseline(Exception):
     def __init__(self, message: str, summary: dict) -> None:
         super().__init__(message)
@@ -246,10 +251,14 @@ def run_compare(
         raise CompareError(str(bad), report=report) from None
     baseline_cases = report["baseline"]["cases"]
     after_baseline()
+    infinite = sum(not case["finite"] for case in baseline_cases)
     progress(
-        f"Baseline float32 ({baseline.source}): {len(ids)} cases, all finite"
+        f"Baseline float32 ({baseline.source}): {len(ids)} cases, "
+        + (f"no NaN; ±inf in {infinite} case(s), which every trial must reproduce exactly" if infinite else "all finite")
         + (f", quality {_fmt(report['baseline']['quality'])}" if report["baseline"]["quality"] is not None else "")
     )
+    if report["baseline"].get("criteria_changes"):
+        progress(f"warning: criteria changed: {'; '.join(report['baseline']['criteria_changes'])} since the baseline was saved")
 
     for dtype in spec.trials:
         progress(f"Trial {dtype}: running {len(ids)} cases under torch.autocast({spec.device_type!r}, {dtype})")
@@ -276,35 +285,43 @@ def _judge_baseline(prepared: Prepared, baseline: Baseline, decide, spec_file: s
     criteria.check_output_names(names)
 
     cases = []
-    nonfinite = []
+    with_nan = []
     for (case_id, _), output in zip(prepared.cases, baseline.outputs):
-        finite = out.is_finite(output)
+        # ±inf is a value a trial can reproduce exactly (masked logits); NaN equals nothing.
         decision = margin = None
-        if finite:
-            decision = _call(lambda output=output: out.jsonable(decide(output)), spec_file, f"decide() on the baseline of case {case_id!r}")
-            margin = _margin(spec, output, spec_file, case_id)
+        decision_count = 0
+        if out.has_nan(output):
+            with_nan.append(case_id)
         else:
-            nonfinite.append(case_id)
-        cases.append({"id": case_id, "finite": finite, "decision": decision, "margin": margin})
+            decision = _call(lambda output=output: out.jsonable(decide(output)), spec_file, f"decide() on the baseline of case {case_id!r}")
+            decision_count = out.count_decided(_decision_units(spec, decision, output))
+            margin = _margin(spec, output, spec_file, case_id)
+        cases.append({"id": case_id, "finite": out.is_finite(output), "decision": decision, "margin": margin, "decision_count": decision_count})
 
-    summary = {"dtype": "float32", "finite": not nonfinite, "quality": None, "source": baseline.source, "cases": cases}
+    summary = {"dtype": "float32", "finite": all(case["finite"] for case in cases), "quality": None, "source": baseline.source, "cases": cases}
     # A stored baseline remembers the criteria it was saved with: widening them later shows.
-    if baseline.criteria_at_save is not None and baseline.criteria_at_save != criteria.to_json():
+    changes = changes_since(baseline.criteria_at_save, criteria.to_json()) if baseline.criteria_at_save is not None else []
+    if changes:
         summary["criteria_at_save"] = baseline.criteria_at_save
+        summary["criteria_changes"] = changes
     if baseline.torch_at_save is not None and baseline.torch_at_save != torch.__version__:
         summary["torch_at_save"] = baseline.torch_at_save
-    if nonfinite:
-        shown = ", ".join(repr(case_id) for case_id in nonfinite[:5]) + (", ..." if len(nonfinite) > 5 else "")
+    if with_nan:
+        shown = ", ".join(repr(case_id) for case_id in with_nan[:5]) + (", ..." if len(with_nan) > 5 else "")
         raise _NonFiniteBaseline(
-            f"the FP32 baseline is not finite on {len(nonfinite)} case(s) ({shown}); "
-            "a non-finite baseline is not a reference: fix the model or the cases first",
+            f"the FP32 baseline holds NaN on {len(with_nan)} case(s) ({shown}); NaN equals nothing, not even "
+            "another NaN, so it is no reference for a trial: fix the model or the cases first "
+            "(±inf is accepted where every trial reproduces it, e.g. masked logits)",
             summary,
         )
 
     if spec.quality is not None:
-        quality = _quality(spec, baseline.outputs, prepared, spec_file)
-        if quality is None:
-            raise CompareError("quality() on the baseline outputs must return a finite number")
+        try:
+            quality = _quality(spec, baseline.outputs, prepared)
+        except _NotAFiniteNumber as bad:
+            raise CompareError(f"{bad} on the baseline outputs; it must return a finite number") from None
+        except Exception as exc:  # noqa: BLE001 - user code or torch internals may raise anything
+            raise CompareError(spec_exception(exc, spec_file, "quality() on the baseline")) from None
         summary["quality"] = quality
         if criteria.min_quality is not None and quality < criteria.min_quality:
             raise CompareError(
@@ -337,7 +354,7 @@ def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict
         try:
             outputs = forward_all(prepared, dtype)
         except _RunFailed as failed:
-            trial["error"] = f"case {failed.case_id!r}: {describe_exception(failed.exc)}"
+            trial["error"] = spec_exception(failed.exc, spec_file, f"case {failed.case_id!r}")
             outputs = None
     trial["warnings"] = sorted({one_line(str(w.message)) for w in caught})
     if outputs is None:
@@ -354,19 +371,22 @@ def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict
             if case["finite"]:
                 # decide() that fails on finite outputs (one that asserts float32) is the spec's
                 # error, not a decision the lower precision changed.
-                trial["error"] = f"case {case_id!r}: decide() raised on the trial's outputs: {describe_exception(exc)}"
+                trial["error"] = spec_exception(exc, spec_file, f"case {case_id!r}: decide() on the trial's outputs")
                 trial["failed_criteria"] = [FAILED_ERROR]
                 trial["cases"] = []
                 return trial
             decision, decision_error = None, describe_exception(exc)  # a custom decide() meeting NaN
+        decisions_changed = out.count_changed(
+            _decision_units(spec, base_case["decision"], base_output), _decision_units(spec, decision, base_output)
+        )
         entry = {
             "id": case_id,
             "finite": case["finite"],
             "max_abs_diff": _finite_or_none(case["max_abs_diff"]),
             "within_tolerance": case["within_tolerance"],
             "decision": decision,
-            "decision_changed": decision != base_case["decision"],
-            "decisions_changed": changed_decisions(base_case["decision"], decision),
+            "decision_changed": decisions_changed > 0,
+            "decisions_changed": decisions_changed,
             "near_tie": base_case["margin"] is not None and base_case["margin"] < criteria.near_tie_margin,
             "worst": case["worst"],
         }
@@ -378,8 +398,8 @@ def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict
         trial["nonfinite_cases"] += not entry["finite"]
         trial["out_of_tolerance_cases"] += not entry["within_tolerance"]
         trial["decision_changes"] += entry["decisions_changed"]
-        if case["note"] is None:  # outputs of another structure or shape have no gap to rank
-            worst = max(worst or 0.0, case["max_abs_diff"]) if not math.isnan(case["max_abs_diff"]) else math.inf
+        if not math.isnan(case["max_abs_diff"]):  # outputs of another structure or shape have no gap to rank
+            worst = max(worst or 0.0, case["max_abs_diff"])
     trial["max_abs_diff"] = _finite_or_none(worst) if worst is not None else None
 
     failed = []
@@ -391,7 +411,9 @@ def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict
         failed.append(FAILED_DECISIONS)
     if spec.quality is not None:
         try:
-            trial["quality"] = _quality(spec, outputs, prepared, spec_file, raise_errors=True)
+            trial["quality"] = _quality(spec, outputs, prepared)
+        except _NotAFiniteNumber as bad:
+            trial["quality_error"] = str(bad)
         except Exception as exc:  # noqa: BLE001 - user code or torch internals may raise anything
             trial["quality_error"] = describe_exception(exc)
         if trial["quality"] is None or (criteria.min_quality is not None and trial["quality"] < criteria.min_quality):
@@ -401,47 +423,58 @@ def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict
     return trial
 
 
-def changed_decisions(base: Any, trial: Any) -> int:
-    """How many decisions differ: row by row for a batch (a list of one decision per row, as
-    the default gives for `[B, C]`), else one for the case."""
-    if isinstance(base, list) and isinstance(trial, list) and len(base) == len(trial):
-        return sum(changed_decisions(b, t) for b, t in zip(base, trial, strict=True))
-    return int(base != trial)
+def _decision_units(spec: Spec, decision: Any, base_output: Any) -> list:
+    """Both sides are split by the baseline's batch, so a trial cannot change what a unit is."""
+    return out.decision_units(decision, rows=out.batch_rows(base_output), default=spec.decide is None)
 
 
 def compare_outputs(base: Any, trial: Any, criteria: Criteria) -> dict:
     """Finiteness, the largest |trial - baseline| and |trial - base| <= atol + rtol*|base| per element.
 
+    An element where the baseline itself is ±inf (a masked logit) counts as equal when the trial
+    has the same infinity there, and stays out of the gaps; anywhere else a non-finite value on
+    either side makes the case non-finite. A non-numeric leaf (a label) has no tolerance: any
+    difference puts the case outside it, and `note` says what changed.
+
     `worst` is the element farthest outside (or nearest to) its own output's tolerance: with
     per-output tolerances, the largest absolute gap may be a large-scale output well within its
     own."""
-    base_leaves = dict(out.leaves(base))
-    trial_leaves = dict(out.leaves(trial))
+    base_leaves = dict(out.all_leaves(base))
+    trial_leaves = dict(out.all_leaves(trial))
     result = {"finite": out.is_finite(trial), "max_abs_diff": 0.0, "within_tolerance": True, "worst": None, "note": None}
-    worst_share = 0.0
-    if list(base_leaves) != list(trial_leaves):
-        result.update(max_abs_diff=math.nan, within_tolerance=False, note="the trial's outputs differ in structure from the baseline's")
+    mismatch = _structure_difference(base_leaves, trial_leaves)
+    if mismatch:
+        result.update(max_abs_diff=math.nan, within_tolerance=False, note=mismatch)
         return result
+    result["finite"] = True
+    changed_labels = []
+    worst_share = 0.0
     for name, base_leaf in base_leaves.items():
+        trial_leaf = trial_leaves[name]
+        if not out.is_numeric(base_leaf):
+            if not out.same_value(base_leaf, trial_leaf):
+                changed_labels.append(f"output {name!r}: {one_line(repr(base_leaf), 40)} → {one_line(repr(trial_leaf), 40)}")
+            continue
         b = out.as_float64(base_leaf)
-        t = out.as_float64(trial_leaves[name])
-        if b.shape != t.shape:
-            result.update(max_abs_diff=math.nan, within_tolerance=False, note=f"output {name!r} has shape {tuple(t.shape)}, baseline {tuple(b.shape)}")
-            return result
+        t = out.as_float64(trial_leaf)
         if b.numel() == 0:
             continue
         atol, rtol = criteria.tolerance_for(name)
-        diff = (t - b).abs()
+        matched = ~torch.isfinite(b) & (b == t)  # the baseline's own ±inf, reproduced exactly
+        if bool((~(torch.isfinite(b) & torch.isfinite(t)) & ~matched).any()):
+            result["finite"] = False
+        diff = (t - b).abs().masked_fill(matched, 0.0)
+        allowed = atol + rtol * b.abs().masked_fill(matched, 0.0)
         # NaN compares false, so a NaN element is outside any tolerance, as it should be.
-        inside = diff <= atol + rtol * b.abs()
-        if not bool(inside.all()):
+        if not bool((matched | (diff <= allowed)).all()):
             result["within_tolerance"] = False
-        gaps = torch.nan_to_num(diff.double(), nan=math.inf, posinf=math.inf).reshape(-1)
+        gaps = torch.nan_to_num(diff, nan=math.inf, posinf=math.inf).reshape(-1)
         result["max_abs_diff"] = max(result["max_abs_diff"], float(gaps.max()))
-        allowed = (atol + rtol * b.abs()).reshape(-1).clamp_min(torch.finfo(torch.float64).tiny)
+        allowed = allowed.reshape(-1).clamp_min(torch.finfo(torch.float64).tiny)
         share = torch.nan_to_num(gaps / allowed, nan=math.inf)  # of its tolerance used: above 1 is outside
+        share = share.masked_fill(matched.reshape(-1), -1.0)  # a matched ±inf is never the worst element
         position = int(share.argmax())
-        if result["worst"] is None or float(share[position]) > worst_share:
+        if float(share[position]) >= 0 and (result["worst"] is None or float(share[position]) > worst_share):
             worst_share = float(share[position])
             index = list(torch.unravel_index(torch.tensor(position), b.shape)) if b.dim() else []
             result["worst"] = {
@@ -450,17 +483,32 @@ def compare_outputs(base: Any, trial: Any, criteria: Criteria) -> dict:
                 "baseline": _finite_or_text(b.reshape(-1)[position]),
                 "trial": _finite_or_text(t.reshape(-1)[position]),
             }
+    if changed_labels:
+        result.update(within_tolerance=False, note="; ".join(changed_labels))
     return result
+
+
+def _structure_difference(base_leaves: dict, trial_leaves: dict) -> str | None:
+    """Why two outputs cannot be compared leaf by leaf, or None when they can."""
+    if list(base_leaves) != list(trial_leaves) or any(
+        out.is_numeric(leaf) != out.is_numeric(trial_leaves[name]) for name, leaf in base_leaves.items()
+    ):
+        return "the trial's outputs differ in structure from the baseline's"
+    for name, base_leaf in base_leaves.items():
+        if out.is_numeric(base_leaf):
+            base_shape, trial_shape = out.as_float64(base_leaf).shape, out.as_float64(trial_leaves[name]).shape
+            if base_shape != trial_shape:
+                return f"output {name!r} has shape {tuple(trial_shape)}, baseline {tuple(base_shape)}"
+    return None
 
 
 def _margin(spec: Spec, output: Any, spec_file: str, case_id: str) -> float | None:
     if spec.margin is None:
         return out.default_margin(output)
-    value = _call(lambda: spec.margin(output), spec_file, f"margin() on the baseline of case {case_id!r}")
-    value = out.jsonable(value)
+    value = out.python_scalar(_call(lambda: spec.margin(output), spec_file, f"margin() on the baseline of case {case_id!r}"))
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if not out.is_finite_number(value) or value < 0:
         raise CompareError(
             f"margin() must return a finite, non-negative distance to the decision boundary or None, "
             f"got {value!r} for case {case_id!r}"
@@ -468,16 +516,12 @@ def _margin(spec: Spec, output: Any, spec_file: str, case_id: str) -> float | No
     return float(value)
 
 
-def _quality(spec: Spec, outputs: list[Any], prepared: Prepared, spec_file: str, raise_errors: bool = False) -> float | None:
+def _quality(spec: Spec, outputs: list[Any], prepared: Prepared) -> float:
+    """quality() of these outputs; raises what it raises, or _NotAFiniteNumber naming what it returned."""
     ids = [case_id for case_id, _ in prepared.cases]
-    by_id = dict(zip(ids, outputs))
-    if raise_errors:
-        value = spec.quality(by_id, ids)
-    else:
-        value = _call(lambda: spec.quality(by_id, ids), spec_file, "quality() on the baseline")
-    value = out.jsonable(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
+    value = out.python_scalar(spec.quality(dict(zip(ids, outputs)), ids))
+    if not out.is_finite_number(value):
+        raise _NotAFiniteNumber(f"quality() returned {one_line(repr(value), 80)}")
     return float(value)
 
 

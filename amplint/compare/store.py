@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import pickle
 
 import torch
 
@@ -49,12 +48,12 @@ def load_baseline(path: str, prepared: Prepared) -> Baseline:
     try:
         # weights_only: a baseline file holds tensors and plain containers, never code to run.
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - user code or torch internals may raise anything
-        if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc) or "invalid load key" in str(exc):
-            # A JSON report, or a file torch.save wrote with objects in it: torch's message would
-            # suggest weights_only=False, which a baseline never needs.
-            raise CompareError(f"baseline file {path} is not an amplint compare baseline (written by --save-baseline)") from None
+    except OSError as exc:
         raise CompareError(f"baseline file {path} cannot be read: {describe_exception(exc)}") from None
+    except Exception:  # noqa: BLE001 - torch.load raises anything from KeyError to RuntimeError on a foreign file
+        # A JSON report, a text file, or a file torch.save wrote with objects in it: torch's message
+        # ("KeyError: 105", or a suggestion of weights_only=False) says nothing useful here.
+        raise CompareError(f"baseline file {path} is not an amplint compare baseline (written by --save-baseline)") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CompareError(f"baseline file {path} is not an amplint compare baseline (written by --save-baseline)")
     if payload.get("version") != VERSION:

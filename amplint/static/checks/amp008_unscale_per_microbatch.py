@@ -163,7 +163,7 @@ _ACCUMULATION = re.compile(r"%|accum|micro|sync_grad|update_freq|grad_acc|is_las
 def _hit(facts: AmpFacts, unscale: ts.Event, step: ts.Event, where: str, node) -> Hit:
     accumulates = not isinstance(node, cst.If) or _ACCUMULATION.search(_test(facts, node)) is not None
     when = (
-        f"runs only at the end of the accumulated batch: the second micro-batch raises"
+        "runs only at the end of the accumulated batch: the second micro-batch raises"
         if accumulates
         else "does not run every time `unscale_()` does: the next `unscale_()` after a skipped step raises"
     )
