@@ -31,7 +31,7 @@ def _compiled(facts: AmpFacts) -> list[tuple[CallSite, str | None, object]]:
             target = _assigned_to(facts, call)
             argument = dotted_name(call.arg(0, "model"))
             found.append((call, target or argument, None))
-        elif call.method == "compile" and call.receiver_key and facts.value_kind(call.receiver, call.scope) == "model":
+        elif call.method == "compile" and call.receiver_key and _compiles_a_module(facts, call):
             found.append((call, call.receiver_key, None))
     for function in facts.functions:
         for decorator in function.decorators:
@@ -41,6 +41,16 @@ def _compiled(facts: AmpFacts) -> list[tuple[CallSite, str | None, object]]:
                 if function.class_name is not None and function.name in ("forward", "__call__"):
                     found.extend((decorator, key, None) for key in _instances_of(facts, function.class_name))
     return found
+
+
+def _compiles_a_module(facts: AmpFacts, call: CallSite) -> bool:
+    """`model.compile()` (nn.Module.compile): a module built here, or any object (a parameter, a
+    model built in another file) compiled without a positional argument; `re.compile(pattern)`
+    and other imported modules' `compile` are not. Only one later called under autocast counts."""
+    if facts.value_kind(call.receiver, call.scope) == "model":
+        return True
+    positional = [arg for arg in call.node.args if arg.keyword is None and not arg.star]
+    return not positional and facts.qualname(call.receiver, call.scope) is None
 
 
 def _instances_of(facts: AmpFacts, class_name: str) -> set[str]:
@@ -117,9 +127,10 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         statement = node.where.statement if isinstance(node, CallSite) else None
         if not _runs_under_autocast(facts, name, function):
             continue
+        compiled = "function" if isinstance(function, cst.FunctionDef) and function.name.value not in ("forward", "__call__") else "model"
         yield Hit(
             call_node,
-            "this compiled model runs under autocast while backward runs outside it (line {0}); with "
+            f"this compiled {compiled} runs under autocast while backward runs outside it (line {{0}}); with "
             "torch.compile's default `backward_pass_autocast=\"same_as_forward\"` the compiled backward "
             "re-enters autocast, which differs from eager and can overflow (pytorch/pytorch#153044); set "
             "`torch._functorch.config.backward_pass_autocast = \"off\"` to match eager",
