@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from amplint.static.analyse import parse
 from amplint.static.api import lint_source
 from amplint.static.fixes import fix_source
+
+STATIC_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "static"
 
 
 def lines(source: str, code: str) -> list[int]:
@@ -18,6 +21,11 @@ def lines(source: str, code: str) -> list[int]:
 def fixed(source: str, code: str, unsafe: bool = False) -> str:
     result = fix_source(textwrap.dedent(source).encode(), "t.py", {code}, unsafe)
     return result.source.decode()
+
+
+def fixture_findings(name: str, code: str) -> list:
+    path = STATIC_FIXTURES / name
+    return [f for f in lint_source(path.read_text(encoding="utf-8"), str(path)) if f.code == code]
 
 
 def assert_fix(source: str, code: str, expected: str, unsafe: bool = False) -> None:
@@ -838,3 +846,15 @@ def test_amp013_fix_spells_custom_bwd_with_the_files_alias() -> None:
             return grad, grad
     """
     assert_fix(src, "AMP013", expected)
+
+
+def test_amp005_advice_names_the_scaler_and_the_optimizer_the_code_uses() -> None:
+    (finding,) = fixture_findings("AMP005/bad_trainer_logs_the_grad_norm_of_self_scaler.py", "AMP005")
+    assert "call `self.scaler.unscale_(self.optimizer)` before it" in finding.message
+    assert "clip threshold" not in finding.message  # nothing is clipped: the norm is logged
+
+
+def test_amp008_names_a_guard_that_is_no_accumulation_for_what_it_is() -> None:
+    (finding,) = fixture_findings("AMP008/bad_unscale_before_a_step_skipped_by_another_condition.py", "AMP008")
+    assert "does not run every time `unscale_()` does" in finding.message
+    assert "micro-batch" not in finding.message

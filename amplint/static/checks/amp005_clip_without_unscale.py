@@ -129,7 +129,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                         unscales.remove(covering)
                     continue
                 reported.add(id(event.node))
-                yield _hit(event, owner, autofix.unscale_before(event, scale.scaler, owner, events, facts))
+                yield _hit(event, scale.scaler, owner, autofix.unscale_before(event, scale.scaler, owner, events, facts))
 
 
 def _covering_unscale(owner: str | None, fresh: list[_Event], stepped: set[str], unscaled: set[str | None]) -> _Event | None:
@@ -146,13 +146,20 @@ def _covering_unscale(owner: str | None, fresh: list[_Event], stepped: set[str],
     return fresh[0] if fresh else None
 
 
-def _hit(event: _Event, owner: str | None, fix) -> Hit:
-    target = owner or "optimizer"
-    what = {"clip": "clips gradients", "grad": "reads `.grad`", "norm": "takes the norm of gradients"}[event.kind]
+# What a computation on still-scaled gradients gets wrong, per kind of event.
+_CONSEQUENCE = {
+    "clip": ("clips gradients", "a clip threshold then compares against scale x norm"),
+    "norm": ("takes the norm of gradients", "the norm comes out multiplied by the scale, 65536 at first"),
+    "grad": ("reads gradients (`.grad`)", "whatever it computes, a norm, a maximum or an inf check, sees the scaled values"),
+}
+
+
+def _hit(event: _Event, scaler: str | None, owner: str | None, fix) -> Hit:
+    what, consequence = _CONSEQUENCE[event.kind]
     return Hit(
         event.node,
-        f"{what} that are still multiplied by the GradScaler's scale (a clip threshold then "
-        f"compares against scale x norm); call `scaler.unscale_({target})` before it",
+        f"{what} that are still multiplied by the GradScaler's scale ({consequence}); call "
+        f"`{scaler or 'scaler'}.unscale_({owner or 'optimizer'})` before it",
         event.where.statement,
         fix,
     )
