@@ -858,3 +858,25 @@ def test_amp008_names_a_guard_that_is_no_accumulation_for_what_it_is() -> None:
     (finding,) = fixture_findings("AMP008/bad_unscale_before_a_step_skipped_by_another_condition.py", "AMP008")
     assert "does not run every time `unscale_()` does" in finding.message
     assert "micro-batch" not in finding.message
+
+
+def test_amp002_inputs_cast_by_hand_are_told_their_cost_not_the_scalers() -> None:
+    findings = fixture_findings("AMP002/bad_inputs_and_targets_cast_by_a_trainer.py", "AMP002")
+    assert [f.line for f in findings] == [13, 14]
+    assert all("keep inputs and targets in float32" in f.message and "cannot unscale" not in f.message for f in findings)
+
+
+def test_amp002_a_dtype_chosen_at_run_time_is_not_named_as_one() -> None:
+    src = """
+        import torch
+        def train(model, loader, optimizer, cfg):
+            dtype = torch.bfloat16 if cfg.bf16 else torch.float16
+            model.to(dtype)
+            for x, y in loader:
+                with torch.autocast("cuda", dtype=dtype):
+                    loss = model(x, y)
+                loss.backward()
+                optimizer.step()
+    """
+    (finding,) = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP002"]
+    assert "`model` is converted to float16 or bfloat16 (chosen at run time) by hand" in finding.message

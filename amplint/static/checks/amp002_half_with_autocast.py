@@ -123,6 +123,20 @@ def _off_graph(call: CallSite, facts: AmpFacts) -> bool:
     return call.receiver is not None and bool(_OFF_GRAPH_RECEIVER.search(facts.module.code_for_node(call.receiver)))
 
 
+# Tests comparing results: a reference cast to the dtype of the output it is checked against.
+_COMPARISONS = {"allclose", "isclose", "assert_close", "assert_allclose", "assertEqual", "assertAlmostEqual", "assert_equal"}
+
+
+def _compared(call: CallSite, facts: AmpFacts) -> bool:
+    """`torch.allclose(out, ref.half())`: the cast is an argument of a comparison."""
+    for ancestor in facts.ancestors(call.node):
+        if ancestor is call.where.statement:
+            return False
+        if isinstance(ancestor, cst.Call) and (dotted_name(ancestor.func) or "").split(".")[-1] in _COMPARISONS:
+            return True
+    return False
+
+
 def _names_cpu(expr: cst.BaseExpression | None, scope: Scope, facts: AmpFacts) -> bool:
     """`"cpu"` or `torch.device("cpu")`."""
     if isinstance(expr, cst.Call) and facts.qualname(expr.func, scope) == "torch.device":
@@ -387,6 +401,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             dtype is None
             or _is_export(call, facts)
             or _off_graph(call, facts)
+            or _compared(call, facts)
             or _kernel_cast_in_model(call, facts)
             or _in_an_autograd_function(call, facts)
             or _input_for_a_frozen_model(call, facts)
@@ -401,14 +416,40 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         subject = _converted(call) or (facts.module.code_for_node(call.receiver) if call.receiver is not None else "value")
         if len(subject) > 40:
             subject = subject[:37] + "..."
-        what = (
-            f"`{subject}.from_pretrained(...)` loads the model in {dtype}"
-            if call.method == "from_pretrained"
-            else f"`{subject}` is converted to {dtype} by hand"
+        dtype = "float16 or bfloat16 (chosen at run time)" if _both_low_precisions(call, facts) else dtype
+        if call.method == "from_pretrained":
+            what = f"`{subject}.from_pretrained(...)` loads the model in {dtype}"
+        else:
+            what = f"`{subject}` is converted to {dtype} by hand"
+        yield Hit(call.node, f"{what} in code that uses {uses}; {_advice(call, facts, subject)}", call.where.statement)
+
+
+# Words naming the tensors a step feeds the model; anything else converted is taken for the model.
+_DATA_WORD = re.compile(r"inp|image|img|target|label|batch|data|sample|feat|token|mask|audio|wav|pixel|coord|box|^[xy]\d*$|^(?:tensor|randn?|zeros|ones|empty|full|arange)$")
+
+
+def _advice(call: CallSite, facts: AmpFacts, subject: str) -> str:
+    """A model's float16 weights break the scaler; inputs cost precision in the ops autocast keeps in float32."""
+    data = any(_DATA_WORD.search(word) for word in re.findall(r"[a-z_]\w*", subject.lower()))
+    if call.method != "from_pretrained" and facts.value_kind(call.receiver, call.scope) != "model" and data:
+        return (
+            "keep inputs and targets in float32 and let autocast cast per op: the ops it keeps in float32 "
+            "(losses, reductions, normalisation) would otherwise start from values already rounded "
+            "(float16 keeps about 3 significant digits, bfloat16 about 2)"
         )
-        yield Hit(
-            call.node,
-            f"{what} in code that uses {uses}; keep the model and inputs in float32 and let autocast "
-            f"choose per-op dtypes (a GradScaler cannot unscale {dtype} gradients)",
-            call.where.statement,
-        )
+    return (
+        "keep the model and inputs in float32 and let autocast choose per-op dtypes (a GradScaler "
+        "cannot unscale float16 gradients, and low-precision weights lose small updates)"
+    )
+
+
+def _both_low_precisions(call: CallSite, facts: AmpFacts) -> bool:
+    """`dtype = torch.bfloat16 if cfg.bf16 else torch.float16`, then `model.to(dtype)`."""
+    expr = argument(call.node, None, "dtype") or argument(call.node, 0, None)
+    if call.method == "from_pretrained":
+        expr = argument(call.node, None, "torch_dtype") or argument(call.node, None, "dtype")
+    found = set()
+    for value, value_scope in [(expr, call.scope), *facts.bindings(dotted_name(expr), call.scope)]:
+        if isinstance(value, cst.IfExp):
+            found.update(facts.qualname(arm, value_scope) for arm in _arms(value))
+    return {"torch.float16", "torch.bfloat16"} <= {"torch.float16" if f == "torch.half" else f for f in found}
