@@ -15,7 +15,7 @@ def step_kind(call: CallSite, facts: AmpFacts) -> str | None:
     """"backward" or "step" for the calls that belong after the autocast region."""
     if facts.called_function(call) is not None:
         return None  # `self.backward(loss)`: the helper's own backward is what gets reported
-    if call.method == "backward" or call.qualname in names.AUTOGRAD_BACKWARD:
+    if call.method in ("backward", "manual_backward") or call.qualname in names.AUTOGRAD_BACKWARD:  # Lightning: self.manual_backward(loss)
         return "backward"
     if call.method == "step":
         if facts.is_scaler(call.receiver_key, call.scope):
