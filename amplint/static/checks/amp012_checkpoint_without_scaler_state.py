@@ -83,6 +83,11 @@ def _saved_objects(facts: AmpFacts, save: CallSite) -> Iterator[tuple[CallSite, 
     """What `torch.save` writes, and the call that decides it: the save itself, or, when it saves
     a parameter of a same-file helper (`def save_checkpoint(state, ...): torch.save(state, ...)`),
     each call of the helper with the object it passes."""
+    if save.qualname not in _SAVE and save.qualname not in _SAVES_OBJECTS and _passes_a_state_dict(save):
+        # `save_checkpoint(dir, step, model.state_dict(), optimizer.state_dict(), meta)` (nanochat):
+        # the helper's arguments are the checkpoint.
+        yield save, save.node
+        return
     obj = argument(save.node, 0, "to_save" if save.qualname in _SAVES_OBJECTS else "obj")
     function = save.scope.function_scope
     name = obj.value if isinstance(obj, cst.Name) else None
@@ -92,6 +97,13 @@ def _saved_objects(facts: AmpFacts, save: CallSite) -> Iterator[tuple[CallSite, 
     position = function.params.index(name) - (1 if function.class_name is not None else 0)
     for caller in facts.callers(function):
         yield caller, caller.arg(position, name)
+
+
+def _passes_a_state_dict(call: CallSite) -> bool:
+    return any(
+        isinstance(arg.value, cst.Call) and isinstance(arg.value.func, cst.Attribute) and arg.value.func.attr.value == "state_dict"
+        for arg in call.node.args
+    )
 
 
 def _away_from_every_scaler(facts: AmpFacts, call: CallSite) -> bool:
@@ -111,7 +123,7 @@ def _away_from_every_scaler(facts: AmpFacts, call: CallSite) -> bool:
 
 
 def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str], reported: set[int]) -> Hit | None:
-    built = _dict_construction(facts, obj, call.scope, call.where)
+    built = (obj, [facts.module.code_for_node(obj)]) if obj is call.node else _dict_construction(facts, obj, call.scope, call.where)
     if built is None or id(built[0]) in reported:
         return None
     dict_node, texts = built
@@ -166,16 +178,27 @@ def _without_comments(text: str) -> str:
         return text
 
 
+_AS_DICT = {"dataclasses.asdict"}
+
+
+def _constructs_a_class_of_this_file(facts: AmpFacts, call: cst.Call) -> bool:
+    return isinstance(call.func, cst.Name) and any(
+        isinstance(d, cst.ClassDef) and d.name.value == call.func.value for d in facts.definitions
+    )
+
+
 def _dict_construction(facts: AmpFacts, obj, scope: Scope, where: Context | None = None, depth: int = 0):
     """The dict a saved object is built from, and all source text that fills it. A name bound
     several times is read from its assignment that reaches `where`, the save."""
-    if obj is None or depth > 2:
+    if obj is None or depth > 4:
         return None
     if isinstance(obj, cst.Dict):
         return obj, [facts.module.code_for_node(obj)]
     if isinstance(obj, cst.Call):
-        if dotted_name(obj.func) == "dict":
-            return obj, [facts.module.code_for_node(obj)]
+        if dotted_name(obj.func) == "dict" or _constructs_a_class_of_this_file(facts, obj):
+            return obj, [facts.module.code_for_node(obj)]  # `Snapshot(optimizer_state=...)`: a dataclass of its fields
+        if facts.qualname(obj.func, scope) in _AS_DICT or dotted_name(obj.func) == "vars":
+            return _dict_construction(facts, argument(obj, 0, "obj"), scope, where, depth + 1)
         function = facts._function_named(obj.func, scope)
         if function is not None:
             for value in function.returns:
@@ -193,7 +216,8 @@ def _dict_construction(facts: AmpFacts, obj, scope: Scope, where: Context | None
     if len(bindings) != 1:
         return None
     value, value_scope = bindings[0]
-    found = _dict_construction(facts, value, value_scope, depth=depth + 1)
+    # From the reaching assignment on, so that `snapshot = asdict(snapshot)` reads the `snapshot` before it.
+    found = _dict_construction(facts, value, value_scope, reaching.where if reaching is not None else None, depth + 1)
     if found is None:
         return None
     node, texts = found
