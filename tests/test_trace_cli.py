@@ -547,3 +547,191 @@ def test_a_script_that_does_not_parse_says_the_static_pass_could_not_read_it(tmp
     assert report["exit"]["status"] == "exception"
     assert any("cannot read train.py (line 2" in note for note in report["notes"])
     assert "cannot read train.py" in proc.stderr
+
+
+_TRANSFORMER_INFERENCE = """
+    import sys
+
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = encoder(x)
+    low = encoder.to(torch.bfloat16)  # the fused kernel's linears need autocast to cast `x`
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        fully_low = low(x)
+    print(mixed.dtype, fully_low.dtype)
+    torch.save({"mixed": mixed, "fully_low": fully_low}, sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("options", [[], ["--nan", "op"], ["--simulate", "cuda"]], ids=["ops", "nan-op", "simulate"])
+def test_a_fused_transformer_under_autocast_computes_what_the_plain_run_computes(tmp_path: Path, options: list[str]) -> None:
+    """nn.TransformerEncoder in eval runs one fused op whose kernel calls linears that autocast
+    casts: the traced run takes the same path and gets the same tensors, bit for bit."""
+    import torch
+
+    write(tmp_path, "infer.py", _TRANSFORMER_INFERENCE)
+    plain = subprocess.run([sys.executable, "infer.py", "plain.pt"], cwd=tmp_path, capture_output=True, text=True)
+    traced = trace(tmp_path, "-q", "--json", "r.json", *options, "infer.py", "traced.pt")
+    assert plain.returncode == traced.returncode == 0, traced.stderr
+    assert traced.stdout == plain.stdout == "torch.bfloat16 torch.bfloat16\n"
+    expected, got = torch.load(tmp_path / "plain.pt"), torch.load(tmp_path / "traced.pt")
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
+    fused = [op for op in json.loads((tmp_path / "r.json").read_text())["ops"] if op["op"] == "aten::_transformer_encoder_layer_fwd"]
+    assert fused and all(op["output_dtypes"] == ["bfloat16"] for op in fused)
+
+
+def test_options_after_the_module_name_belong_to_the_module(tmp_path: Path) -> None:
+    write(tmp_path, "pkg/__init__.py", "")
+    write(tmp_path, "pkg/train.py", "import sys\nprint(sys.argv[1:])\n")
+    proc = trace(tmp_path, "-q", "-m", "pkg.train", "--json", "out.json", "--strict", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "['--json', 'out.json', '--strict', '-q']\n"
+    assert not (tmp_path / "out.json").exists()
+    bundled = trace(tmp_path, "-qm", "pkg.train", "--", "--nan", "op")
+    assert bundled.stdout == "['--', '--nan', 'op']\n", bundled.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--jsn", "report.json", "x.py"], "no such option: --jsn (did you mean --json?)"),
+        (["-q", "--stric", "x.py"], "no such option: --stric (did you mean --strict?)"),
+        (["-x", "x.py"], "no such option: -x"),
+    ],
+)
+def test_a_mistyped_option_before_the_script_is_named_as_an_option(tmp_path: Path, args: list[str], message: str) -> None:
+    write(tmp_path, "x.py", "print('never')\n")
+    proc = trace(tmp_path, *args)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"amplint trace: error: {message}"
+    assert proc.stdout == ""
+
+
+def test_a_worker_thread_is_traced_while_the_main_thread_is_being_simulated(tmp_path: Path) -> None:
+    """`--simulate cuda` pauses the tracer for its own work on fake tensors in the main thread; a
+    worker's float32 matmul meanwhile is the script's, and still confirms AMP015. The custom op's
+    fake kernel (run only by the simulation) holds the main thread until the worker is done."""
+    write(tmp_path, "side.py", """
+        import threading
+
+        import torch
+
+        simulating, worker_done = threading.Event(), threading.Event()
+
+        @torch.library.custom_op("sidetest::scale", mutates_args=())
+        def scale(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @scale.register_fake
+        def _(x):
+            simulating.set()
+            worker_done.wait(30)
+            return torch.empty_like(x)
+
+        def gram(w, out):
+            simulating.wait(30)
+            out.append(w @ w.t())
+            worker_done.set()
+
+        weight, out = torch.randn(16, 16), []
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            worker = threading.Thread(target=gram, args=(weight, out))
+            worker.start()
+            torch.ops.sidetest.scale(torch.nn.functional.linear(torch.randn(4, 16), weight))
+        worker.join()
+        print(out[0].dtype)
+    """)
+    proc = trace(tmp_path, "-q", "--simulate", "cuda", "--json", "r.json", "side.py")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "torch.float32\n"
+    [finding] = [f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "AMP015"]
+    assert finding["status"] == "confirmed" and finding["evidence"]["fp32_matmuls"] == 1
+
+
+def test_amp014_counts_each_call_on_the_line_once_not_the_pieces_of_a_matmul(tmp_path: Path) -> None:
+    write(tmp_path, "attn.py", """
+        import torch
+
+        q, k = torch.randn(2, 6, 8), torch.randn(2, 6, 8)
+        for _ in range(5):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                q_low, k_low = torch.nn.functional.linear(q, torch.eye(8)), torch.nn.functional.linear(k, torch.eye(8))
+                with torch.autocast("cpu", enabled=False):
+                    scores = torch.matmul(q_low, k_low.transpose(-1, -2)) / 8.0
+    """)
+    proc = trace(tmp_path, "-q", "--json", "r.json", "attn.py")
+    assert proc.returncode == 0, proc.stderr
+    [finding] = [f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "AMP014"]
+    # Five executions of one matmul and one division: ten calls (matmul's reshape of its result
+    # is a view, which is not recorded).
+    assert finding["count"] == 10
+    assert {op["op"]: op["count"] for op in finding["evidence"]["ops"]} == {"aten::bmm": 5, "aten::div.Tensor": 5}
+
+
+_CONVERTED_MODEL = """
+    import torch
+    from torch import nn
+
+    model = nn.Linear(8, 3).to(getattr(torch, "bfloat16"))  # a dtype the static rule cannot read
+    for step in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(torch.randn(4, 8)).float().pow(2).mean()
+        {train}
+"""
+
+
+@pytest.mark.parametrize(
+    ("train", "confirmed"),
+    [("loss.backward()", True), ("print(loss.item() > -1)", False)],
+    ids=["trained", "inference-only"],
+)
+def test_a_runtime_only_amp002_needs_a_run_that_trains(tmp_path: Path, train: str, confirmed: bool) -> None:
+    """AMP002 leaves modules that do not train alone (rules/AMP002.md, "Not flagged"): a
+    low-precision model that only predicts under autocast is a note, not an error."""
+    write(tmp_path, "model.py", _CONVERTED_MODEL.replace("{train}", train))
+    proc = trace(tmp_path, "-q", "--json", "r.json", "model.py")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    amp002 = [f for f in report["findings"] if f["code"] == "AMP002"]
+    noted = [note for note in report["notes"] if "not an AMP002 finding" in note]
+    if confirmed:
+        assert [(f["source"], f["status"], f["count"], f["line"]) for f in amp002] == [("runtime", "confirmed", 2, 5)]
+        assert not noted
+    else:
+        assert amp002 == []
+        assert len(noted) == 1 and "model.py:5" in noted[0] and "ran 2 forward(s) under autocast" in noted[0]
+
+
+def test_a_non_finite_feature_computed_before_the_loss_is_forward_and_a_gradient_written_by_hand_is_other(tmp_path: Path) -> None:
+    """`other` is for gradients handled by hand outside backward and the optimizer (a NaN literal
+    written into one is found at its line); data turned into features is the forward pass."""
+    write(tmp_path, "features.py", """
+        import sys
+
+        import torch
+        from torch import nn
+
+        model = nn.Linear(6, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            x = torch.rand(4, 6) - (1.0 if step == 1 and sys.argv[1] == "feature" else 0.0)
+            opt.zero_grad()
+            features = torch.log(x)  # line 12: no autocast, no autograd, and still the forward pass
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(features).float().pow(2).mean()
+            loss.backward()
+            if step == 1 and sys.argv[1] == "gradient":
+                model.weight.grad[0, 0] = float("nan")  # line 17
+            opt.step()
+    """)
+    for where, line, phase in (("feature", 12, "forward"), ("gradient", 17, "other")):
+        proc = trace(tmp_path, "-q", "--nan", "op", "--json", "r.json", "features.py", where)
+        assert proc.returncode == 0, proc.stderr
+        nonfinite = json.loads((tmp_path / "r.json").read_text())["nonfinite"]
+        assert (nonfinite["line"], nonfinite["phase"], nonfinite["step"], nonfinite["check"]) == (line, phase, 1, "op"), nonfinite

@@ -270,3 +270,18 @@ def test_the_json_report_writes_non_finite_numbers_as_strings(tmp_path):
 
     report = json.loads(path.read_text(), parse_constant=refuse)
     assert report["findings"][0]["evidence"] == {"total_norm_seen": "inf", "low": "-inf", "loss": "nan"}
+
+
+def test_the_tracer_pausing_for_its_own_work_pauses_only_its_own_thread() -> None:
+    import threading
+
+    state = TraceState()
+    seen_by_other_thread = []
+    with state.pause():
+        worker = threading.Thread(target=lambda: seen_by_other_thread.append(state.paused))
+        worker.start()
+        worker.join()
+        assert state.paused == 1
+    assert seen_by_other_thread == [0] and state.paused == 0
+    state.stop_in_forked_child()
+    assert state.paused and not state.active

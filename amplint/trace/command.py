@@ -3,6 +3,7 @@ costs milliseconds and prints one line; the work happens in `amplint.trace.sessi
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import sys
 
@@ -27,9 +28,46 @@ class TraceUsageFailure(click.ClickException):
 class _TraceCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
-            return super().parse_args(ctx, args)
+            return super().parse_args(ctx, self._split_off_script_args(ctx, args))
         except click.UsageError as exc:
             raise TraceUsageFailure(exc.format_message()) from None
+
+    def _split_off_script_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """amplint's options end at SCRIPT or after `-m MODULE`: what follows is the script's, even
+        `--json`. A `-`-word before the script is not a script name but a mistyped option."""
+        options = [param for param in self.get_params(ctx) if isinstance(param, click.Option)]
+        takes_value = {name for param in options if not param.is_flag for name in param.opts}
+        known = [name for param in options for name in param.opts]
+        position = 0
+        while position < len(args):
+            word = args[position]
+            if word == "--" or word == "-" or not word.startswith("-"):
+                return args  # SCRIPT is next (or is this word): click stops there by itself
+            if word.startswith("--"):
+                name = word.split("=", 1)[0]
+                if name not in known:
+                    raise TraceUsageFailure(f"no such option: {name}{_suggestion(name, known)}")
+                position += 2 if name in takes_value and "=" not in word else 1
+                continue
+            # Short options, possibly bundled as click allows: `-q`, `-qm pkg.train`, `-mpkg.train`.
+            for index, letter in enumerate(word[1:], start=1):
+                name = f"-{letter}"
+                if name not in known:
+                    raise TraceUsageFailure(f"no such option: {name}{_suggestion(name, known)}")
+                if name in takes_value:
+                    value_end = position + 1 if index < len(word) - 1 else position + 2
+                    if name == "-m":  # the module takes everything after its name
+                        return [*args[:value_end], "--", *args[value_end:]] if value_end <= len(args) else args
+                    position = value_end
+                    break
+            else:
+                position += 1
+        return args
+
+
+def _suggestion(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 @click.command(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from amplint.trace.callsite import Callsite
 from amplint.trace.probes import deprecated_api_of
 from amplint.trace.rule_events import RuleEvent, rule_events
-from amplint.trace.state import TraceState
+from amplint.trace.state import Conversion, TraceState
 
 CHECKED_CODES = tuple(f"AMP{n:03d}" for n in range(1, 18))
 RUNTIME_NAMES = {
@@ -380,6 +380,26 @@ def _runtime(code: str, site: Callsite, facts: Facts, count: int, evidence: dict
     }
 
 
+def _run_trained(state: TraceState) -> bool:
+    """The run ran a backward or an optimizer step, or built a GradScaler: AMP002's "module that
+    trains" (rules/AMP002.md), judged on what ran."""
+    return (
+        any(sum(calls) for calls in state.backward_calls.values())
+        or any(sum(calls) for calls in state.step_calls.values())
+        or bool(state.scalers)
+    )
+
+
+def _note_untrained_conversion(state: TraceState, conversion: Conversion, facts: Facts) -> None:
+    note = (
+        f"{conversion.module} converted to {conversion.dtype} at {facts.where(conversion.callsite)} ran "
+        f"{conversion.forwards_under_autocast} forward(s) under autocast; not an AMP002 finding: the run trained "
+        "nothing (no backward, optimizer step or GradScaler), and low-precision inference is outside the rule"
+    )
+    if note not in state.notes:
+        state.notes.append(note)
+
+
 def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
     """Problems the run saw at lines no static finding points at."""
     state = facts.state
@@ -438,9 +458,14 @@ def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
             _runtime("AMP005", site, facts, len(clips), evidence, "gradients were clipped while still multiplied by the GradScaler scale; call scaler.unscale_(optimizer) first")
         )
 
-    # AMP002: a converted module ran forward under autocast with low-precision parameters.
+    # AMP002: a converted module ran forward under autocast with low-precision parameters, in a
+    # run that trains (the rule's scope: fully low-precision inference is not flagged).
+    trained = _run_trained(state)
     for conversion in state.conversions:
         if conversion.forwards_under_autocast and conversion.callsite and not _claimed(claimed, "AMP002", conversion.callsite):
+            if not trained:
+                _note_untrained_conversion(state, conversion, facts)
+                continue
             evidence = {
                 "module": conversion.module,
                 "converted_to": conversion.dtype,

@@ -69,7 +69,9 @@ class NonFiniteMonitor:
         self._seq = count()
         self.found_unhandled = False
         self.found_handled = False
-        self._constants: weakref.WeakSet = weakref.WeakSet()
+        # By identity: a WeakSet compares live tensors with `==`, and `nan == nan` is false, so a
+        # NaN literal was never found in it.
+        self._constants: dict[int, weakref.ref] = {}
 
     # -- shared -------------------------------------------------------------------------
     @property
@@ -186,7 +188,7 @@ class NonFiniteMonitor:
     # -- op -----------------------------------------------------------------------------
     def note_constant(self, tensor) -> None:
         if isinstance(tensor, torch.Tensor):
-            self._constants.add(tensor)
+            self._constants[id(tensor)] = weakref.ref(tensor, lambda _, key=id(tensor): self._constants.pop(key, None))
 
     def check_op(self, info, args, kwargs, out, callsite, phase, node) -> None:
         """Called by the recorder after each op (already outside the mode: our ops are unseen)."""
@@ -198,13 +200,11 @@ class NonFiniteMonitor:
         inputs = [a for i, a in enumerate(args) if i not in info.mutated]
         tensors = floating_tensors(inputs) + floating_tensors(list((kwargs or {}).values()))
         # A literal written by the user (`grad[0] = float("inf")`) is where the value starts.
-        tensors = [t for t in tensors if t not in self._constants]
+        tensors = [t for t in tensors if not self._is_constant(t)]
         if not all_finite_now(tensors):
             return
-        if phase == "forward" and not self.state.mirror.active and not any(
-            t.requires_grad for t in tensors + outs
-        ):
-            phase = "other"  # neither a forward pass (no autograd, no autocast) nor backward/optimizer
+        if phase == "forward" and self._handles_gradients(tensors + outs):
+            phase = "other"  # a gradient read or written by hand, outside backward and the optimizer
         handled = phase == "backward" and self.scaler_in_flight()
         self.record(
             NonFinite(
@@ -219,6 +219,22 @@ class NonFiniteMonitor:
                 node=node,
             )
         )
+
+    def _is_constant(self, tensor: torch.Tensor) -> bool:
+        ref = self._constants.get(id(tensor))
+        return ref is not None and ref() is tensor
+
+    def _handles_gradients(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether any tensor is (a view of) the gradient of an optimizer's parameter. Only asked
+        about an op that made a non-finite value, so the scan costs nothing in a healthy run."""
+        gradients = {
+            param.grad.untyped_storage().data_ptr()
+            for optimizer in list(self.state.optimizers)
+            for group in optimizer.param_groups
+            for param in group["params"]
+            if param.grad is not None and param.grad.layout is torch.strided  # sparse ones have no storage
+        }
+        return any(t.layout is torch.strided and t.untyped_storage().data_ptr() in gradients for t in tensors)
 
     # -- after the run ------------------------------------------------------------------
     def resolve(self, values: list) -> NonFinite | None:

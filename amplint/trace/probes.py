@@ -60,7 +60,6 @@ class Probes:
         self.classifier = classifier
         self.monitor = monitor
         self._undo: list = []
-        self._optimizers: weakref.WeakSet = weakref.WeakSet()
         self._forward_pre_hook = None
         self._scaler_objects: dict[int, weakref.ref] = {}
 
@@ -348,7 +347,7 @@ class Probes:
     # -- optimizers ----------------------------------------------------------------------------
     def _install_optimizer(self) -> None:
         state, monitor, probes = self.state, self.monitor, self
-        optimizers = self._optimizers
+        optimizers = state.optimizers
 
         def wrap_init(real):
             @functools.wraps(real)
@@ -437,7 +436,7 @@ class Probes:
         ids = {id(p) for p in params}
         return [
             opt
-            for opt in list(self._optimizers)
+            for opt in list(self.state.optimizers)
             if any(id(p) in ids for group in opt.param_groups for p in group["params"])
         ]
 

@@ -22,15 +22,24 @@ _PASSIVE_OPS = frozenset(
      "rand_like", "randn_like", "fill_", "zero_", "eq", "ne", "isfinite", "isnan", "isinf", "_local_scalar_dense",
      "_has_compatible_shallow_copy_type", "set_", "resize_"}
 )
+_AUTOCAST_KEYS = {
+    device: getattr(torch._C.DispatchKey, f"Autocast{suffix}")
+    for device, suffix in (("cpu", "CPU"), ("cuda", "CUDA"), ("xpu", "XPU"), ("mps", "MPS"), ("hpu", "HPU"), ("xla", "XLA"))
+    if hasattr(torch._C.DispatchKey, f"Autocast{suffix}")
+}
+_is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+_set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
 
 
 class OpInfo:
-    __slots__ = ("name", "skip", "mutated", "uninitialised", "constant_source", "passive")
+    __slots__ = ("name", "skip", "mutated", "uninitialised", "constant_source", "passive", "_op", "_autocast_keys")
 
     def __init__(self, func):
         schema = func._schema
+        self._op = func.name()
+        self._autocast_keys: dict = {}
         self.name = f"{schema.name}" + (f".{schema.overload_name}" if schema.overload_name else "")
         self.mutated = tuple(
             i for i, arg in enumerate(schema.arguments) if arg.alias_info is not None and arg.alias_info.is_write
@@ -42,11 +51,32 @@ class OpInfo:
         # Casts, copies and allocations in a disabled region are the fix, not the problem (AMP014).
         self.passive = base in _PASSIVE_OPS
         # Views and aliasing ops keep their input's dtype: nothing to learn, and they are many.
+        # `_unsafe_view` is a view that autograd is not told about (matmul's reshape of its result):
+        # counted, each `torch.matmul` was two AMP014 calls.
         self.skip = (
             bool(func.is_view)
-            or base in ("detach", "alias", "lift_fresh", "_local_scalar_dense")
+            or base in ("detach", "alias", "lift_fresh", "_local_scalar_dense", "_unsafe_view")
             or schema.name.startswith("profiler::")  # record_function markers around optimizer steps
         )
+
+    def autocast_keys_to_restore(self, active: tuple) -> tuple:
+        """The autocast dispatch keys a plain run would leave on while this op's kernel runs:
+        those of the enabled devices for which the op has no autocast kernel (autocast falls
+        through it, and ops its kernel calls are cast, e.g. the linears inside
+        `_transformer_encoder_layer_fwd`). `__torch_dispatch__` runs with every autocast key
+        excluded, so without this the kernel's inner ops would run uncast."""
+        keys = self._autocast_keys.get(active)
+        if keys is None:
+            keys = self._autocast_keys[active] = tuple(
+                key for key in (_AUTOCAST_KEYS.get(entry[0]) for entry in active) if key is not None and self._falls_through(key)
+            )
+        return keys
+
+    def _falls_through(self, autocast_key) -> bool:
+        try:
+            return not torch._C._dispatch_has_kernel_for_dispatch_key(self._op, autocast_key)
+        except RuntimeError:  # not a dispatcher operator (`prim::device`, which fake tensors call)
+            return False
 
 
 def _dtypes(values) -> tuple:
@@ -87,17 +117,17 @@ class DispatchRecorder(TorchDispatchMode):
         if kwargs is None:
             kwargs = {}
         state = self.state
-        try:
-            out = func(*args, **kwargs)
-        except Exception:
-            if not state.paused and state.mirror.suppressed:
-                self._raised_in_disabled_region(func, args)
-            raise
-        if state.paused:
-            return out
         info = self._infos.get(func)
         if info is None:
             info = self._infos[func] = OpInfo(func)
+        try:
+            out = _run_as_plain(func, info, state.mirror.active, args, kwargs)
+        except Exception:
+            if not state.paused and state.mirror.suppressed:
+                self._raised_in_disabled_region(info, args)
+            raise
+        if state.paused:
+            return out
         if info.constant_source and self.check_ops:
             self.monitor.note_constant(out)
         if info.skip or info.uninitialised:
@@ -141,22 +171,16 @@ class DispatchRecorder(TorchDispatchMode):
 
         watch = state.watch
         if watch and site in watch:
-            state.paused += 1
-            try:
+            with state.pause():
                 watch[site](site)
-            finally:
-                state.paused -= 1
         if self.check_ops and self.monitor.searching:
             self.monitor.check_op(info, args, kwargs, out, site, phase, node)
         return out
 
 
-    def _raised_in_disabled_region(self, func, args) -> None:
+    def _raised_in_disabled_region(self, info: OpInfo, args) -> None:
         """An op that raised on its inputs (`mat1 and mat2 must have the same dtype`) in a region
         that disables autocast: AMP014's worst case, counted like one that ran."""
-        info = self._infos.get(func)
-        if info is None:
-            info = self._infos[func] = OpInfo(func)
         if info.passive or _graph_task_id() != -1:
             return
         site = self._user_callsite(1)
@@ -176,6 +200,20 @@ class DispatchRecorder(TorchDispatchMode):
                     table = self.state.disabled_region_ops
                     table[key] = table.get(key, 0) + 1
                 return
+
+
+def _run_as_plain(func, info: OpInfo, active: tuple, args, kwargs):
+    """Run the op with the autocast state its kernel would see without the recorder."""
+    restored = [key for key in info.autocast_keys_to_restore(active) if _is_excluded(key)] if active else ()
+    if not restored:
+        return func(*args, **kwargs)
+    for key in restored:
+        _set_excluded(key, False)
+    try:
+        return func(*args, **kwargs)
+    finally:
+        for key in restored:
+            _set_excluded(key, True)
 
 
 def _template(func, args, kwargs):

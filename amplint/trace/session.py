@@ -22,7 +22,7 @@ def _after_fork_in_child() -> None:
     # DataLoader workers (fork) inherit the mode and the patches: pass everything through there,
     # so the worker is not traced twice and pays (almost) nothing.
     if _ACTIVE_STATE is not None:
-        _ACTIVE_STATE.paused += 1_000_000
+        _ACTIVE_STATE.stop_in_forked_child()
 
 
 if hasattr(os, "register_at_fork"):

@@ -14,6 +14,7 @@ tensors is listed as "not simulated" with its error, never guessed.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections import Counter
 
@@ -24,6 +25,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from amplint.trace.nonfinite import floating_tensors
 
 MAX_STEPS = 2  # the dtype policy does not change with the step; keep the cost bounded
+_NOT_SIMULATED = object()  # what a call that failed on fake CUDA tensors returns
+
+# nn.TransformerEncoderLayer and nn.MultiheadAttention skip their fused eval fast path when
+# `torch.overrides.has_torch_function` sees a function mode: the shadow mode alone would send the
+# real run down the unfused path, which computes other dtypes than the plain run.
+_FAST_PATH_MODULES = frozenset({"torch.nn.modules.transformer", "torch.nn.modules.activation"})
 
 
 def _dtypes(value) -> list[str]:
@@ -84,6 +91,8 @@ class CudaSimulator:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self._original_has_torch_function = torch.overrides.has_torch_function
+        torch.overrides.has_torch_function = self._has_torch_function_without_shadow
         self._mode.__enter__()
 
     def remove(self) -> None:
@@ -91,7 +100,20 @@ class CudaSimulator:
             self._mode.__exit__(None, None, None)
         except Exception:  # noqa: BLE001 - the script may have left modes unbalanced
             pass
+        torch.overrides.has_torch_function = self._original_has_torch_function
         self._fakes.clear()
+
+    def _has_torch_function_without_shadow(self, args) -> bool:
+        """`has_torch_function` as the fast-path checks would see it in a plain run; every other
+        caller keeps seeing the shadow mode (that is how it shadows their calls)."""
+        original = self._original_has_torch_function
+        if sys._getframe(1).f_globals.get("__name__") not in _FAST_PATH_MODULES:
+            return original(args)
+        stack = torch.overrides._get_current_function_mode_stack()
+        if not stack or stack[-1] is not self._mode:
+            return original(args)
+        with torch.overrides._pop_mode_temporarily():
+            return original(args)
 
     def autocast_dtype(self):
         mirror = self.state.mirror
@@ -133,7 +155,18 @@ class CudaSimulator:
         state = self.state
         site = self.classifier.user_callsite(2)
         name = resolve_name(func) or getattr(func, "__name__", repr(func))
-        state.paused += 1
+        with state.pause():
+            fake_result = self._run_on_fake_cuda(func, args, kwargs, dtype, site, name)
+        if fake_result is _NOT_SIMULATED:
+            return
+        self.dtypes_used.add(str(dtype).replace("torch.", ""))
+        real_outs, fake_outs = _flat(result), _flat(fake_result)
+        for real, fake in zip(real_outs, fake_outs):
+            if isinstance(real, torch.Tensor) and isinstance(fake, torch.Tensor):
+                self._remember(real, fake)
+        self.calls[(site, name, tuple(_dtypes(result)), tuple(_dtypes(fake_result)))] += 1
+
+    def _run_on_fake_cuda(self, func, args, kwargs, dtype, site, name):
         was_enabled = torch.is_autocast_enabled("cuda")
         was_dtype = torch.get_autocast_dtype("cuda")
         try:
@@ -141,23 +174,16 @@ class CudaSimulator:
             torch.set_autocast_enabled("cuda", True)
             torch.set_autocast_dtype("cuda", dtype)
             with torch.no_grad(), self.fake_mode, _SimRecorder(self.aten, site):
-                fake_result = func(*fake_args, **fake_kwargs)
+                return func(*fake_args, **fake_kwargs)
         except Exception as exc:  # noqa: BLE001 - reported as "not simulated", never guessed
             text = str(exc).strip().splitlines()
             key = (site, name)
             if key not in self.failures:
                 self.failures[key] = f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
-            return
+            return _NOT_SIMULATED
         finally:
             torch.set_autocast_enabled("cuda", was_enabled)
             torch.set_autocast_dtype("cuda", was_dtype)
-            state.paused -= 1
-        self.dtypes_used.add(str(dtype).replace("torch.", ""))
-        real_outs, fake_outs = _flat(result), _flat(fake_result)
-        for real, fake in zip(real_outs, fake_outs):
-            if isinstance(real, torch.Tensor) and isinstance(fake, torch.Tensor):
-                self._remember(real, fake)
-        self.calls[(site, name, tuple(_dtypes(result)), tuple(_dtypes(fake_result)))] += 1
 
     def results(self, display, run_ops: list[dict]) -> dict:
         def place(site):

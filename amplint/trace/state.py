@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,16 +171,24 @@ class AutocastMirror(threading.local):
         self.parent: tuple | None = None  # AMP015: in a worker thread, (parent's active autocast, record)
 
 
+class _ThreadPauses(threading.local):
+    depth = 0
+
+
 class TraceState:
     def __init__(self) -> None:
         self.owner_pid = os.getpid()
         self.classifier = None  # CodeClassifier, set by the session
-        self.paused = 0  # > 0 while our own tensor work runs, or in a forked child
+        # Per thread: our own tensor work in one thread must not hide the script's ops that other
+        # threads run meanwhile (a worker's matmuls while the main thread is being simulated).
+        self._pauses = _ThreadPauses()
+        self._in_forked_child = 0
         self.mirror = AutocastMirror()
         self.deferred = DeferredValues()
         self.step = 0  # completed scaler.step()/optimizer.step() attempts
         self.in_scaler_step: ScalerStep | None = None
         self.in_optimizer = 0
+        self.optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimizer the script built
         self.backward_callsite: Callsite | None = None
         self.backward_depth = 0
 
@@ -237,6 +246,14 @@ class TraceState:
         self.compiled_pending = None  # a compiled call under autocast since the last backward
 
     @property
+    def paused(self) -> int:
+        """> 0 while this thread runs our own tensor work, and in every thread of a forked child."""
+        return self._pauses.depth + self._in_forked_child
+
+    def stop_in_forked_child(self) -> None:
+        self._in_forked_child = 1
+
+    @property
     def active(self) -> bool:
         return self.paused == 0
 
@@ -255,9 +272,9 @@ class _Pause:
         self.state = state
 
     def __enter__(self):
-        self.state.paused += 1
+        self.state._pauses.depth += 1
         return self
 
     def __exit__(self, *exc):
-        self.state.paused -= 1
+        self.state._pauses.depth -= 1
         return False
