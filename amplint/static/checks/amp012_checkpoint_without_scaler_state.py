@@ -276,7 +276,7 @@ def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, saved: str, statement: c
     comment = _comment_after(last, node)
     if comment is None:
         return (Replacement(last.value, f"{value_text}{separator}{entry}"),)
-    # `"date": now(),  # noqa: DTZ005`: the comment stays on its entry's line.
+    # `"date": now(),  # why`: the comment stays on its entry's line.
     if isinstance(last.comma, cst.Comma):
         return (Replacement(comment, f"{comment.value}{separator[1:]}{entry},"),)
     return (Replacement(last.value, f"{value_text},"), Replacement(comment, f"{comment.value}{separator[1:]}{entry}"))
