@@ -880,3 +880,8 @@ def test_amp002_a_dtype_chosen_at_run_time_is_not_named_as_one() -> None:
     """
     (finding,) = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP002"]
     assert "`model` is converted to float16 or bfloat16 (chosen at run time) by hand" in finding.message
+
+
+def test_amp007_offers_no_update_inside_a_loop_over_optimizers() -> None:
+    (finding,) = fixture_findings("AMP007/bad_update_missing_after_a_loop_over_optimizers.py", "AMP007")
+    assert finding.fix is None  # one update per optimizer would be the next AMP007

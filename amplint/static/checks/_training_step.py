@@ -286,7 +286,7 @@ def innermost_loop(where: Context) -> Loop | None:
     return loops[-1] if loops else None
 
 
-_OPTIMIZER_LOOP = re.compile(r"optim|\bopts?\b|\bopt_|_opts?\b")
+_OPTIMIZER_LOOP = re.compile(r"optim|\bopts?\b|\bopt_|_opts?\b|\bparam_groups?\b")  # nerfstudio: one optimizer per param group
 # `opt.niter`: an attribute no optimizer has, read from parsed options named `opt`.
 _OPTION_READ = re.compile(r"\b(?:opts?|opt_\w+|\w+_opts?)\s*\.\s*(\w+)")
 

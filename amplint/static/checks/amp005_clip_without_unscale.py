@@ -109,7 +109,9 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         for index, event in enumerate(events):
             if event.kind == "scale":
                 scales.append(event)
-            elif event.kind == "unscale":
+            elif event.kind in ("unscale", "step"):
+                # `scaler.step(opt)` unscales opt's gradients in place (unless `unscale_` did): a
+                # norm logged after the step, before `update()`, reads true gradients.
                 unscales.append(event)
                 unscaled.add(event.optimizer)
             elif event.kind == "update":

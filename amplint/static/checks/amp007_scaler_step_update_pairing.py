@@ -37,12 +37,25 @@ def _check_scaler(facts: AmpFacts, events: list[ts.Event], all_updates: list[ts.
         return
     scaler = steps[-1].scaler
     if not any(ts.same_object(u.scaler, scaler) for u in all_updates):
-        yield from _missing_update(facts, steps, scaler)
+        if not _handed_in(steps):
+            yield from _missing_update(facts, steps, scaler)
         return
     # Also where every update() is in a caller: a helper that steps on each batch of its own loop
     # still gets one update() per call.
     yield from _update_outside_loop(facts, steps, updates, scaler)
     yield from _update_placement(facts, events, scaler)
+
+
+def _handed_in(steps: list[ts.Event]) -> bool:
+    """Every step is on a scaler the function receives as a parameter (nerfstudio's
+    `optimizer_scaler_step_all(self, grad_scaler)`): its caller, in another file, owns the scaler
+    and updates it once after the helper; an `update()` added here would be a second one."""
+    return all(
+        step.scaler is not None
+        and step.scaler in step.call.where.scope.function_scope.params
+        and ts.iteration_loop(step) is None  # a function with its own training loop must update in it
+        for step in steps
+    )
 
 
 def _missing_update(facts: AmpFacts, steps: list[ts.Event], scaler: str) -> Iterator[Hit]:
@@ -52,8 +65,11 @@ def _missing_update(facts: AmpFacts, steps: list[ts.Event], scaler: str) -> Iter
         block = ts.parents(facts).get(id(step.anchor.statement))
         by_block[id(block)] = step  # program order: the last one wins
     for step in by_block.values():
-        # In a helper the scaler's name may not be bound; after a compound statement, nowhere to add it.
-        update = ts.insert_after(facts, step.call.where.statement, f"{scaler}.update()") if step.anchor is step.call.where else None
+        # In a helper the scaler's name may not be bound; after a compound statement, nowhere to
+        # add it; in a loop over the optimizers, the update belongs after the loop, not per optimizer.
+        in_optimizer_loop = any(ts.over_optimizers(loop) for loop in step.anchor.loops if loop.kind != "comprehension")
+        fixable = step.anchor is step.call.where and not in_optimizer_loop
+        update = ts.insert_after(facts, step.call.where.statement, f"{scaler}.update()") if fixable else None
         fix = FixPlan(Applicability.SAFE, (update,)) if update else None
         yield Hit(
             step.call.node,
