@@ -636,12 +636,22 @@ def test_amp013_one_tensor_input_is_not_said_to_receive_mixed_tensors() -> None:
             vals, vecs = torch.linalg.eigh(a)
             ctx.save_for_backward(vals, vecs)
             return vecs @ vals.sqrt().diag_embed() @ vecs.mT
+        @staticmethod
+        def backward(ctx, grad):
+            vals, vecs = ctx.saved_tensors
+            return vecs @ (vecs.mT @ grad @ vecs / (vals.sqrt()[..., None] + vals.sqrt())) @ vecs.mT
     with torch.autocast("cuda"):
         y = MatrixSqrt.apply(x)
     """
     [finding] = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP013"]
     assert "matmuls, convolutions or extension calls in its forward run in float16" in finding.message
     assert "receives a mix" not in finding.message
+
+
+def test_amp013_a_forward_only_function_of_an_index_tensor_and_a_count_is_not_flagged() -> None:
+    (finding,) = fixture_findings("AMP013/bad_forward_only_function_mixing_float_inputs.py", "AMP013")
+    assert "backward" not in finding.message  # it has none
+    assert fixture_findings("AMP013/good_forward_only_function_of_an_index_and_a_count.py", "AMP013") == []
 
 
 # --------------------------------------------------------------------------------- AMP014

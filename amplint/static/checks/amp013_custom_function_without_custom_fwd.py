@@ -25,7 +25,7 @@ _AUTOCAST_OPS = re.compile(
 _SETTING_NAME = re.compile(
     r"(^|_)(dims?|keepdims?|axis|axes|sizes?|shapes?|lens?|lengths?|strides?|padding|dilation|ranks?|groups?|pg|modes?|"
     r"eps|epsilon|momentum|dtype|device|training|inplace|fn|func|function|config|spec|name|handle|stream)$"
-    r"|^(num|n|is|use|enable)_"
+    r"|^(num|n|is|use|enable)_|^[mn]$"  # `forward(ctx, rays, M)`: a count
 )
 # What ctx offers itself; any other `ctx.f(...)` in backward calls a function forward kept.
 _CTX_METHODS = {
@@ -108,16 +108,21 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
 def _undecorated(
     facts: AmpFacts, scope: Scope, forward: cst.FunctionDef, backward: cst.FunctionDef | None
 ) -> Iterator[Hit]:
+    # `cast_inputs` casts every floating input: wrong for a kernel that keeps some in float32 (Mamba's A).
     decorate = (
-        "decorate `forward` with `@torch.amp.custom_fwd(device_type=..., cast_inputs=...)` and "
-        "`backward` with `@torch.amp.custom_bwd(device_type=...)`"
+        "decorate `forward` with `@torch.amp.custom_fwd(device_type=...)`, adding "
+        "`cast_inputs=torch.float32` only if every floating input may take that dtype"
+        + (", and `backward` with `@torch.amp.custom_bwd(device_type=...)`" if backward is not None else "")
     )
     if _takes_tensors(facts, forward) >= 2:
         message = (
             f"`{scope.name}` is a custom autograd.Function without `@torch.amp.custom_fwd`: under "
-            f"autocast its forward receives a mix of float16 and float32 tensors (and its backward "
-            f"runs with autocast in an unknown state); {decorate}"
+            f"autocast its forward receives a mix of float16 and float32 tensors"
+            + (" (and its backward runs with autocast in an unknown state)" if backward is not None else "")
+            + f"; {decorate}"
         )
+    elif backward is None:
+        return  # forward-only: its ops are autocast's as anywhere else, and no backward to mismatch
     elif _AUTOCAST_OPS.search(facts.module.code_for_node(forward.body)):
         message = (
             f"`{scope.name}` is a custom autograd.Function without `@torch.amp.custom_fwd`: under "
