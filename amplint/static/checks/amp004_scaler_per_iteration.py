@@ -78,6 +78,19 @@ def _period(innermost: tuple[Loop, CallSite | None], key: str | None, facts: Amp
     return loop, via, "epoch" if epoch_loop or depths else "iteration"
 
 
+def _runs_its_own_batch_loop(function, key: str | None) -> bool:
+    """`def train_iter(...)`: a name like a step's, but the scaler steps in a loop inside it, so
+    the function is a whole pass over the data, not a step. One named for an epoch
+    (`train_one_epoch`) still rebuilds the scaler per epoch."""
+    if "epoch" in function.name.lower():
+        return False
+    return any(
+        call.receiver_key == key and call.method in ("scale", "step", "update")
+        and any(loop.kind != "comprehension" for loop in call.where.loops)
+        for call in function.calls
+    )
+
+
 def check(facts: AmpFacts) -> Iterator[Hit]:
     for call in facts.scalers_in():
         if _lazy_init(call, facts):
@@ -86,7 +99,10 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         per_caller = list(facts.loops_per_caller(call.where))
         if not per_caller:
             function = call.scope.function_scope
-            if function.kind == "function" and is_per_step_function(function) and not facts.callers(function):
+            if (
+                function.kind == "function" and is_per_step_function(function) and not facts.callers(function)
+                and not _runs_its_own_batch_loop(function, key)
+            ):
                 yield Hit(
                     call.node,
                     f"a new GradScaler is built on every call of `{function.name}()`, which runs per "
