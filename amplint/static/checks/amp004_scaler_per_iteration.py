@@ -54,12 +54,16 @@ def _loop_depth_of_uses(loop: Loop, key: str | None, facts: AmpFacts) -> list[in
 
 
 def _starts_a_run(loop: Loop, facts: AmpFacts) -> bool:
-    """The loop body builds a model or an optimizer next to the scaler: one scaler per run."""
+    """The loop body builds a model or an optimizer next to the scaler: one scaler per run. Not
+    `model.train()` or `model.to(device)` each epoch: the same model, switched or moved."""
     for call in facts.calls:
-        if call.where.loops and call.where.loops[-1] is loop:
+        if call.where.loops and call.where.loops[-1] is loop and call.method not in _SAME_MODEL:
             if facts.value_kind(call.node, call.scope) in ("optimizer", "model"):
                 return True
     return False
+
+
+_SAME_MODEL = {"train", "eval", "to", "cuda", "cpu", "half", "float", "bfloat16", "requires_grad_"}
 
 
 def _period(innermost: tuple[Loop, CallSite | None], key: str | None, facts: AmpFacts) -> tuple[Loop, CallSite | None, str] | None:
