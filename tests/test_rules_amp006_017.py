@@ -895,3 +895,8 @@ def test_amp002_a_dtype_chosen_at_run_time_is_not_named_as_one() -> None:
 def test_amp007_offers_no_update_inside_a_loop_over_optimizers() -> None:
     (finding,) = fixture_findings("AMP007/bad_update_missing_after_a_loop_over_optimizers.py", "AMP007")
     assert finding.fix is None  # one update per optimizer would be the next AMP007
+
+
+def test_amp005_advises_unscaling_the_optimizer_whose_gradients_are_still_scaled() -> None:
+    (finding,) = fixture_findings("AMP005/bad_second_model_clipped_after_the_first_optimizer_unscaled.py", "AMP005")
+    assert "call `scaler.unscale_(opt_head)` before it" in finding.message  # opt_backbone is unscaled already

@@ -122,7 +122,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 if scale is None:
                     continue
                 fresh = [e for e in unscales if not mutually_exclusive(e.position, event.position)]
-                owner = next((e.optimizer for e in events[index + 1 :] if e.kind == "step"), None)
+                later_steps = [e.optimizer for e in events[index + 1 :] if e.kind == "step"]
+                owner = later_steps[0] if later_steps else None
                 covering = _covering_unscale(owner, fresh, stepped_optimizers, unscaled)
                 if covering is not None:
                     if len(stepped_optimizers) > 1:
@@ -131,7 +132,10 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                         unscales.remove(covering)
                     continue
                 reported.add(id(event.node))
-                yield _hit(event, scale.scaler, owner, autofix.unscale_before(event, scale.scaler, owner, events, facts))
+                # Advise the next optimizer stepped that is still scaled: after `unscale_(a)`,
+                # clip a, clip b, `step(a)`, `step(b)`, the second clip wants `unscale_(b)`.
+                advised = next((o for o in later_steps if o not in unscaled), owner)
+                yield _hit(event, scale.scaler, advised, autofix.unscale_before(event, scale.scaler, advised, events, facts))
 
 
 def _covering_unscale(owner: str | None, fresh: list[_Event], stepped: set[str], unscaled: set[str | None]) -> _Event | None:
