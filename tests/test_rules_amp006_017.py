@@ -876,19 +876,14 @@ def test_amp002_inputs_cast_by_hand_are_told_their_cost_not_the_scalers() -> Non
     assert all("keep inputs and targets in float32" in f.message and "cannot unscale" not in f.message for f in findings)
 
 
-def test_amp002_a_dtype_chosen_at_run_time_is_not_named_as_one() -> None:
-    src = """
-        import torch
-        def train(model, loader, optimizer, cfg):
-            dtype = torch.bfloat16 if cfg.bf16 else torch.float16
-            model.to(dtype)
-            for x, y in loader:
-                with torch.autocast("cuda", dtype=dtype):
-                    loss = model(x, y)
-                loss.backward()
-                optimizer.step()
-    """
-    (finding,) = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP002"]
+def test_amp002_parameters_and_networks_named_like_data_get_the_models_advice() -> None:
+    findings = fixture_findings("AMP002/bad_parameters_and_networks_named_like_data.py", "AMP002")
+    assert len(findings) == 3
+    assert all("keep the model and inputs in float32" in f.message for f in findings)
+
+
+def test_amp002_a_dtype_chosen_at_run_time_is_named_as_chosen_at_run_time() -> None:
+    (finding,) = fixture_findings("AMP002/bad_model_cast_to_a_dtype_chosen_at_run_time.py", "AMP002")
     assert "`model` is converted to float16 or bfloat16 (chosen at run time) by hand" in finding.message
 
 
@@ -900,3 +895,8 @@ def test_amp007_offers_no_update_inside_a_loop_over_optimizers() -> None:
 def test_amp005_advises_unscaling_the_optimizer_whose_gradients_are_still_scaled() -> None:
     (finding,) = fixture_findings("AMP005/bad_second_model_clipped_after_the_first_optimizer_unscaled.py", "AMP005")
     assert "call `scaler.unscale_(opt_head)` before it" in finding.message  # opt_backbone is unscaled already
+
+
+def test_amp017_calls_a_compiled_function_a_function() -> None:
+    (finding,) = fixture_findings("AMP017/bad_compiled_step_function_called_under_autocast.py", "AMP017")
+    assert finding.message.startswith("this compiled function runs under autocast")

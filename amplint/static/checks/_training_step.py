@@ -91,12 +91,23 @@ def is_scheduler(facts: AmpFacts, key: str | None, scope: Scope, where: Context 
     last = key.split(".")[-1].lower()
     if "scaler" in last:
         return False
-    if where is not None and any(loop.binds(key) and _SCHEDULER_NAME.search(loop.iterable.lower()) for loop in where.loops):
+    if where is not None and any(_walks_schedulers(loop, key) for loop in where.loops):
         return True  # `for s in self.schedulers: s.step()`
     for value, value_scope in facts.bindings(key, scope):
         if facts.value_kind(value, value_scope) == "scheduler":
             return True
     return bool(_SCHEDULER_NAME.search(last))
+
+
+def _walks_schedulers(loop: Loop, key: str) -> bool:
+    """`key` is each element of a collection of schedulers: `for s in schedulers`, `for i, s in
+    enumerate(schedulers)`, `for name, s in schedulers.items()`; not one name of a `zip(...)`."""
+    targets = re.findall(r"\w+", loop.target)
+    iterable = loop.iterable.strip()
+    one_each = targets == [key] or (
+        len(targets) == 2 and targets[1] == key and (iterable.startswith("enumerate(") or iterable.endswith(".items()"))
+    )
+    return one_each and bool(_SCHEDULER_NAME.search(iterable.lower()))
 
 
 def same_object(a: str | None, b: str | None) -> bool:
@@ -288,7 +299,7 @@ def innermost_loop(where: Context) -> Loop | None:
 
 _OPTIMIZER_LOOP = re.compile(r"optim|\bopts?\b|\bopt_|_opts?\b|\bparam_groups?\b")  # nerfstudio: one optimizer per param group
 # `opt.niter`: an attribute no optimizer has, read from parsed options named `opt`.
-_OPTION_READ = re.compile(r"\b(?:opts?|opt_\w+|\w+_opts?)\s*\.\s*(\w+)")
+_OPTION_READ = re.compile(r"\b(?:opts?|optim|opt_\w+|\w+_opts?)\s*\.\s*(\w+)")
 
 
 def over_optimizers(loop: Loop) -> bool:
@@ -323,6 +334,20 @@ def guards_inside(facts: AmpFacts, where: Context, loop: Loop | None) -> list[cs
     if loop is None:
         return list(where.ifs)
     return [guard for guard in where.ifs if within(facts, guard, loop.node)]
+
+
+def conjuncts(facts: AmpFacts, test: cst.BaseExpression) -> set[str]:
+    """The conditions an `if` test requires, as source: the operands of a top-level `and`, else
+    the test. Two `if`s whose conditions are the same text hold on the same runs."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return conjuncts(facts, test.left) | conjuncts(facts, test.right)
+    return {facts.module.code_for_node(test.with_changes(lpar=[], rpar=[]) if getattr(test, "lpar", None) else test)}
+
+
+def implied_by(facts: AmpFacts, guard: cst.If, guards: list[cst.If]) -> bool:
+    """Whether `guard` holds whenever all of `guards` do: it is one of them, or its conditions are
+    among theirs (`if scaler is not None: step` then `if scaler is not None: update`)."""
+    return any(g is guard for g in guards) or conjuncts(facts, guard.test) <= {c for g in guards for c in conjuncts(facts, g.test)}
 
 
 def within(facts: AmpFacts, node: cst.CSTNode, outer: cst.CSTNode) -> bool:

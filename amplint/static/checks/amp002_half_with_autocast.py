@@ -421,16 +421,24 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             what = f"`{subject}.from_pretrained(...)` loads the model in {dtype}"
         else:
             what = f"`{subject}` is converted to {dtype} by hand"
-        yield Hit(call.node, f"{what} in code that uses {uses}; {_advice(call, facts, subject)}", call.where.statement)
+        yield Hit(call.node, f"{what} in code that uses {uses}; {_advice(call, facts)}", call.where.statement)
 
 
-# Words naming the tensors a step feeds the model; anything else converted is taken for the model.
-_DATA_WORD = re.compile(r"inp|image|img|target|label|batch|data|sample|feat|token|mask|audio|wav|pixel|coord|box|^[xy]\d*$|^(?:tensor|randn?|zeros|ones|empty|full|arange)$")
+# Names of the tensors a step feeds the model (`inps`, `targets`, `batch["pixel_values"]`), as
+# whole words of the converted expression; anything else converted is taken for the model.
+_DATA_WORD = re.compile(
+    r"^(?:inps?|inputs?|input_ids|images?|imgs?|targets?|labels?|batch|samples?|x|y|xb|yb|tokens?|masks?|"
+    r"audio|wavs?|pixel_values|coords?|boxes|bboxe?s?|tensor|randn?|zeros|ones|empty|full|arange)$"
+)
 
 
-def _advice(call: CallSite, facts: AmpFacts, subject: str) -> str:
+def _advice(call: CallSite, facts: AmpFacts) -> str:
     """A model's float16 weights break the scaler; inputs cost precision in the ops autocast keeps in float32."""
-    data = any(_DATA_WORD.search(word) for word in re.findall(r"[a-z_]\w*", subject.lower()))
+    converted = _chain_below(call)[1]
+    text = facts.module.code_for_node(converted) if converted is not None else ""
+    # `p.data.half()`, `layer.weight.half()`: a model's parameters, whatever the owner is called.
+    parameters = re.search(r"\.(?:data|weight|bias)\b", text) is not None
+    data = not parameters and any(_DATA_WORD.match(word) for word in re.findall(r"[A-Za-z_]\w*", text.lower()))
     if call.method != "from_pretrained" and facts.value_kind(call.receiver, call.scope) != "model" and data:
         return (
             "keep inputs and targets in float32 and let autocast cast per op: the ops it keeps in float32 "

@@ -169,17 +169,16 @@ def _update_without_step(facts: AmpFacts, update: ts.Event, same_iteration, loop
     steps = [e for e in same_iteration if e.kind == "step"]
     if not steps:
         return  # without a loop, each call of the function is one iteration (a `train_step` method)
-    update_guards = {id(g) for g in ts.guards_inside(facts, update.anchor, loop)}
-    missing = [
-        g for s in steps for g in ts.guards_inside(facts, s.anchor, loop) if id(g) not in update_guards
-    ]
-    if not missing or not all(any(id(g) not in update_guards for g in ts.guards_inside(facts, s.anchor, loop)) for s in steps):
+    update_guards = ts.guards_inside(facts, update.anchor, loop)
+
+    def unshared(event: ts.Event) -> list:
+        """The `if`s around `event` whose conditions the update does not also require."""
+        return [g for g in ts.guards_inside(facts, event.anchor, loop) if not ts.implied_by(facts, g, update_guards)]
+
+    missing = [g for s in steps for g in unshared(s)]
+    if not missing or not all(unshared(s) for s in steps):
         return
-    unscaled = [
-        e for e in same_iteration
-        if e.kind == "unscale" and e.order < update.order
-        and all(id(g) in update_guards for g in ts.guards_inside(facts, e.anchor, loop))
-    ]
+    unscaled = [e for e in same_iteration if e.kind == "unscale" and e.order < update.order and not unshared(e)]
     if unscaled:
         return
     guard = missing[0]

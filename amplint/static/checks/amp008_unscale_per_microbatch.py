@@ -72,9 +72,9 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
         step,
     )
     mine = ts.guards_inside(facts, unscale.anchor, loop)
-    my_conditions = {c for g in mine for c in _conjuncts(facts, g.test)}
+    my_conditions = {c for g in mine for c in ts.conjuncts(facts, g.test)}
     for guard in ts.guards_inside(facts, commit.anchor, loop):
-        if any(g is guard for g in mine) or _conjuncts(facts, guard.test) <= my_conditions:
+        if any(g is guard for g in mine) or ts.conjuncts(facts, guard.test) <= my_conditions:
             continue  # whenever `unscale_` runs, so does the step (`if a and b: unscale_` then `if b: step`)
         if _AMP_SWITCH.search(_test(facts, guard)) or ts.exclusive(unscale, commit):
             continue
@@ -89,11 +89,6 @@ def _test(facts: AmpFacts, guard: cst.If) -> str:
     return facts.module.code_for_node(guard.test)
 
 
-def _conjuncts(facts: AmpFacts, test: cst.BaseExpression) -> set[str]:
-    """The conditions an `if` test requires: the operands of a top-level `and`, else the test."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _conjuncts(facts, test.left) | _conjuncts(facts, test.right)
-    return {facts.module.code_for_node(test.with_changes(lpar=[], rpar=[]) if getattr(test, "lpar", None) else test)}
 
 
 def _continue_between(facts: AmpFacts, loop, first: ts.Event, second: ts.Event) -> cst.If | None:
@@ -157,7 +152,7 @@ def _twice(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> Hit | 
 
 
 # An `if` that runs the step once per accumulated batch, not one that skips it now and then.
-_ACCUMULATION = re.compile(r"%|accum|micro|sync_grad|update_freq|grad_acc|is_last|last_batch", re.IGNORECASE)
+_ACCUMULATION = re.compile(r"accum|micro|sync_grad|update_freq|grad_acc|is_last|last_batch", re.IGNORECASE)
 
 
 def _hit(facts: AmpFacts, unscale: ts.Event, step: ts.Event, where: str, node) -> Hit:

@@ -53,6 +53,16 @@ def _compiles_a_module(facts: AmpFacts, call: CallSite) -> bool:
     return not positional and facts.qualname(call.receiver, call.scope) is None
 
 
+def _compiles_a_function(facts: AmpFacts, node, function) -> bool:
+    """`@torch.compile` on a function (not a module's forward), or `torch.compile(fn)` of a
+    function defined in this file."""
+    if isinstance(function, cst.FunctionDef):
+        return function.name.value not in ("forward", "__call__")
+    if isinstance(node, CallSite) and node.qualname in _COMPILE:
+        return dotted_name(node.arg(0, "model")) in facts.functions_by_name
+    return False
+
+
 def _instances_of(facts: AmpFacts, class_name: str) -> set[str]:
     """The names bound to `ClassName(...)` in this file."""
     return {
@@ -127,7 +137,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         statement = node.where.statement if isinstance(node, CallSite) else None
         if not _runs_under_autocast(facts, name, function):
             continue
-        compiled = "function" if isinstance(function, cst.FunctionDef) and function.name.value not in ("forward", "__call__") else "model"
+        compiled = "function" if _compiles_a_function(facts, node, function) else "model"
         yield Hit(
             call_node,
             f"this compiled {compiled} runs under autocast while backward runs outside it (line {{0}}); with "
