@@ -451,6 +451,18 @@ def test_a_text_file_given_as_baseline_is_refused_as_not_a_baseline(tmp_path):
     assert_one_error_line(result, f"amplint compare: error: {spec}: baseline file {tmp_path / 'notes.pt'} is not an amplint compare baseline")
 
 
+def test_a_truncated_baseline_is_said_to_be_damaged_not_foreign(tmp_path):
+    spec = write(tmp_path, IDENTITY_SCORES + """
+    def cases():
+        return [("a", torch.ones(1, 4))]
+    """)
+    stored = tmp_path / "base.pt"
+    assert amplint(spec, "--save-baseline", str(stored), "--no-gains").returncode == 0
+    stored.write_bytes(stored.read_bytes()[: stored.stat().st_size // 2])
+    result = amplint(spec, "--baseline", str(stored))
+    assert_one_error_line(result, f"amplint compare: error: {spec}: baseline file {stored} cannot be read (truncated or damaged)")
+
+
 def test_a_quality_of_minus_inf_is_shown_as_returned(tmp_path):
     spec = write(tmp_path, IDENTITY_SCORES + """
     TRIALS = ["bfloat16"]

@@ -186,3 +186,22 @@ def test_any_other_non_finite_difference_is_non_finite_and_outside(trial_values)
 def test_the_default_margin_of_masked_scores_is_none_when_not_finite():
     assert out.default_margin(torch.tensor([[1.0, float("-inf"), float("-inf")]])) is None
     assert out.default_margin(torch.tensor([[1.0, 0.25, float("-inf")]])) == 0.75
+
+
+def test_a_fully_masked_row_does_not_hide_a_near_tie_in_another_row():
+    inf = float("inf")
+    scores = torch.tensor([[1.0, 0.5, -inf], [-inf, -inf, -inf], [2.0, 1.9995, 0.0]], dtype=torch.float64)
+    assert out.default_margin(scores) == pytest.approx(0.0005)
+
+
+class _Handle:
+    """An object compared by identity, like Hugging Face's DynamicCache."""
+
+
+def test_an_object_compared_by_identity_only_needs_the_same_type():
+    assert out.same_value(_Handle(), _Handle())
+    assert not out.same_value(_Handle(), "cache")
+
+
+def test_a_label_must_be_equal():
+    assert not out.same_value("dog", "cat")

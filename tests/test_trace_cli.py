@@ -635,7 +635,7 @@ def test_a_worker_thread_is_traced_while_the_main_thread_is_being_simulated(tmp_
             return torch.empty_like(x)
 
         def gram(w, out):
-            simulating.wait(30)
+            out.append(simulating.wait(30))  # True only if the simulation held the main thread
             out.append(w @ w.t())
             worker_done.set()
 
@@ -645,11 +645,11 @@ def test_a_worker_thread_is_traced_while_the_main_thread_is_being_simulated(tmp_
             worker.start()
             torch.ops.sidetest.scale(torch.nn.functional.linear(torch.randn(4, 16), weight))
         worker.join()
-        print(out[0].dtype)
+        print(out[0], out[1].dtype)
     """)
     proc = trace(tmp_path, "-q", "--simulate", "cuda", "--json", "r.json", "side.py")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "torch.float32\n"
+    assert proc.stdout == "True torch.float32\n"  # the worker ran while the simulation held the main thread
     [finding] = [f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "AMP015"]
     assert finding["status"] == "confirmed" and finding["evidence"]["fp32_matmuls"] == 1
 

@@ -285,3 +285,13 @@ def test_the_tracer_pausing_for_its_own_work_pauses_only_its_own_thread() -> Non
     assert seen_by_other_thread == [0] and state.paused == 0
     state.stop_in_forked_child()
     assert state.paused and not state.active
+
+
+def test_a_tensor_without_storage_of_its_own_is_never_taken_for_a_gradient() -> None:
+    import torch
+
+    from amplint.trace.nonfinite import _storage
+
+    assert _storage(torch.ones(3)) is not None
+    assert _storage(torch.empty(0)) is None  # every empty tensor has data pointer 0
+    assert _storage(torch.ones(2, 2).to_sparse()) is None

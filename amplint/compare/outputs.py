@@ -43,7 +43,12 @@ def is_numeric(leaf: Any) -> bool:
 
 
 def same_value(base: Any, trial: Any) -> bool:
-    """Equality of two non-numeric leaves; objects whose == gives no single answer (arrays) by repr."""
+    """Equality of two non-numeric leaves. A value (a label, a bool, None, an Enum, any type with
+    its own `==`) must be equal; an object compared by identity only (Hugging Face's
+    `DynamicCache`, a handle) is a new object on every run, so only its type is compared.
+    Objects whose == gives no single answer (arrays) are compared by repr."""
+    if type(base).__eq__ is object.__eq__:
+        return type(base) is type(trial)
     try:
         return bool(base == trial)
     except (TypeError, ValueError, RuntimeError):
@@ -149,14 +154,15 @@ def _class_scores(output: Any) -> torch.Tensor | None:
 def default_margin(output: Any) -> float | None:
     """Gap between the two highest scores of the last dimension (smallest over rows), or None.
 
-    None too when the gap is not finite: scores masked with -inf leave a row with a single
-    candidate (an infinite gap) or none (-inf minus -inf)."""
+    Rows whose gap is not finite are left out: scores masked with -inf leave a row with a single
+    candidate (an infinite gap) or none (-inf minus -inf); None when no row has a finite gap."""
     scores = _class_scores(output)
     if scores is None:
         return None
     top_two = scores.detach().to("cpu", torch.float64).topk(2, dim=-1).values
-    gap = float((top_two[..., 0] - top_two[..., 1]).min())
-    return gap if math.isfinite(gap) else None
+    gaps = top_two[..., 0] - top_two[..., 1]
+    finite = gaps[torch.isfinite(gaps)]  # a row masked to one candidate or none has no finite gap
+    return float(finite.min()) if finite.numel() else None
 
 
 def batch_rows(output: Any) -> int | None:

@@ -50,7 +50,10 @@ def load_baseline(path: str, prepared: Prepared) -> Baseline:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except OSError as exc:
         raise CompareError(f"baseline file {path} cannot be read: {describe_exception(exc)}") from None
-    except Exception:  # noqa: BLE001 - torch.load raises anything from KeyError to RuntimeError on a foreign file
+    except Exception as exc:  # noqa: BLE001 - torch.load raises anything from KeyError to RuntimeError on a foreign file
+        if isinstance(exc, RuntimeError) and "PytorchStreamReader" in str(exc):
+            # A torch zip archive cut short or damaged: perhaps a real baseline, so say what broke.
+            raise CompareError(f"baseline file {path} cannot be read (truncated or damaged): {describe_exception(exc)}") from None
         # A JSON report, a text file, or a file torch.save wrote with objects in it: torch's message
         # ("KeyError: 105", or a suggestion of weights_only=False) says nothing useful here.
         raise CompareError(f"baseline file {path} is not an amplint compare baseline (written by --save-baseline)") from None

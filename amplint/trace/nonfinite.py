@@ -228,13 +228,13 @@ class NonFiniteMonitor:
         """Whether any tensor is (a view of) the gradient of an optimizer's parameter. Only asked
         about an op that made a non-finite value, so the scan costs nothing in a healthy run."""
         gradients = {
-            param.grad.untyped_storage().data_ptr()
+            _storage(param.grad)
             for optimizer in list(self.state.optimizers)
             for group in optimizer.param_groups
             for param in group["params"]
-            if param.grad is not None and param.grad.layout is torch.strided  # sparse ones have no storage
-        }
-        return any(t.layout is torch.strided and t.untyped_storage().data_ptr() in gradients for t in tensors)
+            if param.grad is not None
+        } - {None}
+        return any(_storage(t) in gradients for t in tensors)
 
     # -- after the run ------------------------------------------------------------------
     def resolve(self, values: list) -> NonFinite | None:
@@ -249,3 +249,15 @@ class NonFiniteMonitor:
         if unhandled:
             return unhandled[0]
         return candidates[0] if candidates else None
+
+
+def _storage(tensor: torch.Tensor) -> int | None:
+    """Where a tensor's data lives, or None for one without plain storage of its own: sparse,
+    a wrapper subclass (DTensor, FSDP2's gradients), or an empty tensor (they all share 0)."""
+    if tensor.layout is not torch.strided:
+        return None
+    try:
+        pointer = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+    return pointer or None

@@ -27,8 +27,9 @@ _AUTOCAST_KEYS = {
     for device, suffix in (("cpu", "CPU"), ("cuda", "CUDA"), ("xpu", "XPU"), ("mps", "MPS"), ("hpu", "HPU"), ("xla", "XLA"))
     if hasattr(torch._C.DispatchKey, f"Autocast{suffix}")
 }
-_is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
-_set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
+# Private dispatcher hooks: a torch without them runs ops as the mode sees them (fused ops uncast).
+_is_excluded = getattr(torch._C, "_dispatch_tls_is_dispatch_key_excluded", None)
+_set_excluded = getattr(torch._C, "_dispatch_tls_set_dispatch_key_excluded", None)
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
 
@@ -75,7 +76,7 @@ class OpInfo:
     def _falls_through(self, autocast_key) -> bool:
         try:
             return not torch._C._dispatch_has_kernel_for_dispatch_key(self._op, autocast_key)
-        except RuntimeError:  # not a dispatcher operator (`prim::device`, which fake tensors call)
+        except (RuntimeError, AttributeError):  # not a dispatcher operator (`prim::device`), or a torch without the hook
             return False
 
 
@@ -204,7 +205,9 @@ class DispatchRecorder(TorchDispatchMode):
 
 def _run_as_plain(func, info: OpInfo, active: tuple, args, kwargs):
     """Run the op with the autocast state its kernel would see without the recorder."""
-    restored = [key for key in info.autocast_keys_to_restore(active) if _is_excluded(key)] if active else ()
+    if not active or _set_excluded is None or _is_excluded is None:
+        return func(*args, **kwargs)
+    restored = [key for key in info.autocast_keys_to_restore(active) if _is_excluded(key)]
     if not restored:
         return func(*args, **kwargs)
     for key in restored:
