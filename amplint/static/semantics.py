@@ -1179,9 +1179,10 @@ class AmpFacts:
         return next((region for order, region in reversed(entered) if order < where.order), None)
 
     @cached_property
-    def _stack_regions(self) -> dict[int, list[tuple[int, Autocast]]]:
-        """id(with item of an ExitStack) -> (order, region) of each autocast entered on it."""
-        table: dict[int, list[tuple[int, Autocast]]] = {}
+    def stack_entries(self) -> list[tuple[cst.WithItem, CallSite, Autocast]]:
+        """Each autocast entered on an ExitStack (`stack.enter_context(torch.autocast(...))` in
+        `with ExitStack() as stack:`): the stack's with item, the call, and the region."""
+        entries = []
         for call in self.calls:
             if call.method != "enter_context" or not call.node.args or call.receiver_key is None:
                 continue
@@ -1193,7 +1194,15 @@ class AmpFacts:
                     continue
                 region = self.autocast_of(call.node.args[0].value, call.scope)
                 if region is not None:
-                    table.setdefault(id(item), []).append((call.where.order, region))
+                    entries.append((item, call, region))
+        return entries
+
+    @cached_property
+    def _stack_regions(self) -> dict[int, list[tuple[int, Autocast]]]:
+        """id(with item of an ExitStack) -> (order, region) of each autocast entered on it."""
+        table: dict[int, list[tuple[int, Autocast]]] = {}
+        for item, call, region in self.stack_entries:
+            table.setdefault(id(item), []).append((call.where.order, region))
         return table
 
     def _with_item_autocast(self, item: cst.WithItem, scope: Scope) -> Autocast | None:

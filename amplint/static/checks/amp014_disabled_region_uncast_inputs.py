@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import libcst as cst
 
@@ -24,32 +25,54 @@ _NOT_A_TENSOR = re.compile(
 )
 
 
-def check(facts: AmpFacts) -> Iterator[Hit]:
-    if not facts.has_autocast:
-        return
+@dataclass(frozen=True)
+class _Block:
+    """Where autocast is off: a `with` item's body, or what follows `stack.enter_context(...)`
+    in the body of `with ExitStack() as stack:`."""
+
+    node: cst.CSTNode  # what opens it, where the finding points
+    where: Context  # where it is opened
+    item: cst.WithItem  # the `with` item whose body holds it
+    after: int = -1  # for an ExitStack: the order of the enter_context call
+
+    def holds(self, context: Context) -> bool:
+        return any(w is self.item for w in context.withs) and context.order > self.after
+
+
+def _disabled_blocks(facts: AmpFacts) -> Iterator[_Block]:
     for item, where in facts.with_items:
         # `with torch.autocast(..., enabled=False):`, or a disabled region kept in a variable
         # (`fp32 = torch.autocast("cuda", enabled=False)`, then `with fp32:`).
         region = facts.autocast_of(item.item, where.scope)
-        if region is None or region.enabled != "no":
-            continue
+        if region is not None and region.enabled == "no":
+            yield _Block(item.item, where, item)
+    for stack, call, region in facts.stack_entries:
+        if region.enabled == "no":
+            yield _Block(call.node, call.where, stack, call.where.order)
+
+
+def check(facts: AmpFacts) -> Iterator[Hit]:
+    if not facts.has_autocast:
+        return
+    for block in _disabled_blocks(facts):
+        where = block.where
         function = where.scope.function_scope
         outer = facts.innermost_autocast(where)
         produced = {}
         if outer is not None and outer.enabled != "no":
-            produced = dict.fromkeys(_produced_in(facts, function, outer, item), outer)
+            produced = dict.fromkeys(_produced_in(facts, function, outer, block), outer)
         # RT-DETR: `with autocast(): outputs = model(x)`, then `with autocast(enabled=False):
         # loss = criterion(outputs, y)`: the outputs keep their float16 in the second block (or
         # in a block nested in a later region, as VITS computes its mel loss).
-        for name, source in _produced_before(facts, function, where, item).items():
+        for name, source in _produced_before(facts, function, where, block).items():
             produced.setdefault(name, source)
-        used = _uncast_reads(facts, function, item, set(produced)) if produced else []
+        used = _uncast_reads(facts, function, block, set(produced)) if produced else []
         if used:
             listed = ", ".join(f"`{name}`" for name in used)
             source = produced[used[0]]
             said = "the enclosing autocast region" if outer is not None and source.node is outer.node else "the autocast region"
             yield Hit(
-                item.item,
+                block.node,
                 f"autocast is disabled here but {listed}, computed in {said} (line "
                 f"{{0}}), may be float16/bfloat16; ops in this block then run in low precision (or fail on "
                 f"mixed dtypes); cast them with `.float()` first",
@@ -62,11 +85,11 @@ def _low_precision_value(facts: AmpFacts, assignment: Assignment) -> bool:
     return "." not in assignment.key and not _NOT_A_TENSOR.search(facts.module.code_for_node(assignment.value))
 
 
-def _produced_in(facts: AmpFacts, function, outer, inner: cst.WithItem) -> set[str]:
+def _produced_in(facts: AmpFacts, function, outer, block: _Block) -> set[str]:
     names = set()
     for assignment in (*facts.assignments, *facts.unpackings):
         where = assignment.where
-        if where.scope.function_scope is not function or any(w is inner for w in where.withs):
+        if where.scope.function_scope is not function or block.holds(where):
             continue
         region = facts.innermost_autocast(where)
         if region is not None and region.node is outer.node and _low_precision_value(facts, assignment):
@@ -74,13 +97,13 @@ def _produced_in(facts: AmpFacts, function, outer, inner: cst.WithItem) -> set[s
     return names
 
 
-def _produced_before(facts: AmpFacts, function, where: Context, inner: cst.WithItem) -> dict:
+def _produced_before(facts: AmpFacts, function, where: Context, block: _Block) -> dict:
     """Names whose value on entering the disabled block was computed in an earlier autocast
     region of the same function (and not rebound since), with that region."""
     produced = {}
     for key in {a.key for a in (*facts.assignments, *facts.unpackings) if a.where.scope.function_scope is function}:
         assignment = facts.reaching_assignment(key, where, unpacked=True)
-        if assignment is None or any(w is inner for w in assignment.where.withs):
+        if assignment is None or block.holds(assignment.where):
             continue
         region = facts.innermost_autocast(assignment.where)
         if region is not None and region.enabled != "no" and _low_precision_value(facts, assignment):
@@ -109,16 +132,16 @@ def _casts_itself(assignment: Assignment) -> bool:
     )
 
 
-def _uncast_reads(facts: AmpFacts, function, inner: cst.WithItem, produced: set[str]) -> list[str]:
+def _uncast_reads(facts: AmpFacts, function, block: _Block, produced: set[str]) -> list[str]:
     parents = ts.parents(facts)
     found: list[str] = []
     cast_inside = set()
     for assignment in facts.assignments:
-        if any(w is inner for w in assignment.where.withs) and assignment.key in produced and _casts_itself(assignment):
+        if block.holds(assignment.where) and assignment.key in produced and _casts_itself(assignment):
             cast_inside.add(assignment.key)  # `x = x.float()`; `x = F.normalize(x)` still reads it uncast
     for ref in facts.references:
         where = ref.where
-        if where.scope.function_scope is not function or not any(w is inner for w in where.withs):
+        if where.scope.function_scope is not function or not block.holds(where):
             continue
         head = ref.dotted.split(".")[0]
         if head not in produced or head in cast_inside or head in found:
@@ -129,7 +152,7 @@ def _uncast_reads(facts: AmpFacts, function, inner: cst.WithItem, produced: set[
             continue
         found.append(head)
     for call in facts.calls:
-        if call.scope.function_scope is not function or not any(w is inner for w in call.where.withs):
+        if call.scope.function_scope is not function or not block.holds(call.where):
             continue
         head = (call.receiver_key or "").split(".")[0]
         if head in produced and head not in cast_inside and head not in found and call.method not in _CASTS | _NOT_AN_INPUT:
