@@ -900,3 +900,9 @@ def test_amp005_advises_unscaling_the_optimizer_whose_gradients_are_still_scaled
 def test_amp017_calls_a_compiled_function_a_function() -> None:
     (finding,) = fixture_findings("AMP017/bad_compiled_step_function_called_under_autocast.py", "AMP017")
     assert finding.message.startswith("this compiled function runs under autocast")
+
+
+def test_amp007_an_update_in_an_oom_except_is_said_to_have_no_step_before_it() -> None:
+    (finding,) = fixture_findings("AMP007/bad_update_in_an_oom_except_without_a_step.py", "AMP007")
+    assert "in this `except` runs when the `try` failed" in finding.message
+    assert "second time" not in finding.message

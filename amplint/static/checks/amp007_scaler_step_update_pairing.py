@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import libcst as cst
+
 from amplint.model import Applicability
 from amplint.static.checks import FixPlan, Hit
 from amplint.static.checks import _training_step as ts
@@ -124,12 +126,20 @@ def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> I
                 break
             since.append(e)
         if earlier and not any(e.kind in ("step", "unscale") for e in since) and any(e.kind == "update" for e in earlier):
-            yield Hit(
-                event.call.node,
-                f"`{scaler}.update()` is called a second time in the same iteration; call it once, "
-                f"after the last `{scaler}.step()`",
-                event.call.where.statement,
-            )
+            if any(isinstance(a, cst.ExceptHandler) for a in facts.ancestors(event.call.node)):
+                # `except OutOfMemoryError: scaler.update()`: the try failed before its step, so
+                # this is the only update of the iteration, with no step before it.
+                message = (
+                    f"`{scaler}.update()` in this `except` runs when the `try` failed, before "
+                    f"`{scaler}.step()` recorded any inf checks, which raises \"No inf checks were "
+                    f"recorded prior to update\"; drop it: the next iteration's step and update suffice"
+                )
+            else:
+                message = (
+                    f"`{scaler}.update()` is called a second time in the same iteration; call it once, "
+                    f"after the last `{scaler}.step()`"
+                )
+            yield Hit(event.call.node, message, event.call.where.statement)
             continue
         yield from _update_without_step(facts, event, same_iteration, loop, scaler)
 
