@@ -107,6 +107,12 @@ class Context:
     # (id of an `if`, "body" | "else") for each enclosing branch, outermost first.
     branches: tuple[tuple[int, str], ...] = ()
 
+    @property
+    def statement_loops(self) -> list[Loop]:
+        """The `for` and `while` statements around the node, outermost first: a comprehension is
+        an expression, not a repeated step."""
+        return [loop for loop in self.loops if loop.kind != "comprehension"]
+
 
 def ends_with(block: cst.BaseSuite, kinds: tuple[type, ...]) -> bool:
     """Whether the block's last statement is one of `kinds` (`cst.Return`, `cst.Break`...)."""
@@ -1279,7 +1285,7 @@ class AmpFacts:
         """The loops around a node, innermost first: its own if it has any; else, for each in-file
         caller that runs in a loop, the loops around that call (a factory called per seed in one
         function and per epoch in another is two answers)."""
-        own = [(loop, None) for loop in reversed(where.loops) if loop.kind != "comprehension"]
+        own = [(loop, None) for loop in reversed(where.statement_loops)]
         function = where.scope.function_scope
         if own or depth >= names.CALL_DEPTH or function.kind != "function":
             if own:
@@ -1295,7 +1301,7 @@ class AmpFacts:
     def loop_chain(self, where: Context, depth: int = 0) -> list[Loop]:
         """Every loop a node runs in, outermost first: those around its first looping in-file
         caller, then its own."""
-        own = [loop for loop in where.loops if loop.kind != "comprehension"]
+        own = where.statement_loops
         function = where.scope.function_scope
         if depth >= 3 or function.kind != "function":
             return own

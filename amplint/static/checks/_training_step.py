@@ -293,7 +293,7 @@ def functions_with_events(facts: AmpFacts) -> list[Scope]:
 
 
 def innermost_loop(where: Context) -> Loop | None:
-    loops = [loop for loop in where.loops if loop.kind != "comprehension"]
+    loops = where.statement_loops
     return loops[-1] if loops else None
 
 
@@ -313,7 +313,7 @@ def iteration_loop(event: Event) -> Loop | None:
     """The loop whose iterations are training steps: not a loop over the optimizers or the
     schedulers of one step (`for opt in optimizers: scaler.step(opt)`, `for s in schedulers:
     s.step()`), nor a retry loop."""
-    loops = [loop for loop in event.anchor.loops if loop.kind != "comprehension"]
+    loops = event.anchor.statement_loops
     while loops:
         loop = loops[-1]
         if (
@@ -336,18 +336,18 @@ def guards_inside(facts: AmpFacts, where: Context, loop: Loop | None) -> list[cs
     return [guard for guard in where.ifs if within(facts, guard, loop.node)]
 
 
-def conjuncts(facts: AmpFacts, test: cst.BaseExpression) -> set[str]:
+def _conjuncts(facts: AmpFacts, test: cst.BaseExpression) -> set[str]:
     """The conditions an `if` test requires, as source: the operands of a top-level `and`, else
     the test. Two `if`s whose conditions are the same text hold on the same runs."""
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return conjuncts(facts, test.left) | conjuncts(facts, test.right)
+        return _conjuncts(facts, test.left) | _conjuncts(facts, test.right)
     return {facts.module.code_for_node(test.with_changes(lpar=[], rpar=[]) if getattr(test, "lpar", None) else test)}
 
 
 def implied_by(facts: AmpFacts, guard: cst.If, guards: list[cst.If]) -> bool:
     """Whether `guard` holds whenever all of `guards` do: it is one of them, or its conditions are
     among theirs (`if scaler is not None: step` then `if scaler is not None: update`)."""
-    return any(g is guard for g in guards) or conjuncts(facts, guard.test) <= {c for g in guards for c in conjuncts(facts, g.test)}
+    return any(g is guard for g in guards) or _conjuncts(facts, guard.test) <= {c for g in guards for c in _conjuncts(facts, g.test)}
 
 
 def within(facts: AmpFacts, node: cst.CSTNode, outer: cst.CSTNode) -> bool:

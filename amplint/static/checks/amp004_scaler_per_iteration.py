@@ -90,7 +90,7 @@ def _runs_its_own_batch_loop(function, key: str | None) -> bool:
         return False
     return any(
         call.receiver_key == key and call.method in ("scale", "step", "update")
-        and any(loop.kind != "comprehension" for loop in call.where.loops)
+        and bool(call.where.statement_loops)
         for call in function.calls
     )
 

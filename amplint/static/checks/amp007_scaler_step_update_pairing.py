@@ -69,7 +69,7 @@ def _missing_update(facts: AmpFacts, steps: list[ts.Event], scaler: str) -> Iter
     for step in by_block.values():
         # In a helper the scaler's name may not be bound; after a compound statement, nowhere to
         # add it; in a loop over the optimizers, the update belongs after the loop, not per optimizer.
-        in_optimizer_loop = any(ts.over_optimizers(loop) for loop in step.anchor.loops if loop.kind != "comprehension")
+        in_optimizer_loop = any(ts.over_optimizers(loop) for loop in step.anchor.statement_loops)
         fixable = step.anchor is step.call.where and not in_optimizer_loop
         update = ts.insert_after(facts, step.call.where.statement, f"{scaler}.update()") if fixable else None
         fix = FixPlan(Applicability.SAFE, (update,)) if update else None
@@ -103,12 +103,13 @@ def _update_outside_loop(facts: AmpFacts, steps, updates, scaler: str) -> Iterat
 
 def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> Iterator[Hit]:
     """`update()` between the steps of several optimizers, twice, or where no step ran."""
+    iteration = {id(e): ts.iteration_loop(e) for e in events}  # asked of every event for every update
     for event in events:
         if event.kind != "update":
             continue
-        loop = ts.iteration_loop(event)
+        loop = iteration[id(event)]
         same_iteration = [
-            e for e in events if ts.iteration_loop(e) is loop and not ts.exclusive(e, event) and e is not event
+            e for e in events if iteration[id(e)] is loop and not ts.exclusive(e, event) and e is not event
         ]
         later = [e for e in same_iteration if e.order > event.order]
         earlier = [e for e in same_iteration if e.order < event.order]

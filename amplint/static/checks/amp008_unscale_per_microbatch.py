@@ -40,9 +40,6 @@ def _partners(event: ts.Event, events: list[ts.Event]) -> list[ts.Event]:
     ]
 
 
-def _loops(event: ts.Event):
-    return [loop for loop in event.anchor.loops if loop.kind != "comprehension"]
-
 
 def _over_its_optimizers(loop, unscale: ts.Event) -> bool:
     """`for opt in optimizers: scaler.unscale_(opt)`: each pass unscales another optimizer once
@@ -55,26 +52,26 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
     if not steps:
         return None
     step = steps[-1]
-    deeper = [loop for loop in _loops(unscale) if loop not in _loops(step) and not _over_its_optimizers(loop, unscale)]
+    unscale_loops, step_loops = unscale.anchor.statement_loops, step.anchor.statement_loops
+    deeper = [loop for loop in unscale_loops if loop not in step_loops and not _over_its_optimizers(loop, unscale)]
     if deeper:
         return _hit(facts, unscale, step, "inside the micro-batch loop on line {1}", deeper[-1].node)
-    loops = [loop for loop in _loops(step) if loop in _loops(unscale)]
-    if not loops and (_loops(step) or _loops(unscale)):
+    loops = [loop for loop in step_loops if loop in unscale_loops]
+    if not loops and (step_loops or unscale_loops):
         return None
     # Without a loop, each call of the function is one micro-batch (a `train_step` method).
     loop = loops[-1] if loops else None
     commit = next(
         (
             e for e in events
-            if e.kind == "update" and ts.same_object(e.scaler, unscale.scaler) and (loop is None or loop in _loops(e))
+            if e.kind == "update" and ts.same_object(e.scaler, unscale.scaler) and (loop is None or loop in e.anchor.statement_loops)
             and not ts.exclusive(e, unscale)
         ),
         step,
     )
     mine = ts.guards_inside(facts, unscale.anchor, loop)
-    my_conditions = {c for g in mine for c in ts.conjuncts(facts, g.test)}
     for guard in ts.guards_inside(facts, commit.anchor, loop):
-        if any(g is guard for g in mine) or ts.conjuncts(facts, guard.test) <= my_conditions:
+        if ts.implied_by(facts, guard, mine):
             continue  # whenever `unscale_` runs, so does the step (`if a and b: unscale_` then `if b: step`)
         if _AMP_SWITCH.search(_test(facts, guard)) or ts.exclusive(unscale, commit):
             continue
@@ -87,8 +84,6 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
 
 def _test(facts: AmpFacts, guard: cst.If) -> str:
     return facts.module.code_for_node(guard.test)
-
-
 
 
 def _continue_between(facts: AmpFacts, loop, first: ts.Event, second: ts.Event) -> cst.If | None:
