@@ -41,25 +41,34 @@ _EVALUATION = re.compile(r"^val$|eval|valid|test|infer|predict|benchmark")
 
 
 def low_precision_target(call: CallSite, facts: AmpFacts) -> str | None:
-    """The dtype a conversion call casts to, when it is a literal fp16/bf16 one."""
+    """The dtype a conversion call casts to when it is fp16/bf16: "float16", "bfloat16", or, for a
+    conditional holding both, "float16 or bfloat16 (chosen at run time)"."""
     if call.method in ("half", "bfloat16") and not call.node.args:
         return "float16" if call.method == "half" else "bfloat16"
     if call.method == "to":
         for candidate in (argument(call.node, None, "dtype"), argument(call.node, 0, None), argument(call.node, 1, None)):
-            qualified = _low_precision_name(candidate, call.scope, facts)
-            if qualified in names.LOW_PRECISION_DTYPES:
-                return qualified.split(".")[-1].replace("half", "float16")
+            dtype = _low_precision_dtype(_possible_names(candidate, call.scope, facts))
+            if dtype is not None:
+                return dtype
     if call.method == "type":
-        qualified = _low_precision_name(argument(call.node, 0, "dtype"), call.scope, facts)
-        if qualified in names.LOW_PRECISION_DTYPES or qualified in names.LOW_PRECISION_TENSOR_TYPES:
+        possible = _possible_names(argument(call.node, 0, "dtype"), call.scope, facts)
+        qualified = next((q for q in possible if q in names.LOW_PRECISION_DTYPES or q in names.LOW_PRECISION_TENSOR_TYPES), None)
+        if qualified is not None:
             return "bfloat16" if "BFloat16" in qualified or "bfloat16" in qualified else "float16"
     if call.method == "from_pretrained" and not _adapts_a_frozen_base(facts) and not _for_inference(call):
         # `AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float16)`: built in float16.
         for keyword in ("torch_dtype", "dtype"):
-            qualified = _low_precision_name(argument(call.node, None, keyword), call.scope, facts)
-            if qualified in names.LOW_PRECISION_DTYPES:
-                return qualified.split(".")[-1].replace("half", "float16")
+            dtype = _low_precision_dtype(_possible_names(argument(call.node, None, keyword), call.scope, facts))
+            if dtype is not None:
+                return dtype
     return None
+
+
+def _low_precision_dtype(qualified_names: list[str]) -> str | None:
+    low = {q.split(".")[-1].replace("half", "float16") for q in qualified_names if q in names.LOW_PRECISION_DTYPES}
+    if len(low) > 1:
+        return "float16 or bfloat16 (chosen at run time)"  # `torch.bfloat16 if cfg.bf16 else torch.float16`
+    return next(iter(low), None)
 
 
 def _for_inference(call: CallSite) -> bool:
@@ -75,21 +84,19 @@ def _adapts_a_frozen_base(facts: AmpFacts) -> bool:
     return any((ref.qualname or "").split(".")[0] == "peft" for ref in facts.imports)
 
 
-def _low_precision_name(expr: cst.BaseExpression | None, scope: Scope, facts: AmpFacts) -> str | None:
-    """The qualified name an argument gives a dtype or tensor type, or, for a name bound to a
-    conditional (`self.data_type = torch.float16 if args.fp16 else torch.float32` in YOLOX's
-    trainer), the low-precision one among its arms: the cast is fp16 whenever that arm is taken."""
+def _possible_names(expr: cst.BaseExpression | None, scope: Scope, facts: AmpFacts) -> list[str]:
+    """The qualified names an argument may give a dtype or tensor type: its own, or, for a
+    conditional or a name bound to one (`self.data_type = torch.float16 if args.fp16 else
+    torch.float32` in YOLOX's trainer), each of its arms: the cast is fp16 whenever that arm is taken."""
     qualified = facts.qualname(expr, scope)
     if qualified is not None:
-        return qualified
+        return [qualified]
     # The conditional itself (`torch_dtype=torch.float16 if use_fp16 else None`), or one a name is bound to.
+    possible = []
     for value, value_scope in [(expr, scope), *facts.bindings(dotted_name(expr), scope)]:
         if isinstance(value, cst.IfExp):
-            for arm in _arms(value):
-                arm_name = facts.qualname(arm, value_scope)
-                if arm_name in names.LOW_PRECISION_DTYPES or arm_name in names.LOW_PRECISION_TENSOR_TYPES:
-                    return arm_name
-    return None
+            possible.extend(q for q in (facts.qualname(arm, value_scope) for arm in _arms(value)) if q is not None)
+    return possible
 
 
 def _arms(value: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
@@ -416,7 +423,6 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         subject = _converted(call) or (facts.module.code_for_node(call.receiver) if call.receiver is not None else "value")
         if len(subject) > 40:
             subject = subject[:37] + "..."
-        dtype = "float16 or bfloat16 (chosen at run time)" if _both_low_precisions(call, facts) else dtype
         if call.method == "from_pretrained":
             what = f"`{subject}.from_pretrained(...)` loads the model in {dtype}"
         else:
@@ -449,15 +455,3 @@ def _advice(call: CallSite, facts: AmpFacts) -> str:
         "keep the model and inputs in float32 and let autocast choose per-op dtypes (a GradScaler "
         "cannot unscale float16 gradients, and low-precision weights lose small updates)"
     )
-
-
-def _both_low_precisions(call: CallSite, facts: AmpFacts) -> bool:
-    """`dtype = torch.bfloat16 if cfg.bf16 else torch.float16`, then `model.to(dtype)`."""
-    expr = argument(call.node, None, "dtype") or argument(call.node, 0, None)
-    if call.method == "from_pretrained":
-        expr = argument(call.node, None, "torch_dtype") or argument(call.node, None, "dtype")
-    found = set()
-    for value, value_scope in [(expr, call.scope), *facts.bindings(dotted_name(expr), call.scope)]:
-        if isinstance(value, cst.IfExp):
-            found.update(facts.qualname(arm, value_scope) for arm in _arms(value))
-    return {"torch.float16", "torch.bfloat16"} <= {"torch.float16" if f == "torch.half" else f for f in found}
