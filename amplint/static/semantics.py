@@ -908,6 +908,9 @@ class AmpFacts:
             qualified = self.qualname(expr.func, scope)
             if qualified in names.AUTOCAST:
                 return _autocast_from_call(expr, qualified, scope)
+            if self.opens_framework_autocast(expr, scope):
+                # Enabled, on its device and dtype, as the framework's precision setting says.
+                return Autocast(expr, "maybe", None, None, deprecated=False)
             partial = self._partial_autocast(expr.func, scope)
             if partial is not None:
                 return partial
@@ -934,6 +937,22 @@ class AmpFacts:
                 if found:
                     return found
         return None
+
+    def opens_framework_autocast(self, call: cst.Call, scope: Scope) -> bool:
+        """`accelerator.autocast()`, `fabric.autocast()`: a framework object entering torch's
+        autocast for the precision it was configured with."""
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "autocast"):
+            return False
+        owner = dotted_name(func.value)
+        if owner is None:
+            return False
+        if owner.rsplit(".", 1)[-1] in names.FRAMEWORK_AUTOCAST_OWNERS:
+            return True
+        return any(
+            isinstance(value, cst.Call) and self.qualname(value.func, value_scope) in names.FRAMEWORK_AUTOCAST_CLASSES
+            for value, value_scope in self.bindings(owner, scope)
+        )
 
     def _partial_autocast(self, func: cst.BaseExpression, scope: Scope) -> Autocast | None:
         for value, value_scope in self.bindings(dotted_name(func), scope):
@@ -1265,7 +1284,7 @@ class AmpFacts:
 
     @cached_property
     def has_autocast(self) -> bool:
-        if any(c.qualname in names.AUTOCAST for c in self.calls):
+        if any(c.qualname in names.AUTOCAST or self.opens_framework_autocast(c.node, c.scope) for c in self.calls):
             return True
         return any(
             self.decorator_autocast(d, f.parent or f) for f in self.functions for d in f.decorators
