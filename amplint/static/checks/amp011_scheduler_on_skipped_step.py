@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+import libcst as cst
+
 from amplint.static.checks import Hit
 from amplint.static.checks import _training_step as ts
 from amplint.static.semantics import AmpFacts
@@ -23,7 +25,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         events = ts.iteration_events(facts, function)
         skip_flags = _skip_flags(facts, function)
         for index, event in enumerate(events):
-            if event.kind != "sched_step" or id(event.call.node) in reported:
+            if event.kind != "sched_step" or id(event.call.node) in reported or _steps_on_a_metric(facts, event):
                 continue
             scaler_step = _last_scaler_event(facts, events[:index], event)
             if scaler_step is None or _gated(facts, event, skip_flags | {scaler_step.scaler.split(".")[-1]}):
@@ -38,6 +40,25 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 event.call.where.statement,
                 related=(scaler_step.call.node,),
             )
+
+
+# A validation metric handed to the scheduler (`scheduler.step(val_loss)`, `metrics=`).
+_METRIC = re.compile(r"loss|metric|acc|score|perf|psnr|bleu|dice|iou|f1|error|val", re.IGNORECASE)
+
+
+def _steps_on_a_metric(facts: AmpFacts, sched: ts.Event) -> bool:
+    """ReduceLROnPlateau (or a scheduler in plateau mode) moves on a validation metric, not on
+    optimizer steps: a step the scaler skipped does not advance it."""
+    call = sched.call
+    if call.arg(None, "metrics") is not None or call.arg(None, "metric") is not None:
+        return True
+    first = call.arg(0, None)
+    if first is not None and _METRIC.search(facts.module.code_for_node(first)):
+        return True
+    return any(
+        isinstance(value, cst.Call) and (facts.qualname(value.func, scope) or "").endswith("ReduceLROnPlateau")
+        for value, scope in facts.bindings(call.receiver_key, call.scope)
+    )
 
 
 def _last_scaler_event(facts: AmpFacts, before: list[ts.Event], sched: ts.Event) -> ts.Event | None:
