@@ -398,8 +398,15 @@ def _is_false(node: cst.BaseExpression | None) -> bool:
     return isinstance(node, cst.Name) and node.value == "False"
 
 
+def _may_scale(facts: AmpFacts) -> bool:
+    """A GradScaler that can be on: one built with `enabled=False` scales nothing, and a file
+    whose only one is off (a fairseq-style fp16 optimizer keeps float32 master weights) is not
+    mixed-precision code."""
+    return any(c.qualname in names.GRAD_SCALER and not _is_false(c.arg(None, "enabled")) for c in facts.calls)
+
+
 def check(facts: AmpFacts) -> Iterator[Hit]:
-    if not (facts.has_autocast or facts.has_scaler) or not rg.trains(facts):
+    if not (facts.has_autocast or _may_scale(facts)) or not rg.trains(facts):
         return
     uses = "autocast" if facts.has_autocast else "a GradScaler"
     for call in facts.calls:
