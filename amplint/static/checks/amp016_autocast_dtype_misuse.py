@@ -68,6 +68,18 @@ def _cuda_region(facts: AmpFacts, call: CallSite):
     return region
 
 
+def _names_a_bce_module(facts: AmpFacts, call: CallSite, criteria: set[str]) -> bool:
+    """`loss_fn(...)` where `loss_fn` holds a BCELoss: the binding its scope sees (another
+    function's `loss_fn` may be a BCEWithLogitsLoss), else, for a criterion handed in as an
+    argument, any of the file's BCELoss names."""
+    bound = facts.bindings(call.callee, call.scope)
+    if bound:
+        return any(
+            isinstance(value, cst.Call) and facts.qualname(value.func, scope) in _BCE_MODULES for value, scope in bound
+        )
+    return call.callee.split(".")[-1] in criteria
+
+
 def _bce(facts: AmpFacts) -> Iterator[Hit]:
     criteria: set[str] = set()
     for assignment in facts.assignments:
@@ -76,7 +88,7 @@ def _bce(facts: AmpFacts) -> Iterator[Hit]:
             criteria.add(assignment.key.split(".")[-1])
     for call in facts.calls:
         direct = call.qualname in _BCE_FUNCTIONS
-        called_module = call.callee is not None and call.callee.split(".")[-1] in criteria
+        called_module = call.callee is not None and _names_a_bce_module(facts, call, criteria)
         inline = isinstance(call.node.func, cst.Call) and facts.qualname(call.node.func.func, call.scope) in _BCE_MODULES
         if not (direct or called_module or inline):
             continue
