@@ -123,6 +123,8 @@ OPTIMIZER_ATTRIBUTES = frozenset({
 })
 
 EXIT_STACKS = frozenset({"contextlib.ExitStack", "contextlib.AsyncExitStack"})
+# What code enters instead of autocast when AMP is off (`autocast if amp else suppress`).
+NO_OP_CONTEXTS = frozenset({"contextlib.suppress", "contextlib.nullcontext"})
 
 TORCH_OPTIMIZER_PREFIXES = ("torch.optim.", "bitsandbytes.optim.", "apex.optimizers.", "timm.optim.")
 THIRD_PARTY_OPTIMIZERS = {"transformers.AdamW", "transformers.Adafactor", "transformers.optimization.AdamW"}

@@ -163,11 +163,14 @@ class _Walk:
         key = dotted(target)
         if key is None:
             return
-        # `ac = torch.autocast`, and `ac = functools.partial(torch.autocast, "cuda")`.
-        source = value.args[0] if isinstance(value, ast.Call) and value.args else value
-        bound = dotted(source)
-        if bound is not None:
-            self.bindings.append((key, bound))
+        # `ac = torch.autocast`, `ac = functools.partial(torch.autocast, "cuda")`, and
+        # `ac = torch.cuda.amp.autocast if amp else suppress`.
+        sources = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+        for source in sources:
+            source = source.args[0] if isinstance(source, ast.Call) and source.args else source
+            bound = dotted(source)
+            if bound is not None:
+                self.bindings.append((key, bound))
         self.assigned.add(key)
 
     def _definition(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:

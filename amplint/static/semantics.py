@@ -767,6 +767,19 @@ class AmpFacts:
             if isinstance(value, cst.Call) and self.qualname(value.func, value_scope) in names.FUNCTOOLS_PARTIAL:
                 if value.args:
                     return self.qualname(value.args[0].value, value_scope)
+        return self.conditional_autocast(call.callee, call.scope)
+
+    def conditional_autocast(self, key: str | None, scope: Scope) -> str | None:
+        """`autocast = torch.cuda.amp.autocast if amp else suppress`, later `with autocast():`:
+        the autocast that one arm names, when the other is a no-op context (or None)."""
+        for value, value_scope in self.bindings(key, scope):
+            if not isinstance(value, cst.IfExp):
+                continue
+            arms = [self.qualname(arm, value_scope) for arm in (value.body, value.orelse)]
+            opened = [arm for arm in arms if arm in names.AUTOCAST]
+            others = [arm for arm, expr in zip(arms, (value.body, value.orelse)) if arm not in names.AUTOCAST and not _is_none(expr)]
+            if len(opened) == 1 and all(other in names.NO_OP_CONTEXTS for other in others):
+                return opened[0]
         return None
 
     def bindings(self, key: str | None, scope: Scope) -> list[tuple[cst.BaseExpression, Scope]]:
@@ -906,6 +919,10 @@ class AmpFacts:
             return None
         if isinstance(expr, cst.Call):
             qualified = self.qualname(expr.func, scope)
+            conditional = self.conditional_autocast(dotted_name(expr.func), scope) if qualified is None else None
+            if conditional is not None:  # opened on one arm of the alias only
+                region = _autocast_from_call(expr, conditional, scope)
+                return replace(region, enabled="no" if region.enabled == "no" else "maybe")
             if qualified in names.AUTOCAST:
                 return _autocast_from_call(expr, qualified, scope)
             if self.opens_framework_autocast(expr, scope):
@@ -1377,6 +1394,10 @@ def _autocast_from_call(call: cst.Call, qualified: str, scope: Scope) -> Autocas
     dtype_expr = argument(call, positions.index("dtype"), "dtype")
     dtype = scope.resolve(dotted_name(dtype_expr))
     return Autocast(call, enabled, device, dtype, deprecated)
+
+
+def _is_none(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "None"
 
 
 def _string_literal(expr: cst.BaseExpression | None) -> str | None:
