@@ -51,8 +51,12 @@ def _bf16_model(facts: AmpFacts) -> CallSite | None:
 
 
 def _built_only_for_bf16(facts: AmpFacts, call: CallSite) -> cst.BaseExpression | None:
-    """The bfloat16 flag a scaler is built under, when it is built only then: `GradScaler() if
-    use_bfloat16 else None` (I-JEPA's factory), `if args.bf16: scaler = GradScaler()`."""
+    """The bfloat16 flag a scaler is built (or enabled) under, when it is on only then:
+    `GradScaler() if use_bfloat16 else None` (I-JEPA's factory), `if args.bf16: scaler =
+    GradScaler()`, `GradScaler(enabled=hps.train.bf16_run)` (Bert-VITS2)."""
+    enabled = _enabled_expression(call)
+    if enabled is not None and _names_bf16(facts, enabled):
+        return enabled
     child: cst.CSTNode = call.node
     for parent in facts.ancestors(call.node):
         if isinstance(parent, (cst.IfExp, cst.If)) and child is parent.body and _names_bf16(facts, parent.test):
@@ -91,29 +95,25 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     scalers = [c for c in facts.scalers_in() if c.qualname in names.GRAD_SCALER]
     if not scalers:
         return
+    dtypes = _region_dtypes(facts)
+    # Where no region computes in float16, a bfloat16-only scaler is dead weight, not a gap.
+    float16_runs = (
+        "float16 runs, which do, get no scaler"
+        if dtypes & (rg.FLOAT16 | {"unknown"})
+        else "it only adds a sync per step"
+    )
     flags = [(call, _built_only_for_bf16(facts, call)) for call in scalers]
     for call, flag in flags:
         if flag is not None and not _flag_enables_float16(facts, flag):
+            built = "enabled" if flag is _enabled_expression(call) else "built"
             yield Hit(
                 call.node,
-                f"this GradScaler is built only when `{facts.module.code_for_node(flag)}` is true, that "
-                f"is for bfloat16, which needs no loss scaling; float16 runs, which do, get no scaler; "
+                f"this GradScaler is {built} only when `{facts.module.code_for_node(flag)}` is true, that "
+                f"is for bfloat16, which needs no loss scaling; {float16_runs}; "
                 f"build it for float16 (`enabled=(amp_dtype == torch.float16)`)",
                 call.where.statement,
             )
     scalers = [call for call, flag in flags if flag is None]
-    dtypes = set()
-    for call, region in rg.autocasts(facts):
-        if not rg.enabled(region):
-            continue
-        dtype = rg.literal_dtype(facts, region, call)
-        if dtype is None:
-            if rg.has_dtype_argument(region, call) or region.device != "cpu":
-                dtypes.add("unknown")  # chosen at runtime, or the CUDA default float16
-            else:
-                dtypes.add("torch.bfloat16")
-        else:
-            dtypes.add(dtype)
     bf16_model = _bf16_model(facts)
     if dtypes == {"torch.bfloat16"}:
         reason = "every autocast region in this file uses bfloat16"
@@ -131,3 +131,18 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             f"gradients); build it with `enabled=(amp_dtype == torch.float16)`",
             call.where.statement,
         )
+
+
+def _region_dtypes(facts: AmpFacts) -> set[str]:
+    """The dtypes of the file's enabled autocast regions; "unknown" for one chosen at run time
+    or CUDA's default float16."""
+    dtypes = set()
+    for call, region in rg.autocasts(facts):
+        if not rg.enabled(region):
+            continue
+        dtype = rg.literal_dtype(facts, region, call)
+        if dtype is None:
+            dtypes.add("unknown" if rg.has_dtype_argument(region, call) or region.device != "cpu" else "torch.bfloat16")
+        else:
+            dtypes.add(dtype)
+    return dtypes
