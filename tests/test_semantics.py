@@ -300,6 +300,52 @@ def test_an_if_that_may_fall_through_excludes_nothing() -> None:
     assert not mutually_exclusive(call(facts, "a(").where, call(facts, "b(").where)
 
 
+@pytest.mark.parametrize(
+    "first,second",
+    [
+        ("if args.fp16:\n    a()", "if args.fp16:\n    pass\nelse:\n    b()"),
+        ("if args.fp16:\n    a()", "if not args.fp16:\n    b()"),
+        ("if scaler is None:\n    a()", "if scaler is not None:\n    b()"),
+        ("if mode == 'amp':\n    a()", "if mode != 'amp':\n    b()"),
+        ("if args.fp16 and args.amp == 'native':\n    a()", "if args.fp16:\n    if args.amp == 'native':\n        pass\n    else:\n        b()"),
+        ("if (use_amp):\n    a()", "if use_amp or debug:\n    pass\nelse:\n    b()"),
+    ],
+)
+def test_two_ifs_on_opposite_outcomes_of_one_condition_contradict(first: str, second: str) -> None:
+    facts = facts_of(f"{first}\n{second}\n")
+    assert facts.contradictory([call(facts, "a(").where], [call(facts, "b(").where])
+
+
+@pytest.mark.parametrize(
+    "first,second",
+    [
+        ("if args.fp16:\n    a()", "if args.fp16:\n    b()"),
+        ("if args.fp16:\n    a()", "if args.bf16:\n    pass\nelse:\n    b()"),
+        ("if use_amp and warm:\n    a()", "if use_amp and warm:\n    pass\nelse:\n    b()"),
+        ("if use_amp or debug:\n    a()", "if not use_amp:\n    b()"),
+    ],
+)
+def test_ifs_that_can_both_hold_do_not_contradict(first: str, second: str) -> None:
+    facts = facts_of(f"{first}\n{second}\n")
+    assert not facts.contradictory([call(facts, "a(").where], [call(facts, "b(").where])
+
+
+def test_a_helper_event_meets_the_conditions_of_its_call_site_and_its_own() -> None:
+    facts = facts_of("""
+        def helper():
+            if use_amp:
+                a()
+
+        if ready:
+            helper()
+        if not ready:
+            b()
+    """)
+    site, inner = call(facts, "helper(").where, call(facts, "a(").where
+    assert facts.contradictory([site, inner], [call(facts, "b(").where])
+    assert not facts.contradictory([inner], [call(facts, "b(").where])
+
+
 def test_statement_code_leaves_out_comments() -> None:
     module = cst.parse_module("# p.grad.norm()\nx = 1  # p.grad.norm()\n")
     assert statement_code(module.body[0]) == "x = 1"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -550,6 +550,7 @@ class _Recorder:
 
     def visit_If(self, node: cst.If) -> None:
         self.statements.append(node)
+        self.facts.if_tests[id(node)] = node.test
         self.walk(node.test)
         self.ifs.append(node)
         self.branches.append((id(node), "body"))
@@ -732,6 +733,8 @@ class AmpFacts:
         self.grad_reads: list[GradRead] = []
         self.with_items: list[tuple[cst.WithItem, Context]] = []  # each item, where its `with` is
         self.loop_targets: list[tuple[cst.BaseExpression, Context]] = []
+        self.if_tests: dict[int, cst.BaseExpression] = {}  # id(if) -> its test
+        self._outcomes: dict[tuple[tuple[int, str], ...], tuple[frozenset[str], frozenset[str]]] = {}
         _Recorder(self).walk(module)
         for call in self.calls:
             call.qualname = self.callee_qualname(call)
@@ -911,6 +914,71 @@ class AmpFacts:
 
     def callers(self, function: Scope) -> list[CallSite]:
         return self.call_sites_of.get(id(function), [])
+
+    # -- conditions ---------------------------------------------------------------------------
+    def conjuncts(self, test: cst.BaseExpression) -> set[str]:
+        """The conditions an `if` test requires, as written: the operands of a top-level `and`,
+        else the test. Two `if`s whose conditions are the same text hold on the same runs."""
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+            return self.conjuncts(test.left) | self.conjuncts(test.right)
+        return {self.module.code_for_node(_bare(test))}
+
+    def contradictory(self, a: Iterable[Context], b: Iterable[Context]) -> bool:
+        """Whether code at the places `a` and code at the places `b` (a helper's call site and the
+        place inside it) hang on opposite outcomes of one condition, as written: the body of `if
+        args.fp16:` and the `else` of another `if args.fp16:`, or the body of `if scaler is None:`
+        and that of `if scaler is not None:`. The condition is taken not to change in between."""
+        held_a, failed_a = self._outcomes_at(a)
+        held_b, failed_b = self._outcomes_at(b)
+        return bool(held_a & failed_b or failed_a & held_b)
+
+    def _outcomes_at(self, places: Iterable[Context]) -> tuple[frozenset[str], frozenset[str]]:
+        held: set[str] = set()
+        failed: set[str] = set()
+        for where in places:
+            if where.branches not in self._outcomes:
+                self._outcomes[where.branches] = self._outcomes_of(where.branches)
+            place_held, place_failed = self._outcomes[where.branches]
+            held |= place_held
+            failed |= place_failed
+        return frozenset(held), frozenset(failed)
+
+    def _outcomes_of(self, branches: tuple[tuple[int, str], ...]) -> tuple[frozenset[str], frozenset[str]]:
+        """The conditions that hold, and those that fail, inside the given branches."""
+        held: set[str] = set()
+        failed: set[str] = set()
+        for node_id, label in branches:
+            test = self.if_tests.get(node_id)
+            if test is None:
+                continue  # a `match` case
+            test = _bare(test)
+            if label == "body" and isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+                parts = [test.left, test.right]  # all of them hold
+            elif label == "else" and isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+                parts = [test.left, test.right]  # all of them fail
+            elif isinstance(test, cst.BooleanOperation):
+                continue  # one of them held, or failed: which is not known
+            else:
+                parts = [test]
+            for part in parts:
+                text, positive = self._condition(part)
+                (held if positive == (label == "body") else failed).add(text)
+        return frozenset(held), frozenset(failed)
+
+    def _condition(self, test: cst.BaseExpression) -> tuple[str, bool]:
+        """A condition as written, without its negation, and whether it was negated: `not x` is
+        (x, False), `a is not None` is (`a is None`, False), `a != b` is (`a == b`, False)."""
+        test = _bare(test)
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            text, positive = self._condition(test.expression)
+            return text, not positive
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+            (target,) = test.comparisons
+            positive_form = _POSITIVE_COMPARISONS.get(type(target.operator))
+            if positive_form is not None:
+                code = self.module.code_for_node
+                return f"{code(_bare(test.left))} {positive_form} {code(_bare(target.comparator))}", False
+        return self.module.code_for_node(test), True
 
     # -- value kinds --------------------------------------------------------------------------
     def autocast_of(self, expr: cst.BaseExpression | None, scope: Scope, depth: int = 0) -> Autocast | None:
@@ -1394,6 +1462,14 @@ def _autocast_from_call(call: cst.Call, qualified: str, scope: Scope) -> Autocas
     dtype_expr = argument(call, positions.index("dtype"), "dtype")
     dtype = scope.resolve(dotted_name(dtype_expr))
     return Autocast(call, enabled, device, dtype, deprecated)
+
+
+_POSITIVE_COMPARISONS = {cst.IsNot: "is", cst.NotEqual: "==", cst.NotIn: "in"}
+
+
+def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The expression without its own parentheses: `(a)` and `a` are one condition."""
+    return expr.with_changes(lpar=[], rpar=[]) if getattr(expr, "lpar", None) else expr
 
 
 def _is_none(expr: cst.BaseExpression) -> bool:

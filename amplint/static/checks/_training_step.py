@@ -213,16 +213,20 @@ class Event:
         return (self.anchor.order, self.call.where.order)
 
 
-def exclusive(a: Event, b: Event) -> bool:
+def exclusive(facts: AmpFacts, a: Event, b: Event, *, by_condition: bool = True) -> bool:
     """Whether two events never run in one call of the analysed function: they sit in different
     branches of one `if` there or, both coming from a helper, in the helper. Two calls of a
     helper from the two branches of an `if` are one call per run; two calls of one helper that
     branches on AMP (`run_epoch(train)` then `run_epoch(val)`, each `if use_amp: scaler.step(opt)
-    else: opt.step()`) take the same branch, or are an AMP run and a float32 one."""
+    else: opt.step()`) take the same branch, or are an AMP run and a float32 one. Two `if`s on
+    one condition exclude each other too (`if args.fp16: scaler.scale(loss).backward()` in a
+    helper, `else: optimizer.step()` after it), unless `by_condition` is off."""
     same_function = a.anchor is b.anchor or a.call.where.scope.function_scope is b.call.where.scope.function_scope
     if same_function and mutually_exclusive(a.call.where, b.call.where):
         return True
-    return a.anchor is not b.anchor and mutually_exclusive(a.anchor, b.anchor)
+    if a.anchor is not b.anchor and mutually_exclusive(a.anchor, b.anchor):
+        return True
+    return by_condition and facts.contradictory((a.anchor, a.call.where), (b.anchor, b.call.where))
 
 
 def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
@@ -336,18 +340,10 @@ def guards_inside(facts: AmpFacts, where: Context, loop: Loop | None) -> list[cs
     return [guard for guard in where.ifs if within(facts, guard, loop.node)]
 
 
-def _conjuncts(facts: AmpFacts, test: cst.BaseExpression) -> set[str]:
-    """The conditions an `if` test requires, as source: the operands of a top-level `and`, else
-    the test. Two `if`s whose conditions are the same text hold on the same runs."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _conjuncts(facts, test.left) | _conjuncts(facts, test.right)
-    return {facts.module.code_for_node(test.with_changes(lpar=[], rpar=[]) if getattr(test, "lpar", None) else test)}
-
-
 def implied_by(facts: AmpFacts, guard: cst.If, guards: list[cst.If]) -> bool:
     """Whether `guard` holds whenever all of `guards` do: it is one of them, or its conditions are
     among theirs (`if scaler is not None: step` then `if scaler is not None: update`)."""
-    return any(g is guard for g in guards) or _conjuncts(facts, guard.test) <= {c for g in guards for c in _conjuncts(facts, g.test)}
+    return any(g is guard for g in guards) or facts.conjuncts(guard.test) <= {c for g in guards for c in facts.conjuncts(g.test)}
 
 
 def within(facts: AmpFacts, node: cst.CSTNode, outer: cst.CSTNode) -> bool:

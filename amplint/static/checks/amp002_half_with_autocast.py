@@ -14,7 +14,6 @@ from amplint.static.checks._training_step import cached
 from amplint.static.semantics import (
     AmpFacts,
     CallSite,
-    Context,
     Reference,
     Scope,
     argument,
@@ -286,7 +285,7 @@ def _uses_amp(call: CallSite, facts: AmpFacts) -> bool:
     return _opens_amp(call) or facts.innermost_autocast(call.where) is not None or facts.is_scaler(call.receiver_key, call.scope)
 
 
-def _amp_anchors(facts: AmpFacts) -> dict[int, list[Context]]:
+def _amp_anchors(facts: AmpFacts) -> dict[int, list[CallSite]]:
     """For the module and each function (by id), where it reaches AMP: its calls that use AMP
     and its calls of in-file functions that reach AMP, up to names.CALL_DEPTH calls deep, as the facts follow regions."""
 
@@ -301,7 +300,7 @@ def _amp_anchors(facts: AmpFacts) -> dict[int, list[Context]]:
 
         for _ in range(names.CALL_DEPTH):  # the functions that use AMP, then their callers, then theirs
             reaching |= {id(f) for f in facts.functions if id(f) in decorated or any(reaches(c) for c in f.calls)}
-        return {id(f): [c.where for c in f.calls if reaches(c)] for f in (facts.module_scope, *facts.functions)}
+        return {id(f): [c for c in f.calls if reaches(c)] for f in (facts.module_scope, *facts.functions)}
 
     return cached(facts, "AMP002 amp anchors", build)
 
@@ -309,9 +308,13 @@ def _amp_anchors(facts: AmpFacts) -> dict[int, list[Context]]:
 def _amp_only_in_other_branches(call: CallSite, facts: AmpFacts) -> bool:
     """A cast in one branch of an `if` whose function reaches AMP only in the other: BEiT's
     fine-tuning loop casts its inputs by hand for DeepSpeed's fp16 engine and opens autocast for
-    native AMP, one or the other in a run. A cast before the `if` still runs into autocast."""
-    anchors = _amp_anchors(facts)[id(call.scope.function_scope)]
-    return bool(anchors) and all(mutually_exclusive(call.where, anchor) for anchor in anchors)
+    native AMP, one or the other in a run (EVA tests `loss_scaler is None` once for the cast and
+    again around the forward, and runs its frozen teacher under `no_grad` autocast in both). A
+    cast before the `if` still runs into autocast."""
+    anchors = [a for a in _amp_anchors(facts)[id(call.scope.function_scope)] if not rg.in_no_grad(facts, a)]
+    return bool(anchors) and all(
+        mutually_exclusive(call.where, a.where) or facts.contradictory((call.where,), (a.where,)) for a in anchors
+    )
 
 
 def _test_function(scope: Scope) -> Scope | None:

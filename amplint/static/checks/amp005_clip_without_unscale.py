@@ -79,6 +79,16 @@ def _computes_with_grad(statement: cst.CSTNode, facts: AmpFacts) -> bool:
     return bool(_GRAD_COMPUTATION.search(statement_code(statement)))
 
 
+def _exclusive(facts: AmpFacts, a: _Event, b: _Event) -> bool:
+    """Never in the same pass: two branches of one `if`, or of two `if`s on one condition (the
+    scaled backward under a helper's `if args.fp16:`, the clip under `else:` of the caller's)."""
+    return mutually_exclusive(a.position, b.position) or facts.contradictory(_places(a), _places(b))
+
+
+def _places(event: _Event) -> tuple[Context, ...]:
+    return (event.where,) if event.at is None else (event.at, event.where)
+
+
 def _events_with_helpers(function: Scope, facts: AmpFacts, own: dict[int, list[_Event]]) -> list[_Event]:
     """The function's events in program order, with same-file helpers' events spliced in (one level)."""
     merged: list[tuple[int, int, _Event]] = [(e.where.order, 0, e) for e in own[id(function)]]
@@ -118,10 +128,10 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 scales, unscales, unscaled = [], [], set()
             elif event.kind in ("clip", "grad", "norm") and id(event.node) not in reported:
                 # Only what can run in the same pass: `if amp: scale... else: backward; clip` is fine.
-                scale = next((e for e in reversed(scales) if not mutually_exclusive(e.position, event.position)), None)
+                scale = next((e for e in reversed(scales) if not _exclusive(facts, e, event)), None)
                 if scale is None:
                     continue
-                fresh = [e for e in unscales if not mutually_exclusive(e.position, event.position)]
+                fresh = [e for e in unscales if not _exclusive(facts, e, event)]
                 later_steps = [e.optimizer for e in events[index + 1 :] if e.kind == "step"]
                 owner = later_steps[0] if later_steps else None
                 covering = _covering_unscale(owner, fresh, stepped_optimizers, unscaled)

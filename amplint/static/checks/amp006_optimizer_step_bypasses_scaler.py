@@ -25,7 +25,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 continue
             if "scaler" in facts.module.code_for_node(event.call.node).lower():
                 continue  # a custom optimizer that is handed the scaler (`opt.step(grad_scaler=...)`)
-            again = _stepped_by_the_scaler_before(event, scaler_steps)
+            again = _stepped_by_the_scaler_before(facts, event, scaler_steps)
             if again is not None:
                 reported.add(id(event.call.node))
                 yield Hit(
@@ -44,7 +44,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             # iteration's step follows it); one that only follows the step is not its partner.
             partners = [
                 s for s in scaled
-                if not ts.exclusive(s, event) and (s.order < event.order or _share_a_loop(s, event))
+                if not ts.exclusive(facts, s, event) and (s.order < event.order or _share_a_loop(s, event))
             ]
             if not partners:
                 continue
@@ -64,7 +64,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             )
 
 
-def _stepped_by_the_scaler_before(step: ts.Event, scaler_steps: list[ts.Event]) -> ts.Event | None:
+def _stepped_by_the_scaler_before(facts: AmpFacts, step: ts.Event, scaler_steps: list[ts.Event]) -> ts.Event | None:
     """The `scaler.step(opt)` of the same optimizer that runs earlier in the same iteration of the
     same function (old torchvision: `scaler.step(optimizer)` under `if args.amp:`, then
     `optimizer.step()` for all). Not one in another helper the caller also calls: an AMP run and
@@ -76,7 +76,7 @@ def _stepped_by_the_scaler_before(step: ts.Event, scaler_steps: list[ts.Event]) 
             s for s in reversed(scaler_steps)
             if ts.same_object(s.target, step.target) and s.order < step.order
             and s.call.where.scope.function_scope is function
-            and not ts.exclusive(s, step) and ts.innermost_loop(s.anchor) is loop
+            and not ts.exclusive(facts, s, step) and ts.innermost_loop(s.anchor) is loop
         ),
         None,
     )

@@ -108,8 +108,11 @@ def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> I
         if event.kind != "update":
             continue
         loop = iteration[id(event)]
+        # Not by condition: an update under `if not amp:` and a step under `if amp:` are the very
+        # mismatch reported below, not two runs.
         same_iteration = [
-            e for e in events if iteration[id(e)] is loop and not ts.exclusive(e, event) and e is not event
+            e for e in events
+            if iteration[id(e)] is loop and not ts.exclusive(facts, e, event, by_condition=False) and e is not event
         ]
         later = [e for e in same_iteration if e.order > event.order]
         earlier = [e for e in same_iteration if e.order < event.order]

@@ -30,13 +30,13 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 yield hit
 
 
-def _partners(event: ts.Event, events: list[ts.Event]) -> list[ts.Event]:
+def _partners(facts: AmpFacts, event: ts.Event, events: list[ts.Event]) -> list[ts.Event]:
     """The steps that can run in the same call as `event` (not in another branch of an `if`)."""
     return [
         e for e in events
         if e.kind == "step" and ts.same_object(e.scaler, event.scaler)
         and (event.target is None or e.target is None or ts.same_object(e.target, event.target))
-        and not ts.exclusive(e, event)
+        and not ts.exclusive(facts, e, event)
     ]
 
 
@@ -48,7 +48,7 @@ def _over_its_optimizers(loop, unscale: ts.Event) -> bool:
 
 
 def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> Hit | None:
-    steps = _partners(unscale, events)
+    steps = _partners(facts, unscale, events)
     if not steps:
         return None
     step = steps[-1]
@@ -65,7 +65,7 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
         (
             e for e in events
             if e.kind == "update" and ts.same_object(e.scaler, unscale.scaler) and (loop is None or loop in e.anchor.statement_loops)
-            and not ts.exclusive(e, unscale)
+            and not ts.exclusive(facts, e, unscale)
         ),
         step,
     )
@@ -73,7 +73,7 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
     for guard in ts.guards_inside(facts, commit.anchor, loop):
         if ts.implied_by(facts, guard, mine):
             continue  # whenever `unscale_` runs, so does the step (`if a and b: unscale_` then `if b: step`)
-        if _AMP_SWITCH.search(_test(facts, guard)) or ts.exclusive(unscale, commit):
+        if _AMP_SWITCH.search(_test(facts, guard)) or ts.exclusive(facts, unscale, commit):
             continue
         return _hit(facts, unscale, step, "outside the `if` on line {1} that guards the step", guard)
     guard = _continue_between(facts, loop, unscale, commit) if loop is not None else None
@@ -130,7 +130,7 @@ def _twice(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> Hit | 
             continue
         if not (earlier.target is None or unscale.target is None or ts.same_object(earlier.target, unscale.target)):
             continue
-        if ts.exclusive(earlier, unscale):
+        if ts.exclusive(facts, earlier, unscale):
             continue
         between = [e for e in events if earlier.order < e.order < unscale.order and e.kind == "update" and ts.same_object(e.scaler, unscale.scaler)]
         if between:

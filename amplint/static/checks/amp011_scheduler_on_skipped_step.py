@@ -66,7 +66,7 @@ def _last_scaler_event(facts: AmpFacts, before: list[ts.Event], sched: ts.Event)
     for event in reversed(before):
         if event.kind not in ("step", "update"):
             continue
-        if ts.iteration_loop(event) is not loop or ts.exclusive(event, sched):
+        if ts.iteration_loop(event) is not loop or ts.exclusive(facts, event, sched):
             continue
         return event
     return None
