@@ -134,11 +134,15 @@ _COMPARISONS = {"allclose", "isclose", "assert_close", "assert_allclose", "asser
 
 
 def _compared(call: CallSite, facts: AmpFacts) -> bool:
-    """`torch.allclose(out, ref.half())`: the cast is an argument of a comparison."""
+    """`torch.allclose(out, ref.half())`: the cast is an argument of a comparison, or, under
+    no_grad, an operand of a difference (`(p - master_p.half()).abs().mean()`, a float16 weight
+    measured against its float32 master copy)."""
     for ancestor in facts.ancestors(call.node):
         if ancestor is call.where.statement:
             return False
         if isinstance(ancestor, cst.Call) and (dotted_name(ancestor.func) or "").split(".")[-1] in _COMPARISONS:
+            return True
+        if isinstance(ancestor, cst.BinaryOperation) and isinstance(ancestor.operator, cst.Subtract) and rg.in_no_grad(facts, call):
             return True
     return False
 
@@ -258,15 +262,16 @@ def _kernel_cast_in_model(call: CallSite, facts: AmpFacts) -> bool:
 
 
 def _input_for_a_frozen_model(call: CallSite, facts: AmpFacts) -> bool:
-    """A tensor cast under no_grad/inference_mode outside any autocast region (distillation's
-    `teacher(x.half())` for a float16 teacher): no gradient to unscale, no autocast to bypass;
-    the cast is what the frozen model needs."""
-    return (
-        isinstance(facts.parent_of.get(id(call.node)), cst.Arg)  # handed straight to a call
-        and facts.value_kind(call.receiver, call.scope) != "model"
-        and rg.in_no_grad(facts, call)
-        and facts.region_of(call.where) is None
-    )
+    """A tensor cast under no_grad/inference_mode outside any autocast region: no gradient to
+    unscale, no autocast to bypass; the cast is what the frozen model needs. Handed straight to a
+    call (distillation's `teacher(x.half())` for a float16 teacher), or a batch cast anywhere in a
+    function that reaches no AMP (DLRM's float16 inference benchmark)."""
+    if facts.value_kind(call.receiver, call.scope) == "model" or not rg.in_no_grad(facts, call):
+        return False
+    if facts.region_of(call.where) is not None:
+        return False
+    handed = isinstance(facts.parent_of.get(id(call.node)), cst.Arg)
+    return handed or (_is_data(call, facts) and not _amp_anchors(facts)[id(call.scope.function_scope)])
 
 
 def _in_an_autograd_function(call: CallSite, facts: AmpFacts) -> bool:
@@ -310,8 +315,13 @@ def _amp_only_in_other_branches(call: CallSite, facts: AmpFacts) -> bool:
     fine-tuning loop casts its inputs by hand for DeepSpeed's fp16 engine and opens autocast for
     native AMP, one or the other in a run (EVA tests `loss_scaler is None` once for the cast and
     again around the forward, and runs its frozen teacher under `no_grad` autocast in both). A
-    cast before the `if` still runs into autocast."""
-    anchors = [a for a in _amp_anchors(facts)[id(call.scope.function_scope)] if not rg.in_no_grad(facts, a)]
+    GradScaler only built before the `if` meets no gradient there (DLRM builds it, then returns
+    early from a float16 inference branch); its uses count. A cast before the `if` still runs into
+    autocast."""
+    anchors = [
+        a for a in _amp_anchors(facts)[id(call.scope.function_scope)]
+        if not rg.in_no_grad(facts, a) and a.qualname not in names.GRAD_SCALER
+    ]
     return bool(anchors) and all(
         mutually_exclusive(call.where, a.where) or facts.contradictory((call.where,), (a.where,)) for a in anchors
     )
@@ -448,14 +458,50 @@ _DATA_WORD = re.compile(
 )
 
 
-def _advice(call: CallSite, facts: AmpFacts) -> str:
-    """A model's float16 weights break the scaler; inputs cost precision in the ops autocast keeps in float32."""
+def _is_data(call: CallSite, facts: AmpFacts) -> bool:
+    """What is converted is a batch, not a model: named like one (`inputs`, `x`, `labels`), or a
+    name bound by iterating over data (`for numerical_features, click in data_loader:`)."""
+    if call.method == "from_pretrained" or facts.value_kind(call.receiver, call.scope) == "model":
+        return False
     converted = _chain_below(call)[1]
     text = facts.module.code_for_node(converted) if converted is not None else ""
     # `p.data.half()`, `layer.weight.half()`: a model's parameters, whatever the owner is called.
-    parameters = re.search(r"\.(?:data|weight|bias)\b", text) is not None
-    data = not parameters and any(_DATA_WORD.match(word) for word in re.findall(r"[A-Za-z_]\w*", text.lower()))
-    if call.method != "from_pretrained" and facts.value_kind(call.receiver, call.scope) != "model" and data:
+    if re.search(r"\.(?:data|weight|bias)\b", text) is not None:
+        return False
+    if any(_DATA_WORD.match(word) for word in re.findall(r"[A-Za-z_]\w*", text.lower())):
+        return True
+    return isinstance(converted, cst.Name) and converted.value in _batch_names(facts, call.scope.function_scope)
+
+
+# What a loop over batches iterates: `loader`, `train_dataloader`, `enumerate(data)`, `batches`.
+_DATA_SOURCE = re.compile(r"load|data|batch|prefetch")
+
+
+def _batch_names(facts: AmpFacts, function: Scope) -> set[str]:
+    """The names a function's loops over data bind."""
+
+    def build():
+        table: dict[int, set[str]] = {}
+        for target, where in facts.loop_targets:
+            if _DATA_SOURCE.search(where.loops[-1].iterable.lower()):
+                bound = table.setdefault(id(where.scope.function_scope), set())
+                bound.update(n.value for n in _names_in(target))
+        return table
+
+    return cached(facts, "AMP002 batch names", build).get(id(function), set())
+
+
+def _names_in(target: cst.BaseExpression) -> Iterator[cst.Name]:
+    if isinstance(target, cst.Name):
+        yield target
+    elif isinstance(target, (cst.Tuple, cst.List)):
+        for element in target.elements:
+            yield from _names_in(element.value)
+
+
+def _advice(call: CallSite, facts: AmpFacts) -> str:
+    """A model's float16 weights break the scaler; inputs cost precision in the ops autocast keeps in float32."""
+    if _is_data(call, facts):
         return (
             "keep inputs and targets in float32 and let autocast cast per op: the ops it keeps in float32 "
             "(losses, reductions, normalisation) would otherwise start from values already rounded "
