@@ -94,7 +94,19 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 fwd,
             )
             continue
-        if backward is not None and bwd is None:
+        misplaced = _find(facts, backward, _CUSTOM_FWD, scope) if bwd is None else None
+        if misplaced is not None:
+            # No fix: custom_bwd does not cast the incoming gradients as `cast_inputs` did.
+            yield Hit(
+                misplaced,
+                f"`{scope.name}.backward` is decorated with `custom_fwd`, forward's decorator: it sets "
+                f"up a fresh autocast state (and with `cast_inputs` casts the incoming gradients) instead "
+                f"of running backward with the state forward ran with; replace it with "
+                f"`@{_bwd_spelling(facts, fwd, scope) or 'torch.amp.custom_bwd(device_type=...)'}` and "
+                f"check the dtype backward expects of its gradients",
+                misplaced,
+            )
+        elif backward is not None and bwd is None:
             yield Hit(
                 backward.name,
                 f"`{scope.name}.forward` has `custom_fwd` but `backward` has no `custom_bwd`, so backward "
