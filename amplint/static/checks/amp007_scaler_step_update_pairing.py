@@ -189,13 +189,18 @@ def _update_without_step(facts: AmpFacts, update: ts.Event, same_iteration, loop
         """The `if`s around `event` whose conditions the update does not also require."""
         return [g for g in ts.guards_inside(facts, event.anchor, loop) if not ts.implied_by(facts, g, update_guards)]
 
-    missing = [g for s in steps for g in unshared(s)]
-    if not missing or not all(unshared(s) for s in steps):
+    # Each step, and each unscale_ before the update, records inf checks; the update raises when
+    # none of them ran. Only a condition every one of them requires is sure to leave it without:
+    # steps and unscales skipped under flags of their own (DLRM's `freeze_mlps` and
+    # `freeze_embeddings`) all fail together only when nothing trains.
+    checks = steps + [e for e in same_iteration if e.kind == "unscale" and e.order < update.order]
+    guards_of = [unshared(e) for e in checks]
+    if not all(guards_of):
         return
-    unscaled = [e for e in same_iteration if e.kind == "unscale" and e.order < update.order and not unshared(e)]
-    if unscaled:
+    common = set.intersection(*({c for g in guards for c in facts.conjuncts(g.test)} for guards in guards_of))
+    guard = next((g for g in guards_of[0] if facts.conjuncts(g.test) & common), None)
+    if guard is None:
         return
-    guard = missing[0]
     yield Hit(
         update.call.node,
         f"`{scaler}.update()` runs on iterations where `{scaler}.step()` (guarded by the `if` on line "
