@@ -56,19 +56,43 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     scalers = _enabled_scaler_keys(facts)
     if all(_literally_disabled(c) or _handed_to_the_caller(facts, c) for c in facts.scalers_in()):
         return
+    scaler_state_saved = _saves_a_scaler_state(facts)
+    optimizers = _stepped_or_built_optimizers(facts)
     reported: set[int] = set()  # dicts: one finding per checkpoint, not per `torch.save` of it
+    # Helpers given an optimizer: one finding each, however many optimizers and calls (VITS saves
+    # its generator's and its discriminator's): passing the scaler to one call fixes them all.
+    handed: set[str] = set()
     for call in facts.calls:
-        if _saves(facts, call) and not _away_from_every_scaler(facts, call):
-            for site, obj in _saved_objects(facts, call):
-                hit = _save_without_scaler(facts, site, obj, scalers, reported)
-                if hit is not None:
-                    yield hit
+        saves = _saves(facts, call)
+        hands_over = not scaler_state_saved and call.name not in handed and _given_an_optimizer(facts, call, optimizers)
+        if not (saves or hands_over) or _away_from_every_scaler(facts, call):
+            continue
+        hits = list(_saves_without_scaler(facts, call, scalers, scaler_state_saved, reported)) if saves else []
+        if not hits and hands_over:  # `saver.save_checkpoint(model, optimizer, epoch)` saves no dict of ours
+            handed.add(call.name)
+            hits.append(_optimizer_handed_to_a_helper(call))
+        yield from hits
     yield from _load_without_scaler(facts)
+
+
+def _saves_without_scaler(
+    facts: AmpFacts, save: CallSite, scalers: list[str], scaler_state_saved: bool, reported: set[int]
+) -> Iterator[Hit]:
+    for site, obj in _saved_objects(facts, save):
+        if _optimizer_state(facts, obj, site.scope):
+            hit = None if scaler_state_saved else _optimizer_state_alone(facts, site, scalers)
+        else:
+            hit = _save_without_scaler(facts, site, obj, scalers, reported)
+        if hit is not None:
+            yield hit
 
 
 # Helpers from elsewhere that save their first argument: torchvision's, DETR's, DeiT's, MAE's and
 # DINO's `utils.save_on_master(checkpoint, path)`, `save_checkpoint(state, ...)`.
 _SAVE_HELPER = re.compile(r"^save(?:_on_master|_checkpoint)?$")
+# torch_xla's `xm.save` runs on TPUs, where the torch GradScalers this rule knows do not step
+# (transformers' Trainer saves the optimizer with it in its TPU branch, with torch.save elsewhere).
+_XLA = "torch_xla."
 
 
 def _saves(facts: AmpFacts, call: CallSite) -> bool:
@@ -76,6 +100,8 @@ def _saves(facts: AmpFacts, call: CallSite) -> bool:
     torch.save)."""
     if call.qualname in _SAVE or call.qualname in _SAVES_OBJECTS:
         return True
+    if (call.qualname or "").startswith(_XLA):
+        return False
     return bool(_SAVE_HELPER.match(call.name)) and facts.called_function(call) is None
 
 
@@ -83,20 +109,112 @@ def _saved_objects(facts: AmpFacts, save: CallSite) -> Iterator[tuple[CallSite, 
     """What `torch.save` writes, and the call that decides it: the save itself, or, when it saves
     a parameter of a same-file helper (`def save_checkpoint(state, ...): torch.save(state, ...)`),
     each call of the helper with the object it passes."""
-    if save.qualname not in _SAVE and save.qualname not in _SAVES_OBJECTS and _passes_a_state_dict(save):
+    obj = argument(save.node, 0, "to_save" if save.qualname in _SAVES_OBJECTS else "obj")
+    helper = save.qualname not in _SAVE and save.qualname not in _SAVES_OBJECTS
+    if helper and _passes_a_state_dict(save) and not _optimizer_state(facts, obj, save.scope):
         # `save_checkpoint(dir, step, model.state_dict(), optimizer.state_dict(), meta)` (nanochat):
         # the helper's arguments are the checkpoint.
         yield save, save.node
         return
-    obj = argument(save.node, 0, "to_save" if save.qualname in _SAVES_OBJECTS else "obj")
     function = save.scope.function_scope
     name = obj.value if isinstance(obj, cst.Name) else None
     if name is None or name not in function.params or facts.bindings(name, save.scope):
         yield save, obj
         return
-    position = function.params.index(name) - (1 if function.class_name is not None else 0)
+    yield from _passed_for(facts, function, name)
+
+
+def _passed_for(facts: AmpFacts, function: Scope, param: str) -> Iterator[tuple[CallSite, cst.BaseExpression | None]]:
+    """Each call of a same-file function, with what it passes for one of its parameters."""
+    position = function.params.index(param) - (1 if function.class_name is not None else 0)
     for caller in facts.callers(function):
-        yield caller, caller.arg(position, name)
+        yield caller, caller.arg(position, param)
+
+
+def _optimizer_state(facts: AmpFacts, obj: cst.BaseExpression | None, scope: Scope) -> bool:
+    """`optimizer.state_dict()` saved on its own, to a file of its own (transformers' Trainer
+    writes "optimizer.pt", then "scheduler.pt")."""
+    return (
+        isinstance(obj, cst.Call)
+        and isinstance(obj.func, cst.Attribute)
+        and obj.func.attr.value == "state_dict"
+        and facts.is_optimizer(dotted_name(obj.func.value), scope)
+    )
+
+
+def _names_a_scaler(facts: AmpFacts, code: str | None, scope: Scope) -> bool:
+    """`scaler`, `self.scaler`, apex's `amp`, `scaler if cfg.TRAIN.MIXED_PRECISION else None` (SlowFast)."""
+    return code is not None and (
+        facts.is_scaler(code, scope) or bool(_SCALER.search(_without_feature_scalers(facts, code)))
+    )
+
+
+def _saves_a_scaler_state(facts: AmpFacts) -> bool:
+    """Whether the file takes a scaler's state anywhere (`scaler.state_dict()`, apex's
+    `amp.state_dict()`) or hands a scaler to a checkpoint helper (`save_checkpoint(...,
+    scaler=scaler)`, `load_checkpoint(path, model, optimizer, scaler)`): an optimizer state saved
+    on its own, or handed to a helper, then has its scaler's saved apart."""
+    for call in facts.calls:
+        if call.method == "state_dict" and _names_a_scaler(facts, call.receiver_key, call.scope):
+            return True
+        if _CHECKPOINT_CALL.search(call.name) and any(
+            _names_a_scaler(facts, facts.module.code_for_node(arg.value), call.scope) for arg in call.node.args
+        ):
+            return True
+    return False
+
+
+def _optimizer_state_alone(facts: AmpFacts, save: CallSite, scalers: list[str]) -> Hit:
+    scaler = _scaler_for(facts, save, scalers) or "scaler"
+    return Hit(
+        save.node,
+        "the optimizer state is saved on its own and this file never saves the GradScaler's; a "
+        "resumed run restarts at the initial scale (65536) and skips steps while it re-calibrates; "
+        f"save `{scaler}.state_dict()` next to it and restore it with `load_state_dict`",
+        save.where.statement,
+    )
+
+
+# Calls that save or restore a checkpoint; a scaler handed to one is checkpointed there.
+_CHECKPOINT_CALL = re.compile(r"save|checkpoint|ckpt", re.IGNORECASE)
+# Save helpers from another file, by their name: EfficientDet's `saver.save_checkpoint(model,
+# optimizer, epoch)`, MoFlow's `save_state(dir, model, optimizer, ...)`, VITS'
+# `utils.save_checkpoint(net_g, optim_g, lr, epoch, path)` (not `load_checkpoint`, not
+# `create_checkpoint_engine`).
+_CHECKPOINTING_HELPER = re.compile(r"^_*(?:save|checkpoint|ckpt)", re.IGNORECASE)
+
+
+def _stepped_or_built_optimizers(facts: AmpFacts) -> set[str]:
+    """Names that hold an optimizer object, not its state (`optimizer_state`): built here, stepped,
+    zeroed, or stepped by a scaler."""
+    keys = {a.key for a in facts.assignments if facts.value_kind(a.value, a.where.scope) == "optimizer"}
+    for call in facts.calls:
+        if call.method in ("step", "zero_grad") and facts.is_optimizer(call.receiver_key, call.scope):
+            keys.add(call.receiver_key)
+        elif call.method in ("step", "unscale_") and facts.is_scaler(call.receiver_key, call.scope):
+            keys.add(dotted_name(call.arg(0, "optimizer")) or "")
+    return keys - {""}
+
+
+def _given_an_optimizer(facts: AmpFacts, call: CallSite, optimizers: set[str]) -> bool:
+    """A save helper of another file given an optimizer object (it saves its state itself).
+    Not torch's own functions: `torch.utils.checkpoint.checkpoint` recomputes activations."""
+    if not _CHECKPOINTING_HELPER.match(call.name) or (call.qualname or "").startswith(("torch.", _XLA)):
+        return False
+    if facts.called_function(call) is not None:
+        return False  # this file's own helpers are followed to their torch.save
+    return any(dotted_name(arg.value) in optimizers for arg in call.node.args)
+
+
+def _optimizer_handed_to_a_helper(call: CallSite) -> Hit:
+    return Hit(
+        call.node,
+        f"`{call.name}(...)` is given the optimizer but not the GradScaler, and this file never "
+        "saves the scaler's state; a resumed run restarts at the initial scale (65536) and skips "
+        "steps while it re-calibrates; pass the scaler too, so that its `state_dict()` is saved "
+        "and restored with the optimizer's",
+        call.where.statement,
+    )
 
 
 def _passes_a_state_dict(call: CallSite) -> bool:
@@ -130,12 +248,19 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
     text = _without_comments("\n".join(texts))  # `# "scaler": scaler.state_dict(),  # TODO` saves nothing
     if _SCALER.search(_without_feature_scalers(facts, text)) or not _OPTIMIZER_STATE.search(text):
         return None
+    if any(re.search(rf"\b{re.escape(name)}\b", text) for name in _scaler_state_variables(facts, dict_node)):
+        return None
     if isinstance(dict_node, cst.Dict) and any(isinstance(e, cst.StarredDictElement) for e in dict_node.elements):
         return None  # `**extra`: the scaler may be in there
     reported.add(id(dict_node))
     fix = None
     scaler = _scaler_for(facts, call, scalers)
-    saved = f"{scaler or 'scaler'}" if call.qualname in _SAVES_OBJECTS else f"{scaler or 'scaler'}.state_dict()"
+    if call.qualname in _SAVES_OBJECTS:
+        saved = scaler or "scaler"
+    elif scaler is not None and _may_be_none(facts, scaler, call.scope):
+        saved = f"{scaler}.state_dict() if {scaler} is not None else None"
+    else:
+        saved = f"{scaler or 'scaler'}.state_dict()"
     if isinstance(dict_node, cst.Dict) and dict_node.elements and scaler is not None:
         statement = _statement_of(facts, dict_node)
         replacements = _with_scaler_entry(facts, dict_node, saved, statement) if statement is not None else None
@@ -149,6 +274,21 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
         call.where.statement,
         fix,
     )
+
+
+def _scaler_state_variables(facts: AmpFacts, node: cst.CSTNode) -> set[str]:
+    """Names the function holding `node` (or the module) binds to a scaler's state: Transformer-XL's
+    `amp_state = scaler.state_dict()` (`amp.state_dict()` under apex, None without AMP), saved as
+    `{"amp_state": amp_state, ...}`."""
+    holders = {id(holder) for holder in facts.ancestors(node)}
+    statements = {
+        id(call.where.statement) for call in facts.calls
+        if call.method == "state_dict" and _names_a_scaler(facts, call.receiver_key, call.scope)
+    }
+    return {
+        assignment.key for assignment in facts.assignments
+        if id(assignment.where.statement) in statements and id(assignment.where.scope.function_scope.node) in holders
+    }
 
 
 def _statement_of(facts: AmpFacts, node: cst.CSTNode) -> cst.CSTNode | None:
@@ -252,6 +392,29 @@ def _scaler_for(facts: AmpFacts, call: CallSite, scalers: list[str]) -> str | No
     }
     visible |= {p for p in function.params if "scaler" in p.lower()}
     return visible.pop() if len(visible) == 1 else None
+
+
+def _may_be_none(facts: AmpFacts, scaler: str, scope: Scope, depth: int = 0) -> bool:
+    """`scaler = GradScaler() if args.amp else None` (torchvision), `scaler = None` before an
+    `if` builds one, or a parameter a caller of this file passes such a name for: saving
+    `scaler.state_dict()` unguarded would crash the runs without AMP."""
+    bindings = facts.bindings(scaler, scope)
+    if any(_none_or_none_branch(value) for value, _ in bindings):
+        return True
+    function = scope.function_scope
+    if bindings or scaler not in function.params or depth > 2:
+        return False
+    return any(
+        passed is not None and _may_be_none(facts, passed, caller.scope, depth + 1)
+        for caller, value in _passed_for(facts, function, scaler)
+        for passed in [dotted_name(value)]
+    )
+
+
+def _none_or_none_branch(value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.IfExp):
+        return _none_or_none_branch(value.body) or _none_or_none_branch(value.orelse)
+    return isinstance(value, cst.Name) and value.value == "None"
 
 
 def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, saved: str, statement: cst.CSTNode) -> tuple[Replacement, ...] | None:
