@@ -309,6 +309,7 @@ def test_an_if_that_may_fall_through_excludes_nothing() -> None:
         ("if mode == 'amp':\n    a()", "if mode != 'amp':\n    b()"),
         ("if args.fp16 and args.amp == 'native':\n    a()", "if args.fp16:\n    if args.amp == 'native':\n        pass\n    else:\n        b()"),
         ("if (use_amp):\n    a()", "if use_amp or debug:\n    pass\nelse:\n    b()"),
+        ("if (last := i % 4 == 0):\n    a()", "if not last:\n    b()"),
     ],
 )
 def test_two_ifs_on_opposite_outcomes_of_one_condition_contradict(first: str, second: str) -> None:

@@ -1468,7 +1468,10 @@ _POSITIVE_COMPARISONS = {cst.IsNot: "is", cst.NotEqual: "==", cst.NotIn: "in"}
 
 
 def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """The expression without its own parentheses: `(a)` and `a` are one condition."""
+    """The expression without its own parentheses: `(a)` and `a` are one condition, and so are
+    `(last := (i + 1) % accum == 0)` and a later `last`."""
+    if isinstance(expr, cst.NamedExpr):
+        expr = expr.target
     return expr.with_changes(lpar=[], rpar=[]) if getattr(expr, "lpar", None) else expr
 
 
