@@ -362,7 +362,7 @@ def _frozen(call: CallSite, facts: AmpFacts) -> bool:
     for other in function.calls:
         if not _freezes(other.node):
             continue
-        if other.receiver_key in subjects:
+        if _converted(other) in subjects:  # `teacher.requires_grad_(False)`, `teacher.eval().requires_grad_(False)`
             return True
         if any(a.key in subjects and a.value is other.node for a in facts.assignments):
             return True
