@@ -86,9 +86,15 @@ def _adapts_a_frozen_base(facts: AmpFacts) -> bool:
 def _possible_names(expr: cst.BaseExpression | None, scope: Scope, facts: AmpFacts) -> list[str]:
     """The qualified names an argument may give a dtype or tensor type: its own, or, for a
     conditional or a name bound to one (`self.data_type = torch.float16 if args.fp16 else
-    torch.float32` in YOLOX's trainer), each of its arms: the cast is fp16 whenever that arm is taken."""
+    torch.float32` in YOLOX's trainer), each of its arms: the cast is fp16 whenever that arm is
+    taken. A name bound by statements is its first value (diffusers' `weight_dtype = torch.float32`,
+    lowered for the frozen models under mixed precision), unless every value is a low precision
+    (`cast_dtype = torch.bfloat16`, `else: cast_dtype = torch.float16`)."""
     qualified = facts.qualname(expr, scope)
     if qualified is not None:
+        values = [facts.qualname(value, value_scope) for value, value_scope in facts.bindings(dotted_name(expr), scope)]
+        if len(values) > 1 and all(value in names.LOW_PRECISION_DTYPES for value in values):
+            return values
         return [qualified]
     # The conditional itself (`torch_dtype=torch.float16 if use_fp16 else None`), or one a name is bound to.
     possible = []
@@ -318,10 +324,9 @@ def _amp_only_in_other_branches(call: CallSite, facts: AmpFacts) -> bool:
     GradScaler only built before the `if` meets no gradient there (DLRM builds it, then returns
     early from a float16 inference branch); its uses count. A cast before the `if` still runs into
     autocast."""
-    anchors = [
-        a for a in _amp_anchors(facts)[id(call.scope.function_scope)]
-        if not rg.in_no_grad(facts, a) and a.qualname not in names.GRAD_SCALER
-    ]
+    anchors = [a for a in _amp_anchors(facts)[id(call.scope.function_scope)] if a.qualname not in names.GRAD_SCALER]
+    # A validation function under `@torch.no_grad()` has only no_grad anchors: they all count.
+    anchors = [a for a in anchors if not rg.in_no_grad(facts, a)] or anchors
     return bool(anchors) and all(
         mutually_exclusive(call.where, a.where) or facts.contradictory((call.where,), (a.where,)) for a in anchors
     )
@@ -478,7 +483,8 @@ _DATA_SOURCE = re.compile(r"load|data|batch|prefetch")
 
 
 def _batch_names(facts: AmpFacts, function: Scope) -> set[str]:
-    """The names a function's loops over data bind."""
+    """The names a function's loops over data bind, and those taken from them (`videos, masks =
+    batch`, `images = batch["image"]`)."""
 
     def build():
         table: dict[int, set[str]] = {}
@@ -486,6 +492,11 @@ def _batch_names(facts: AmpFacts, function: Scope) -> set[str]:
             if _DATA_SOURCE.search(where.loops[-1].iterable.lower()):
                 bound = table.setdefault(id(where.scope.function_scope), set())
                 bound.update(n.value for n in _names_in(target))
+        for assignment in [*facts.unpackings, *facts.assignments]:
+            bound = table.get(id(assignment.where.scope.function_scope))
+            value = assignment.value.value if isinstance(assignment.value, cst.Subscript) else assignment.value
+            if bound and isinstance(value, cst.Name) and value.value in bound:
+                bound.add(assignment.key)
         return table
 
     return cached(facts, "AMP002 batch names", build).get(id(function), set())
