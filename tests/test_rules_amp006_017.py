@@ -816,6 +816,22 @@ def test_amp017_cites_the_backward_of_the_function_that_compiles() -> None:
     assert [(line, "(line 7)" in message, "(line 13)" in message) for line, message in found] == [(4, True, False), (10, False, True)]
 
 
+def test_amp017_cites_the_backward_after_the_forward_under_autocast() -> None:
+    src = """\
+    import torch
+    model = torch.compile(torch.nn.Linear(8, 8))
+    ctx = torch.autocast("cuda", dtype=torch.bfloat16)
+    if write_tensors:
+        model(torch.randn(4, 8)).sum().backward()
+    for step in range(10):
+        with ctx:
+            loss = model(torch.randn(4, 8)).sum()
+        loss.backward()
+    """
+    [finding] = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP017"]
+    assert "(line 9)" in finding.message  # llm.c: not the float32 debug pass on line 5
+
+
 def test_amp009_names_the_scaler_of_the_regions_device() -> None:
     src = """\
     import torch
@@ -874,6 +890,17 @@ def test_amp002_inputs_cast_by_hand_are_told_their_cost_not_the_scalers() -> Non
     findings = fixture_findings("AMP002/bad_inputs_and_targets_cast_by_a_trainer.py", "AMP002")
     assert [f.line for f in findings] == [13, 14]
     assert all("keep inputs and targets in float32" in f.message and "cannot unscale" not in f.message for f in findings)
+
+
+def test_amp002_batches_from_a_data_loader_are_told_the_inputs_cost_whatever_their_names() -> None:
+    findings = fixture_findings("AMP002/bad_batch_parts_cast_by_hand.py", "AMP002")
+    assert [f.line for f in findings] == [9, 19]
+    assert all("keep inputs and targets in float32" in f.message for f in findings)
+
+
+def test_amp002_a_dtype_bound_in_each_branch_of_an_if_is_named_as_chosen_at_run_time() -> None:
+    (finding,) = fixture_findings("AMP002/bad_inputs_cast_to_a_dtype_chosen_by_if_statements.py", "AMP002")
+    assert "`image` is converted to float16 or bfloat16 (chosen at run time) by hand" in finding.message
 
 
 def test_amp002_parameters_and_networks_named_like_data_get_the_models_advice() -> None:

@@ -85,9 +85,16 @@ def _runs_under_autocast(facts: AmpFacts, name: str | None, function_node) -> bo
         for call, region in rg.autocasts(facts):
             if rg.enabled(region) and ts.within(facts, call.node, function_node) and not rg.inference_only(facts, call):
                 return True
+    return bool(_calls_under_autocast(facts, name))
+
+
+def _calls_under_autocast(facts: AmpFacts, name: str | None) -> list[CallSite]:
+    """The training calls of the compiled object (`model(x)`, `model.forward(x)`) made in an
+    autocast region."""
     if name is None:
-        return False
+        return []
     last = name.split(".")[-1]
+    found = []
     for call in facts.calls:
         if call.callee is None:
             continue
@@ -95,8 +102,8 @@ def _runs_under_autocast(facts: AmpFacts, name: str | None, function_node) -> bo
         if parts[-1] == last or (len(parts) >= 2 and parts[-2] == last and parts[-1] in ("forward", "__call__")):
             region = facts.region_of(call.where)
             if region is not None and not rg.inference_only(facts, call) and not _region_inference_only(facts, region):
-                return True
-    return False
+                found.append(call)
+    return found
 
 
 def _region_inference_only(facts: AmpFacts, region) -> bool:
@@ -145,12 +152,19 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             "re-enters autocast, which differs from eager and can overflow (pytorch/pytorch#153044); set "
             "`torch._functorch.config.backward_pass_autocast = \"off\"` to match eager",
             statement or call_node,
-            related=(_nearest(outside, node).node,),
+            related=(_nearest(outside, node, _calls_under_autocast(facts, name)).node,),
         )
 
 
-def _nearest(backwards: list[CallSite], compiled) -> CallSite:
-    """The backward to cite: one in the function that compiles the model, else the first."""
+def _nearest(backwards: list[CallSite], compiled, forwards: list[CallSite]) -> CallSite:
+    """The backward to cite: the first after a forward of the model under autocast in the same
+    function (llm.c's training loop, not its float32 debug pass before it), else one in the
+    function that compiles the model, else the first."""
+    after_a_forward = [
+        b for b in backwards
+        if any(f.scope.function_scope is b.scope.function_scope and f.where.order < b.where.order for f in forwards)
+    ]
+    backwards = after_a_forward or backwards
     if isinstance(compiled, CallSite):
         same = [b for b in backwards if b.scope.function_scope is compiled.scope.function_scope]
         if same:
