@@ -217,16 +217,41 @@ def _reads_autocast_state(facts: AmpFacts, call: CallSite) -> bool:
 def _applied_only_with_autocast_off(facts: AmpFacts, scope: Scope) -> bool:
     """Every use of the Function in the file is `.apply` in an autocast-disabled region on inputs
     cast by hand (apex: `args = _cast_if_autocast_enabled(x, w)` then `with autocast(enabled=False):
-    Fn.apply(*args)`), which is what `custom_fwd(cast_inputs=...)` does."""
+    Fn.apply(*args)`), or in a module method decorated with `custom_fwd(cast_inputs=...)`, which
+    does just that (GLIP's `deform_conv = DeformConvFunction.apply`, called from such a `forward`)."""
     names = _with_subclasses(facts, scope.name)
-    applies = [c for c in facts.calls if c.method == "apply" and c.receiver_key in names]
+    aliases = {
+        a.key: a.value for a in facts.assignments
+        if a.where.scope is facts.module_scope and dotted_name(a.value) in {f"{n}.apply" for n in names}
+    }
+    applies = [
+        c for c in facts.calls
+        if (c.method == "apply" and c.receiver_key in names) or (c.callee in aliases and not c.receiver_key)
+    ]
     if not applies:
         return False
     bases = {id(arg.value) for cls, _ in facts.classes for arg in cls.node.bases}
-    # `fn = Fused.apply` or the class passed on: it may run anywhere.
-    if any(r.dotted.split(".")[0] in names and id(r.node) not in bases for r in facts.references):
+    bound = {id(value) for value in aliases.values()}
+    # The class passed on, or its `.apply` kept somewhere other than a module-level alias: it may run anywhere.
+    if any(
+        r.dotted.split(".")[0] in names and id(r.node) not in bases and id(r.node) not in bound for r in facts.references
+    ):
         return False
-    return all(_autocast_off(facts, call) and _inputs_cast(facts, call) for call in applies)
+    if any(r.dotted in aliases for r in facts.references):
+        return False  # the alias itself handed on
+    return all(_under_custom_fwd_cast(facts, call) or (_autocast_off(facts, call) and _inputs_cast(facts, call)) for call in applies)
+
+
+def _under_custom_fwd_cast(facts: AmpFacts, call: CallSite) -> bool:
+    """Called in a function decorated with `custom_fwd(cast_inputs=...)`: autocast is off there and
+    every floating-point argument arrives in the one dtype."""
+    function = call.scope.function_scope
+    return function.kind == "function" and any(
+        isinstance(d.decorator, cst.Call)
+        and _CUSTOM_FWD.search(_decorator_name(facts, d, function.parent or function))
+        and argument(d.decorator, None, "cast_inputs") is not None
+        for d in function.decorators
+    )
 
 
 def _with_subclasses(facts: AmpFacts, name: str) -> set[str]:
