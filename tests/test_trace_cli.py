@@ -107,6 +107,21 @@ def test_exception_keeps_python_traceback_and_report(tmp_path: Path) -> None:
         scaler.scale(weight.sum()).backward()
         scaler.step(optimizer)
         """,
+        # raised by an op under the op recorder (a shape bug in a batch)
+        """
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.nn.Linear(8, 2)(torch.randn(4, 9))
+        """,
+        # raised by a custom op's own kernel, which the op recorder calls
+        """
+        @torch.library.custom_op("tracebacktest::float32_only", mutates_args=())
+        def float32_only(x: torch.Tensor) -> torch.Tensor:
+            if x.dtype != torch.float32:
+                raise ValueError(f"float32 only, got {x.dtype}")
+            return x * 2
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            float32_only(torch.nn.Linear(4, 4)(torch.randn(2, 4)))
+        """,
     ],
 )
 def test_the_traceback_has_no_amplint_frames_where_amplint_wraps_torch(tmp_path: Path, failing_step: str) -> None:
@@ -735,3 +750,53 @@ def test_a_non_finite_feature_computed_before_the_loss_is_forward_and_a_gradient
         assert proc.returncode == 0, proc.stderr
         nonfinite = json.loads((tmp_path / "r.json").read_text())["nonfinite"]
         assert (nonfinite["line"], nonfinite["phase"], nonfinite["step"], nonfinite["check"]) == (line, phase, 1, "op"), nonfinite
+
+
+def test_an_attention_mask_of_minus_inf_is_not_the_first_non_finite_value_the_nan_it_makes_is(tmp_path: Path) -> None:
+    """`--nan op` passes over the infinities a script writes on purpose (a causal mask, a padding
+    mask), and finds the NaN a softmax makes of a fully masked row, although its inputs hold -inf."""
+    write(tmp_path, "attention.py", """
+        import sys
+
+        import torch
+
+        torch.manual_seed(0)
+        proj = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(proj.parameters(), lr=0.1)
+        causal = torch.triu(torch.full((5, 5), float("-inf")), diagonal=1)
+        for step in range(3):
+            x = torch.randn(2, 5, 8)
+            padded = torch.zeros(2, 5, dtype=torch.bool)
+            padded[1, :] = step == 2 and sys.argv[1] == "empty-row"  # a sequence with no token
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                q = proj(x)
+                scores = (q @ q.transpose(1, 2) + causal).masked_fill(padded[:, None, :], float("-inf"))
+                weights = scores.softmax(-1)  # line 17
+                loss = (weights @ q).float().pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    """)
+    proc = trace(tmp_path, "-q", "--strict", "--nan", "op", "--json", "r.json", "attention.py", "healthy")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["nonfinite"] is None
+
+    proc = trace(tmp_path, "-q", "--nan", "op", "--json", "r.json", "attention.py", "empty-row")
+    assert proc.returncode == 0, proc.stderr
+    nonfinite = json.loads((tmp_path / "r.json").read_text())["nonfinite"]
+    assert (nonfinite["op"], nonfinite["line"], nonfinite["step"], nonfinite["inputs_finite"]) == ("aten::_softmax", 17, 2, False), nonfinite
+
+
+def test_a_gpu_script_tried_without_cuda_says_why_its_scaler_findings_are_not_refuted(tmp_path: Path) -> None:
+    """The summary gives the note of a not-reached finding whose line ran, not "the line never ran"."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("states facts of a machine without CUDA")
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "runtime" / "cuda_scaler_on_cpu.py"
+    (tmp_path / fixture.name).write_text(fixture.read_text())
+    proc = trace(tmp_path, fixture.name)
+    assert proc.returncode == 0, proc.stderr
+    summary = " ".join(proc.stderr.split())
+    assert "the line never ran" not in summary
+    assert "scaled nothing" in summary and "CUDA autocast disabled itself here" in summary

@@ -2,8 +2,10 @@
 
 A static finding matches runtime events whose user callsite lies in the finding's file and line
 range. Status: `confirmed` when the problem happened there, `refuted` when the lines ran and it
-did not, `not-reached` when they never ran. Rules the tracer has no runtime check for are not
-given a status (they are listed under `unchecked_findings` in the report).
+did not, `not-reached` when they never ran, or ran without the case the finding is about (a CUDA
+scaler or autocast region that disabled itself on a machine without CUDA; the evidence's `note`).
+Rules the tracer has no runtime check for are not given a status (they are listed under
+`unchecked_findings` in the report).
 """
 
 from __future__ import annotations
@@ -260,9 +262,30 @@ def _event_check(code: str):
 
 _amp016_events = _event_check("AMP016")
 
+# These problems need gradients a GradScaler scaled: a scaler that disabled itself for want of its
+# device (a CUDA script tried on a CPU-only machine) scaled nothing, so its run cannot refute them.
+_NEED_SCALED_GRADIENTS = ("AMP005", "AMP006", "AMP010", "AMP011", "AMP012")
+
+
+def _device_missing_note(code: str, site: _Site, facts: Facts) -> str | None:
+    """Why the run cannot judge this finding, when its scalers all lacked their device."""
+    if code not in _NEED_SCALED_GRADIENTS:
+        return None
+    scalers = _scalers_at(site, facts) if code == "AMP010" else facts.state.scalers
+    if not scalers or any(s.enabled or s.disabled_on_request for s in scalers):
+        return None
+    device = scalers[0].device
+    return f"the GradScaler disabled itself (no {device} device on this machine) and scaled nothing: the {device} case did not run"
+
+
+_NO_CUDA = "CUDA is not available"  # torch's warning when it disables a CUDA autocast region
+
 
 def _amp016(site: _Site, facts: Facts):
     count, reached, evidence = _amp016_events(site, facts)
+    if not count and any(site.matches(w.callsite) and _NO_CUDA in w.message for w in facts.state.warnings.values()):
+        # torch.autocast("cuda") turned itself off on this machine before any check the finding is about.
+        return 0, False, {**evidence, "note": "CUDA autocast disabled itself here (no CUDA on this machine): the CUDA case did not run"}
     devices = {d for at, ran in facts.state.bce_devices.items() if site.matches(at) for d in ran}
     if not count and devices and "cuda" not in devices:
         # Binary cross-entropy ran only under CPU autocast, which allows it: the CUDA case the
@@ -317,6 +340,10 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
             count, reached, evidence = check(site, facts, _source_line(filename, finding.line, sources), finding.column)
         else:
             count, reached, evidence = check(site, facts)
+        device_missing = _device_missing_note(finding.code, site, facts) if reached and not count else None
+        if device_missing:
+            reached = False
+            evidence["note"] = device_missing
         if finding.code == "AMP002" and reached and not evidence["conversions"]:
             # The line ran but converted no module: an input tensor cast by hand, which the runtime
             # check (it follows converted modules into autocast) cannot judge either way.

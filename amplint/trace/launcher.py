@@ -16,6 +16,17 @@ from types import TracebackType
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _AMPLINT_DIR = os.path.dirname(_HERE)
+# torch's frames that only run because amplint's modes sit between the script and torch: the
+# wrappers torch puts around a mode's `__torch_dispatch__`/`__torch_function__` (before amplint's
+# frame), and the Python call of the operator the mode makes (after it), which a plain run's
+# dispatcher makes from C.
+_HANDED_TO_MODE = {(os.path.join("torch", "overrides.py"), "handle_torch_function")}
+_MODE_ENTRY_FRAMES = {
+    (os.path.join("torch", "_compile.py"), "inner"),
+    (os.path.join("torch", "_dynamo", "eval_frame.py"), "_fn"),
+    *_HANDED_TO_MODE,
+}
+_MODE_EXIT_FRAMES = {(os.path.join("torch", "_ops.py"), "__call__")}
 
 
 @dataclass
@@ -131,14 +142,30 @@ def _is_launcher_frame(filename: str) -> bool:
     )
 
 
+def _is_frame_of(tb: TracebackType, functions: set) -> bool:
+    code = tb.tb_frame.f_code
+    return any(code.co_name == name and code.co_filename.endswith(os.sep + path) for path, name in functions)
+
+
 def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
     """The traceback `python script.py` would show: without the launcher's and runpy's frames in
-    front, nor amplint's probes wherever they sat (a patched `backward` or `scaler.step`)."""
-    kept = []
+    front, nor amplint's probes wherever they sat (a patched `backward` or `scaler.step`, the op
+    recorder), nor the frames torch adds to reach amplint's modes."""
+    frames = []
     while tb is not None:
-        if not _is_launcher_frame(tb.tb_frame.f_code.co_filename):
-            kept.append(tb)
+        frames.append(tb)
         tb = tb.tb_next
+    ours = [_is_launcher_frame(frame.tb_frame.f_code.co_filename) for frame in frames]
+    dropped = list(ours)
+    for index in reversed(range(len(frames) - 1)):  # a chain of wrappers ends at amplint's frame
+        dropped[index] = dropped[index] or dropped[index + 1] and (
+            _is_frame_of(frames[index], _MODE_ENTRY_FRAMES)
+            # a Python function that handed its call to the mode: the mode runs it again below
+            or _is_frame_of(frames[index + 1], _HANDED_TO_MODE)
+        )
+    for index in range(1, len(frames)):
+        dropped[index] = dropped[index] or (ours[index - 1] and _is_frame_of(frames[index], _MODE_EXIT_FRAMES))
+    kept = [frame for frame, drop in zip(frames, dropped) if not drop]
     for frame, following in zip(kept, [*kept[1:], None]):
         frame.tb_next = following
     return kept[0] if kept else None

@@ -6,7 +6,10 @@
 - module: plus a global forward hook on every module: the first module whose output is
           non-finite while its inputs are finite.
 - op:     plus a check of every op's floating outputs in the dispatch recorder; the first op
-          with a non-finite output and finite inputs.
+          with a non-finite output and finite inputs, or with a NaN output and no NaN input (a
+          softmax over a fully masked row). Infinities the forward pass is handed on purpose
+          (`torch.full(..., float("-inf"))`, `masked_fill(mask, -inf)`: attention masks) are
+          not a find; one written into a gradient is.
 
 A non-finite value in backward (or in gradients at `scaler.step`) while an enabled GradScaler has
 a scaled loss in flight is what the scaler exists for: it is recorded as "handled by GradScaler"
@@ -53,6 +56,13 @@ def all_finite_now(tensors: list[torch.Tensor]) -> bool:
     return True
 
 
+def any_nan_now(tensors: list[torch.Tensor]) -> bool:
+    """Exact check, syncing; only asked about values already known to be non-finite."""
+    return any(
+        bool(torch.isnan(t.detach()).any()) for t in tensors if not t.is_meta and getattr(t, "fake_mode", None) is None
+    )
+
+
 def finite_flag(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """A 0-d float tensor on the tensors' device: 1.0 when all are finite (no sync)."""
     if not tensors:
@@ -86,7 +96,8 @@ class NonFiniteMonitor:
     def record(self, item: NonFinite) -> None:
         item.seq = next(self._seq)
         if item.handled_by_scaler:
-            self.state.handled_overflows += 1
+            # per step: the op check and the gradient check see the same overflow
+            self.state.handled_overflow_steps.add(item.step)
             if self.found_handled:
                 return
             self.found_handled = True
@@ -201,10 +212,14 @@ class NonFiniteMonitor:
         tensors = floating_tensors(inputs) + floating_tensors(list((kwargs or {}).values()))
         # A literal written by the user (`grad[0] = float("inf")`) is where the value starts.
         tensors = [t for t in tensors if not self._is_constant(t)]
-        if not all_finite_now(tensors):
+        # A NaN made from infinities (a softmax over a fully masked row, inf - inf) starts here too.
+        makes_nan = any_nan_now(outs) and not any_nan_now(tensors)
+        if not makes_nan and not all_finite_now(tensors):
             return
         if phase == "forward" and self._handles_gradients(tensors + outs):
             phase = "other"  # a gradient read or written by hand, outside backward and the optimizer
+        if phase == "forward" and not makes_nan and self._writes_infinite_literal(inputs, kwargs):
+            return  # an attention mask (`torch.full(..., float("-inf"))`): infinite on purpose
         handled = phase == "backward" and self.scaler_in_flight()
         self.record(
             NonFinite(
@@ -213,12 +228,21 @@ class NonFiniteMonitor:
                 phase=phase,
                 step=self.state.step,
                 dtype=str(outs[0].dtype).replace("torch.", ""),
-                inputs_finite=True,
+                inputs_finite=not makes_nan or all_finite_now(tensors),
                 check="op",
                 handled_by_scaler=handled,
                 node=node,
             )
         )
+
+    def _writes_infinite_literal(self, inputs: list, kwargs: dict | None) -> bool:
+        """The op was handed an infinite Python number, or a tensor lifted from one."""
+        for value in [*inputs, *(kwargs or {}).values()]:
+            if isinstance(value, float) and math.isinf(value):
+                return True
+            if isinstance(value, torch.Tensor) and self._is_constant(value) and not all_finite_now(floating_tensors(value)):
+                return True
+        return False
 
     def _is_constant(self, tensor: torch.Tensor) -> bool:
         ref = self._constants.get(id(tensor))
@@ -243,7 +267,7 @@ class NonFiniteMonitor:
             if flag is not None and flag < 0.5:
                 self.state.nonfinite_candidates.append(item)
                 if item.handled_by_scaler:
-                    self.state.handled_overflows += 1
+                    self.state.handled_overflow_steps.add(item.step)
         candidates = sorted(self.state.nonfinite_candidates, key=lambda c: c.seq)
         unhandled = [c for c in candidates if not c.handled_by_scaler]
         if unhandled:

@@ -37,6 +37,9 @@ _AMP_WARNING = re.compile(
     r"is_autocast_(cpu|xla|ipu)_enabled|autocast|GradScaler|lr_scheduler\.step\(\)` before `optimizer\.step\(\)",
 )
 _DEPRECATED_API = re.compile(r"`?(torch\.(?:cuda|cpu)\.amp\.[\w.]+)\(args\.\.\.\)`? is deprecated")
+# torch.compile's AOT autograd calls `torch.autograd.grad` on fake tensors to build the backward
+# graph, from the user's line that called the compiled model: the compiler's backward, not the script's.
+_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
 @contextlib.contextmanager
@@ -268,7 +271,7 @@ class Probes:
         def wrap_backward(real):
             @functools.wraps(real)
             def backward(tensors, *args, **kwargs):
-                if state.paused or not state.active:
+                if state.paused or not state.active or _compiling():
                     return real(tensors, *args, **kwargs)
                 site = probes._callsite()
                 evidence = probes.autocast_evidence()
@@ -294,7 +297,7 @@ class Probes:
             def grad(outputs, inputs, *args, **kwargs):
                 # create_graph=True is a gradient penalty: forward work, allowed under autocast.
                 create_graph = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
-                if state.paused or create_graph:
+                if state.paused or create_graph or _compiling():
                     return real(outputs, inputs, *args, **kwargs)
                 site = probes._callsite()
                 evidence = probes.autocast_evidence()

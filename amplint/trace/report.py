@@ -141,7 +141,7 @@ def nonfinite_section(item, display, state) -> dict | None:
         "inputs_finite": item.inputs_finite,
         "check": item.check,
         "handled_by_scaler": item.handled_by_scaler,
-        "handled_overflows": state.handled_overflows,
+        "handled_overflows": len(state.handled_overflow_steps),
     }
     if item.node:
         out["node"] = item.node

@@ -222,7 +222,7 @@ class TraceState:
         self.warnings: dict[tuple, WarningRecord] = {}
         self.nonfinite_candidates: list[NonFinite] = []  # first unhandled + first handled
         self.nonfinite_pending: list[tuple[int, NonFinite]] = []  # deferred flag slot, record
-        self.handled_overflows = 0
+        self.handled_overflow_steps: set[int] = set()  # steps whose non-finite values the scaler handled
         self.lines_seen: set[Callsite] = set()  # user lines that ran torch ops or probes
         self.files_seen: set[str] = set()
         self.notes: list[str] = []

@@ -24,7 +24,7 @@ def _evidence_text(finding: dict) -> str:
     ev = finding.get("evidence") or {}
     code = finding["code"]
     if finding["status"] == "not-reached":
-        return "the line never ran"
+        return ev.get("note", "the line never ran")  # a note: it ran, but not the case the finding is about
     if code == "AMP003":
         if finding["count"]:
             ac = ev.get("autocast") or {}
