@@ -651,6 +651,8 @@ class _Recorder:
                 name = dotted_name(element.value)
                 if name is not None:
                     self.facts.unpackings.append(Assignment(name, value, self._context()))
+                elif isinstance(element.value, (cst.Tuple, cst.List)):
+                    self._bind(element.value, value)  # `(y_hat, (z, z_p)) = net_g(x)`: nested names too
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         if node.attr.value == "grad":

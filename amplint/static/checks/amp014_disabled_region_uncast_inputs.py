@@ -10,7 +10,7 @@ import libcst as cst
 
 from amplint.static.checks import Hit
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, Assignment, Context, dotted_name
+from amplint.static.semantics import AmpFacts, Assignment, Autocast, Context, mutually_exclusive
 
 CODE = "AMP014"
 
@@ -57,58 +57,92 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     for block in _disabled_blocks(facts):
         where = block.where
         function = where.scope.function_scope
-        outer = facts.innermost_autocast(where)
-        produced = {}
-        if outer is not None and outer.enabled != "no":
-            produced = dict.fromkeys(_produced_in(facts, function, outer, block), outer)
         # RT-DETR: `with autocast(): outputs = model(x)`, then `with autocast(enabled=False):
         # loss = criterion(outputs, y)`: the outputs keep their float16 in the second block (or
         # in a block nested in a later region, as VITS computes its mel loss).
-        for name, source in _produced_before(facts, function, where, block).items():
-            produced.setdefault(name, source)
+        produced = _produced_before(facts, function, where)
         used = _uncast_reads(facts, function, block, set(produced)) if produced else []
         if used:
-            listed = ", ".join(f"`{name}`" for name in used)
-            source = produced[used[0]]
-            said = "the enclosing autocast region" if outer is not None and source.node is outer.node else "the autocast region"
+            sources = _by_region(used, produced)
+            outer = facts.innermost_autocast(where)
             yield Hit(
                 block.node,
-                f"autocast is disabled here but {listed}, computed in {said} (line "
-                f"{{0}}), may be float16/bfloat16; ops in this block then run in low precision (or fail on "
-                f"mixed dtypes); cast them with `.float()` first",
+                f"autocast is disabled here but {_listed(sources, outer)} may be float16/bfloat16; ops in this "
+                f"block then run in low precision (or fail on mixed dtypes); cast them with `.float()` first",
                 where.statement,
-                related=(source.node,),
+                related=tuple(region.node for region in sources),
             )
 
 
+def _by_region(used: list[str], produced: dict[str, Autocast]) -> dict[Autocast, list[str]]:
+    """The names read, grouped by the region that computed each (VITS reads the generator's
+    outputs from one region and the discriminator's from the enclosing one)."""
+    sources: dict[Autocast, list[str]] = {}
+    for name in used:
+        sources.setdefault(produced[name], []).append(name)
+    return sources
+
+
+def _listed(sources: dict[Autocast, list[str]], outer: Autocast | None) -> str:
+    """`a`, `b`, computed in the enclosing autocast region (line {0}), and `c`, computed in the
+    autocast region (line {1}),"""
+    parts = []
+    for index, (region, names) in enumerate(sources.items()):
+        said = "the enclosing autocast region" if outer is not None and region.node is outer.node else "the autocast region"
+        parts.append(f"{', '.join(f'`{name}`' for name in names)}, computed in {said} (line {{{index}}}),")
+    return " and ".join(parts)
+
+
 def _low_precision_value(facts: AmpFacts, assignment: Assignment) -> bool:
-    return "." not in assignment.key and not _NOT_A_TENSOR.search(facts.module.code_for_node(assignment.value))
+    value = assignment.value
+    return "." not in assignment.key and not _constants(value) and not _NOT_A_TENSOR.search(facts.module.code_for_node(value))
 
 
-def _produced_in(facts: AmpFacts, function, outer, block: _Block) -> set[str]:
-    names = set()
+def _constants(value: cst.BaseExpression) -> bool:
+    """`[0.5, 1.0, 2.0]`, `(-1, 1)`, `["mel", "kl"]`: loss weights and names, no tensor (an empty
+    list may still be filled with tensors)."""
+    if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
+        return bool(value.elements) and all(_constants(element.value) for element in value.elements)
+    if isinstance(value, cst.UnaryOperation):
+        return _constants(value.expression)
+    return isinstance(value, (cst.Integer, cst.Float, cst.SimpleString))
+
+
+def _produced_before(facts: AmpFacts, function, where: Context) -> dict[str, Autocast]:
+    """Names whose value on entering the disabled block was computed in an enabled autocast
+    region of the same function (the enclosing one or an earlier one) on every path there, each
+    with the region of its latest such value."""
+    bindings: dict[str, list[Assignment]] = {}
     for assignment in (*facts.assignments, *facts.unpackings):
-        where = assignment.where
-        if where.scope.function_scope is not function or block.holds(where):
-            continue
-        region = facts.innermost_autocast(where)
-        if region is not None and region.node is outer.node and _low_precision_value(facts, assignment):
-            names.add(assignment.key)
-    return names
-
-
-def _produced_before(facts: AmpFacts, function, where: Context, block: _Block) -> dict:
-    """Names whose value on entering the disabled block was computed in an earlier autocast
-    region of the same function (and not rebound since), with that region."""
+        if assignment.where.scope.function_scope is function:
+            bindings.setdefault(assignment.key, []).append(assignment)
     produced = {}
-    for key in {a.key for a in (*facts.assignments, *facts.unpackings) if a.where.scope.function_scope is function}:
-        assignment = facts.reaching_assignment(key, where, unpacked=True)
-        if assignment is None or block.holds(assignment.where):
-            continue
-        region = facts.innermost_autocast(assignment.where)
-        if region is not None and region.enabled != "no" and _low_precision_value(facts, assignment):
-            produced[key] = region
+    for key, assignments in bindings.items():
+        regions = [_low_precision_region(facts, assignment) for assignment in _reaching(assignments, where)]
+        if regions and all(regions):
+            produced[key] = regions[-1]
     return produced
+
+
+def _low_precision_region(facts: AmpFacts, assignment: Assignment) -> Autocast | None:
+    """The enabled autocast region the assignment computes a low-precision tensor in, if any."""
+    region = facts.innermost_autocast(assignment.where)
+    if region is not None and region.enabled != "no" and _low_precision_value(facts, assignment):
+        return region
+    return None
+
+
+def _reaching(assignments: list[Assignment], where: Context) -> list[Assignment]:
+    """The assignments to one name whose value `where` may see: the last one every path to it
+    passes, and those after it in `if` branches `where` is not in (GPT-SoVITS: `if v2Pro:
+    y_hat, ... = net_g(..., sv_emb)` `else: y_hat, ... = net_g(...)`)."""
+    before = sorted(
+        (a for a in assignments if a.where.order < where.order and not mutually_exclusive(a.where, where)),
+        key=lambda a: a.where.order,
+    )
+    on_every_path = [a.where.order for a in before if set(a.where.branches) <= set(where.branches)]
+    since = max(on_every_path, default=0)
+    return [a for a in before if a.where.order >= since]
 
 
 def _starts_a_scaled_backward(parents: dict, node: cst.CSTNode) -> bool:
@@ -122,29 +156,29 @@ def _starts_a_scaled_backward(parents: dict, node: cst.CSTNode) -> bool:
     return isinstance(after, cst.Attribute) and after.attr.value == "backward"
 
 
-def _casts_itself(assignment: Assignment) -> bool:
-    value = assignment.value
-    return (
-        isinstance(value, cst.Call)
-        and isinstance(value.func, cst.Attribute)
-        and value.func.attr.value in _CASTS
-        and (dotted_name(value.func.value) or "").split(".")[0] == assignment.key
+def _rebound_before(rebound: list[Assignment], name: str, read: Context) -> bool:
+    """Whether the block binds `name` anew (`out = out.float()`, `out = head(x)`) in an earlier
+    statement on every path to the read, which then sees the block's own value (`img =
+    F.normalize(img)` still reads the outer one)."""
+    return any(
+        a.key == name
+        and a.where.order < read.order
+        and a.where.statement is not read.statement
+        and set(a.where.branches) <= set(read.branches)
+        for a in rebound
     )
 
 
 def _uncast_reads(facts: AmpFacts, function, block: _Block, produced: set[str]) -> list[str]:
     parents = ts.parents(facts)
     found: list[str] = []
-    cast_inside = set()
-    for assignment in facts.assignments:
-        if block.holds(assignment.where) and assignment.key in produced and _casts_itself(assignment):
-            cast_inside.add(assignment.key)  # `x = x.float()`; `x = F.normalize(x)` still reads it uncast
+    rebound = [a for a in (*facts.assignments, *facts.unpackings) if a.key in produced and block.holds(a.where)]
     for ref in facts.references:
         where = ref.where
         if where.scope.function_scope is not function or not block.holds(where):
             continue
         head = ref.dotted.split(".")[0]
-        if head not in produced or head in cast_inside or head in found:
+        if head not in produced or head in found or _rebound_before(rebound, head, where):
             continue
         if isinstance(parents.get(id(ref.node)), (cst.AssignTarget,)) or _starts_a_scaled_backward(parents, ref.node):
             continue
@@ -155,6 +189,7 @@ def _uncast_reads(facts: AmpFacts, function, block: _Block, produced: set[str]) 
         if call.scope.function_scope is not function or not block.holds(call.where):
             continue
         head = (call.receiver_key or "").split(".")[0]
-        if head in produced and head not in cast_inside and head not in found and call.method not in _CASTS | _NOT_AN_INPUT:
-            found.append(head)
+        if head in produced and head not in found and call.method not in _CASTS | _NOT_AN_INPUT:
+            if not _rebound_before(rebound, head, call.where):
+                found.append(head)
     return sorted(found)
