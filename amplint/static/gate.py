@@ -113,7 +113,8 @@ def _scaler(text: _Text) -> bool:
 
 
 def _amp005(text: _Text) -> bool:
-    if not text.scale_call:
+    # `scaler.scale(loss).backward()`, or accelerate's `accelerator.backward(loss)`, which scales it.
+    if not (text.scale_call or (text.has(b"ccelerator") and text.has(b"backward"))):
         return False
     return (
         text.has(b"clip_grad")

@@ -65,7 +65,7 @@ TRIGGERS: dict[str, str] = {
     "AMP003": r"autocast",
     "AMP004": r"GradScaler",
     # `.grad` reads are reached through the helpers a kept function calls.
-    "AMP005": r"\.scale\(|unscale_|clip_grad|GradScaler",
+    "AMP005": r"\.scale\(|unscale_|clip_grad|GradScaler|accelerator\s*\.\s*(?:backward|unscale_gradients)\b",
     # The training-step rules: scaler events, followed through in-file calls like AMP005's.
     "AMP006": _SCALER,
     "AMP007": _SCALER,

@@ -10,7 +10,16 @@ import libcst as cst
 
 from amplint.static import autofix, names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts, CallSite, Context, Scope, dotted_name, mutually_exclusive, statement_code
+from amplint.static.semantics import (
+    AmpFacts,
+    CallSite,
+    Context,
+    Scope,
+    argument,
+    dotted_name,
+    mutually_exclusive,
+    statement_code,
+)
 
 CODE = "AMP005"
 
@@ -30,6 +39,7 @@ class _Event:
     optimizer: str | None
     where: Context
     at: Context | None = None  # where it happens in the function being checked (the call site, for a helper's event)
+    accelerate: bool = False  # accelerate's own scaling (`accelerator.backward`) or unscaling
 
     @property
     def position(self) -> Context:
@@ -46,6 +56,9 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
             kind = {"scale": "scale", "unscale_": "unscale", "step": "step", "update": "update"}[call.method]
             optimizer = dotted_name(call.arg(0, "optimizer")) if kind in ("unscale", "step") else None
             events.append(_Event(kind, call.node, key, optimizer, call.where))
+        elif call.method in _ACCELERATOR_EVENTS and _scaling_accelerator(facts, call):
+            kind = _ACCELERATOR_EVENTS[call.method]
+            events.append(_Event(kind, call.node, key, None, call.where, accelerate=True))
         elif call.qualname in names.CLIP_GRAD or _clips_its_own_gradients(call):
             events.append(_Event("clip", call.node, None, None, call.where))
         elif _GRAD_NORM_HELPER.search(call.callee or "") and facts.called_function(call) is None:
@@ -55,6 +68,33 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
             events.append(_Event("grad", read.where.statement, None, None, read.where))
     events.sort(key=lambda e: e.where.order)
     return events
+
+
+# accelerate scales the loss in `accelerator.backward` under fp16 mixed precision, and unscales
+# every prepared optimizer's gradients in `unscale_gradients` and its own `clip_grad_norm_`.
+_ACCELERATOR_EVENTS = {"backward": "scale", "unscale_gradients": "unscale", "clip_grad_norm_": "unscale", "clip_grad_value_": "unscale"}
+_ACCELERATORS = {"accelerate.Accelerator", "accelerate.accelerator.Accelerator"}
+
+
+def _scaling_accelerator(facts: AmpFacts, call: CallSite) -> bool:
+    """`accelerator.backward(loss)` on an Accelerator that may run in fp16: one built here without a
+    literal `mixed_precision` other than "fp16" (the launch configuration may choose it), or a
+    name `accelerator` handed in."""
+    key = call.receiver_key
+    if key is None:
+        return False
+    built = [
+        value for value, scope in facts.bindings(key, call.scope)
+        if isinstance(value, cst.Call) and facts.qualname(value.func, scope) in _ACCELERATORS
+    ]
+    if built:
+        return any(_may_run_in_fp16(value) for value in built)
+    return key.rsplit(".", 1)[-1] == "accelerator" and facts.called_function(call) is None
+
+
+def _may_run_in_fp16(accelerator: cst.Call) -> bool:
+    precision = argument(accelerator, None, "mixed_precision")
+    return not isinstance(precision, cst.SimpleString) or precision.evaluated_value == "fp16"
 
 
 # A gradient-norm or clipping helper from another file (Swin's `get_grad_norm(model.parameters())`
@@ -129,8 +169,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             elif event.kind in ("clip", "grad", "norm") and id(event.node) not in reported:
                 # Only what can run in the same pass: `if amp: scale... else: backward; clip` is fine.
                 scale = next((e for e in reversed(scales) if not _exclusive(facts, e, event)), None)
-                if scale is None:
-                    continue
+                if scale is None or (scale.accelerate and event.kind == "norm"):
+                    continue  # a norm helper next to accelerate is often the framework's own (DeepSpeed's)
                 fresh = [e for e in unscales if not _exclusive(facts, e, event)]
                 later_steps = [e.optimizer for e in events[index + 1 :] if e.kind == "step"]
                 owner = later_steps[0] if later_steps else None
@@ -145,7 +185,10 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 # Advise the next optimizer stepped that is still scaled: after `unscale_(a)`,
                 # clip a, clip b, `step(a)`, `step(b)`, the second clip wants `unscale_(b)`.
                 advised = next((o for o in later_steps if o not in unscaled), owner)
-                yield _hit(event, scale.scaler, advised, autofix.unscale_before(event, scale.scaler, advised, events, facts))
+                if scale.accelerate:
+                    yield _accelerate_hit(event, scale.scaler)
+                else:
+                    yield _hit(event, scale.scaler, advised, autofix.unscale_before(event, scale.scaler, advised, events, facts))
 
 
 def _covering_unscale(owner: str | None, fresh: list[_Event], stepped: set[str], unscaled: set[str | None]) -> _Event | None:
@@ -168,6 +211,17 @@ _CONSEQUENCE = {
     "norm": ("takes the norm of gradients", "the norm comes out multiplied by the scale, 65536 at first"),
     "grad": ("reads gradients (`.grad`)", "whatever it computes, a norm, a maximum or an inf check, sees the scaled values"),
 }
+
+
+def _accelerate_hit(event: _Event, accelerator: str | None) -> Hit:
+    what, consequence = _CONSEQUENCE[event.kind]
+    return Hit(
+        event.node,
+        f"{what} that `{accelerator}.backward()` scaled when accelerate runs in fp16 mixed precision "
+        f"({consequence}); use `{accelerator}.clip_grad_norm_(...)`, which unscales them first, or call "
+        f"`{accelerator}.unscale_gradients()` before it",
+        event.where.statement,
+    )
 
 
 def _hit(event: _Event, scaler: str | None, owner: str | None, fix) -> Hit:
