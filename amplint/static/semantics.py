@@ -737,6 +737,7 @@ class AmpFacts:
         self.loop_targets: list[tuple[cst.BaseExpression, Context]] = []
         self.if_tests: dict[int, cst.BaseExpression] = {}  # id(if) -> its test
         self._outcomes: dict[tuple[tuple[int, str], ...], tuple[frozenset[str], frozenset[str]]] = {}
+        self._conjuncts: dict[int, frozenset[str]] = {}  # id(test) -> its conditions as written
         _Recorder(self).walk(module)
         for call in self.calls:
             call.qualname = self.callee_qualname(call)
@@ -918,12 +919,15 @@ class AmpFacts:
         return self.call_sites_of.get(id(function), [])
 
     # -- conditions ---------------------------------------------------------------------------
-    def conjuncts(self, test: cst.BaseExpression) -> set[str]:
+    def conjuncts(self, test: cst.BaseExpression) -> frozenset[str]:
         """The conditions an `if` test requires, as written: the operands of a top-level `and`,
         else the test. Two `if`s whose conditions are the same text hold on the same runs."""
-        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-            return self.conjuncts(test.left) | self.conjuncts(test.right)
-        return {self.module.code_for_node(_bare(test))}
+        if id(test) not in self._conjuncts:
+            if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+                self._conjuncts[id(test)] = self.conjuncts(test.left) | self.conjuncts(test.right)
+            else:
+                self._conjuncts[id(test)] = frozenset({self.module.code_for_node(_bare(test))})
+        return self._conjuncts[id(test)]
 
     def contradictory(self, a: Iterable[Context], b: Iterable[Context]) -> bool:
         """Whether code at the places `a` and code at the places `b` (a helper's call site and the

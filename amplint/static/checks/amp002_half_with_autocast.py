@@ -14,6 +14,7 @@ from amplint.static.checks._training_step import cached
 from amplint.static.semantics import (
     AmpFacts,
     CallSite,
+    Context,
     Reference,
     Scope,
     argument,
@@ -148,8 +149,9 @@ def _compared(call: CallSite, facts: AmpFacts) -> bool:
             return False
         if isinstance(ancestor, cst.Call) and (dotted_name(ancestor.func) or "").split(".")[-1] in _COMPARISONS:
             return True
-        if isinstance(ancestor, cst.BinaryOperation) and isinstance(ancestor.operator, cst.Subtract) and rg.in_no_grad(facts, call):
-            return True
+        if isinstance(ancestor, cst.BinaryOperation) and isinstance(ancestor.operator, cst.Subtract):
+            # A batch normalised on the GPU (`(images.half() - mean) / std`) is an input all the same.
+            return rg.in_no_grad(facts, call) and not _is_data(call, facts)
     return False
 
 
@@ -277,7 +279,22 @@ def _input_for_a_frozen_model(call: CallSite, facts: AmpFacts) -> bool:
     if facts.region_of(call.where) is not None:
         return False
     handed = isinstance(facts.parent_of.get(id(call.node)), cst.Arg)
-    return handed or (_is_data(call, facts) and not _amp_anchors(facts)[id(call.scope.function_scope)])
+    function = call.scope.function_scope
+    return handed or (
+        _is_data(call, facts) and not _amp_anchors(facts)[id(function)] and not _called_on_an_amp_path(facts, function)
+    )
+
+
+def _called_on_an_amp_path(facts: AmpFacts, function: Scope, depth: int = 0) -> bool:
+    """Whether a function of the file calls this one on a path that reaches AMP (a
+    `prepare(batch)` helper whose caller feeds the batch into autocast; not DLRM's inference
+    benchmark, called in a branch that returns before the training loop)."""
+    if function.kind != "function" or depth >= names.CALL_DEPTH:
+        return False
+    return any(
+        _meets_amp(facts, site.where) or _called_on_an_amp_path(facts, site.scope.function_scope, depth + 1)
+        for site in facts.callers(function)
+    )
 
 
 def _in_an_autograd_function(call: CallSite, facts: AmpFacts) -> bool:
@@ -324,11 +341,23 @@ def _amp_only_in_other_branches(call: CallSite, facts: AmpFacts) -> bool:
     GradScaler only built before the `if` meets no gradient there (DLRM builds it, then returns
     early from a float16 inference branch); its uses count. A cast before the `if` still runs into
     autocast."""
-    anchors = [a for a in _amp_anchors(facts)[id(call.scope.function_scope)] if a.qualname not in names.GRAD_SCALER]
-    # A validation function under `@torch.no_grad()` has only no_grad anchors: they all count.
-    anchors = [a for a in anchors if not rg.in_no_grad(facts, a)] or anchors
-    return bool(anchors) and all(
-        mutually_exclusive(call.where, a.where) or facts.contradictory((call.where,), (a.where,)) for a in anchors
+    return bool(_amp_uses(facts, call.scope.function_scope)) and not _meets_amp(facts, call.where)
+
+
+def _amp_uses(facts: AmpFacts, function: Scope) -> list[CallSite]:
+    """The function's AMP anchors that meet a cast on their path: not a GradScaler's construction,
+    and not what runs under no_grad, unless that is all there is (a validation function under
+    `@torch.no_grad()`)."""
+    anchors = [a for a in _amp_anchors(facts)[id(function)] if a.qualname not in names.GRAD_SCALER]
+    return [a for a in anchors if not rg.in_no_grad(facts, a)] or anchors
+
+
+def _meets_amp(facts: AmpFacts, where: Context) -> bool:
+    """Whether code at `where` runs on a path of its function that reaches AMP: not only in
+    branches apart from every AMP use of it."""
+    return any(
+        not (mutually_exclusive(where, a.where) or facts.contradictory((where,), (a.where,)))
+        for a in _amp_uses(facts, where.scope.function_scope)
     )
 
 

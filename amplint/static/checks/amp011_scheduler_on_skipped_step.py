@@ -42,8 +42,12 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             )
 
 
-# A validation metric handed to the scheduler (`scheduler.step(val_loss)`, `metrics=`).
-_METRIC = re.compile(r"loss|metric|acc|score|perf|psnr|bleu|dice|iou|f1|error|val", re.IGNORECASE)
+# A validation metric handed to the scheduler (`scheduler.step(val_loss)`, `metrics=`): a word of
+# an identifier, so `step // accum_steps` or `eval_interval` is no metric.
+_METRIC = re.compile(
+    r"(?:^|_)(?:val|valid|validation|loss|metrics?|accuracy|acc|top1|score|perf|psnr|bleu|dice|iou|f1|error|wer|cer)(?:_|$)",
+    re.IGNORECASE,
+)
 
 
 def _steps_on_a_metric(facts: AmpFacts, sched: ts.Event) -> bool:
@@ -53,7 +57,7 @@ def _steps_on_a_metric(facts: AmpFacts, sched: ts.Event) -> bool:
     if call.arg(None, "metrics") is not None or call.arg(None, "metric") is not None:
         return True
     first = call.arg(0, None)
-    if first is not None and _METRIC.search(facts.module.code_for_node(first)):
+    if first is not None and any(_METRIC.search(word) for word in re.findall(r"\w+", facts.module.code_for_node(first))):
         return True
     return any(
         isinstance(value, cst.Call) and (facts.qualname(value.func, scope) or "").endswith("ReduceLROnPlateau")

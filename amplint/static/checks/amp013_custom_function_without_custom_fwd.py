@@ -242,6 +242,11 @@ def _applied_only_with_autocast_off(facts: AmpFacts, scope: Scope) -> bool:
     return all(_under_custom_fwd_cast(facts, call) or (_autocast_off(facts, call) and _inputs_cast(facts, call)) for call in applies)
 
 
+def _casts(cast_inputs: cst.BaseExpression | None) -> bool:
+    """A `cast_inputs=` that casts: not left out, not its default None."""
+    return cast_inputs is not None and not (isinstance(cast_inputs, cst.Name) and cast_inputs.value == "None")
+
+
 def _under_custom_fwd_cast(facts: AmpFacts, call: CallSite) -> bool:
     """Called in a function decorated with `custom_fwd(cast_inputs=...)`: autocast is off there and
     every floating-point argument arrives in the one dtype."""
@@ -249,7 +254,7 @@ def _under_custom_fwd_cast(facts: AmpFacts, call: CallSite) -> bool:
     return function.kind == "function" and any(
         isinstance(d.decorator, cst.Call)
         and _CUSTOM_FWD.search(_decorator_name(facts, d, function.parent or function))
-        and argument(d.decorator, None, "cast_inputs") is not None
+        and _casts(argument(d.decorator, None, "cast_inputs"))
         for d in function.decorators
     )
 

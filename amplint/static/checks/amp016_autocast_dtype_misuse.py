@@ -72,12 +72,14 @@ def _names_a_bce_module(facts: AmpFacts, call: CallSite, criteria: set[str]) -> 
     """`loss_fn(...)` where `loss_fn` holds a BCELoss: the binding its scope sees (another
     function's `loss_fn` may be a BCEWithLogitsLoss), else, for a criterion handed in as an
     argument, any of the file's BCELoss names."""
+    if call.callee.split(".")[-1] not in criteria:
+        return False  # every BCELoss binding's name is among them
     bound = facts.bindings(call.callee, call.scope)
     if bound:
         return any(
             isinstance(value, cst.Call) and facts.qualname(value.func, scope) in _BCE_MODULES for value, scope in bound
         )
-    return call.callee.split(".")[-1] in criteria
+    return True
 
 
 def _bce(facts: AmpFacts) -> Iterator[Hit]:

@@ -80,12 +80,12 @@ def _assigned_to(facts: AmpFacts, call: CallSite) -> str | None:
     return None
 
 
-def _runs_under_autocast(facts: AmpFacts, name: str | None, function_node) -> bool:
-    if function_node is not None:
-        for call, region in rg.autocasts(facts):
-            if rg.enabled(region) and ts.within(facts, call.node, function_node) and not rg.inference_only(facts, call):
-                return True
-    return bool(_calls_under_autocast(facts, name))
+def _opens_autocast_inside(facts: AmpFacts, function_node) -> bool:
+    """A compiled function (decorated) that opens an enabled training autocast region itself."""
+    return function_node is not None and any(
+        rg.enabled(region) and ts.within(facts, call.node, function_node) and not rg.inference_only(facts, call)
+        for call, region in rg.autocasts(facts)
+    )
 
 
 def _calls_under_autocast(facts: AmpFacts, name: str | None) -> list[CallSite]:
@@ -142,7 +142,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     for node, name, function in _compiled(facts):
         call_node = node.node if isinstance(node, CallSite) else node
         statement = node.where.statement if isinstance(node, CallSite) else None
-        if not _runs_under_autocast(facts, name, function):
+        forwards = _calls_under_autocast(facts, name)
+        if not (forwards or _opens_autocast_inside(facts, function)):
             continue
         compiled = "function" if _compiles_a_function(facts, node, function) else "model"
         yield Hit(
@@ -152,7 +153,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             "re-enters autocast, which differs from eager and can overflow (pytorch/pytorch#153044); set "
             "`torch._functorch.config.backward_pass_autocast = \"off\"` to match eager",
             statement or call_node,
-            related=(_nearest(outside, node, _calls_under_autocast(facts, name)).node,),
+            related=(_nearest(outside, node, forwards).node,),
         )
 
 
