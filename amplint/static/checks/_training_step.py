@@ -229,6 +229,20 @@ def exclusive(facts: AmpFacts, a: Event, b: Event, *, by_condition: bool = True)
     return by_condition and facts.contradictory((a.anchor, a.call.where), (b.anchor, b.call.where))
 
 
+def cut_off_after(facts: AmpFacts, event: Event, later: Event) -> bool:
+    """Whether `later` never runs after `event` in one pass: `event` sits in a block that returns,
+    raises, continues or breaks, and `later` comes after that block (ml-4m's skipped step:
+    `if norm >= skip_grad: scaler.update(); return norm`, then `scaler.step(optimizer)`)."""
+    if event.call.where is not event.anchor:
+        return False  # a helper returning ends the helper, not the caller's pass
+    block = facts.parent_of.get(id(event.call.where.statement))
+    return (
+        isinstance(block, cst.IndentedBlock)
+        and ends_with(block, (cst.Return, cst.Raise, cst.Continue, cst.Break))
+        and not within(facts, later.anchor.statement, block)
+    )
+
+
 def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
     events: list[Event] = []
     for call in function.calls:

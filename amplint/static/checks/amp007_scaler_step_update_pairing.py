@@ -114,7 +114,7 @@ def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> I
             e for e in events
             if iteration[id(e)] is loop and not ts.exclusive(facts, e, event, by_condition=False) and e is not event
         ]
-        later = [e for e in same_iteration if e.order > event.order]
+        later = [e for e in same_iteration if e.order > event.order and not ts.cut_off_after(facts, event, e)]
         earlier = [e for e in same_iteration if e.order < event.order]
         if _steps_another_optimizer_after(earlier, later) or _in_the_optimizer_loop_of_a_step(event, same_iteration):
             yield Hit(

@@ -66,6 +66,7 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
             e for e in events
             if e.kind == "update" and ts.same_object(e.scaler, unscale.scaler) and (loop is None or loop in e.anchor.statement_loops)
             and not ts.exclusive(facts, e, unscale)
+            and not ts.cut_off_after(facts, e, step)  # an update before giving up on the step resets the scaler
         ),
         step,
     )
@@ -77,7 +78,8 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
             continue
         return _hit(facts, unscale, step, "outside the `if` on line {1} that guards the step", guard)
     guard = _continue_between(facts, loop, unscale, commit) if loop is not None else None
-    if guard is not None:
+    # An `if` that updates before it skips the step resets the scaler for the next `unscale_`.
+    if guard is not None and not any(e.kind == "update" and ts.within(facts, e.anchor.statement, guard) for e in events):
         return _hit(facts, unscale, step, "before the `if ...: continue` on line {1} that skips the step", guard)
     return None
 
