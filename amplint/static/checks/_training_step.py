@@ -235,12 +235,24 @@ def cut_off_after(facts: AmpFacts, event: Event, later: Event) -> bool:
     `if norm >= skip_grad: scaler.update(); return norm`, then `scaler.step(optimizer)`)."""
     if event.call.where is not event.anchor:
         return False  # a helper returning ends the helper, not the caller's pass
-    block = facts.parent_of.get(id(event.call.where.statement))
-    return (
-        isinstance(block, cst.IndentedBlock)
-        and ends_with(block, (cst.Return, cst.Raise, cst.Continue, cst.Break))
-        and not within(facts, later.anchor.statement, block)
-    )
+    return leaves_before(facts, event.anchor, later.anchor)
+
+
+def leaves_before(facts: AmpFacts, where: Context, later: Context) -> bool:
+    """Whether the block holding `where` returns, raises, continues or breaks before `later`, a
+    place after that block (DLRM's `elif mode == "inference_benchmark": ...; return` before the
+    training loop)."""
+    if later.order <= where.order:
+        return False
+    leaving: tuple[type, ...] = (cst.Return, cst.Raise, cst.Continue, cst.Break)
+    for node in facts.ancestors(where.statement):
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            return False
+        if isinstance(node, (cst.For, cst.While)):
+            leaving = (cst.Return, cst.Raise)  # a `continue` out there belongs to another loop
+        elif isinstance(node, cst.IndentedBlock) and ends_with(node, leaving):
+            return not within(facts, later.statement, node)
+    return False
 
 
 def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:

@@ -10,7 +10,7 @@ import libcst as cst
 from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
-from amplint.static.checks._training_step import cached
+from amplint.static.checks._training_step import cached, leaves_before
 from amplint.static.semantics import (
     AmpFacts,
     CallSite,
@@ -356,7 +356,7 @@ def _meets_amp(facts: AmpFacts, where: Context) -> bool:
     """Whether code at `where` runs on a path of its function that reaches AMP: not only in
     branches apart from every AMP use of it."""
     return any(
-        not (mutually_exclusive(where, a.where) or facts.contradictory((where,), (a.where,)))
+        not (mutually_exclusive(where, a.where) or facts.contradictory((where,), (a.where,)) or leaves_before(facts, where, a.where))
         for a in _amp_uses(facts, where.scope.function_scope)
     )
 
