@@ -112,9 +112,14 @@ def _scaler(text: _Text) -> bool:
     )
 
 
+# accelerate's `accelerator.backward(loss)` scales the loss: called on a name that says so, or in a
+# file that imports accelerate (`acc = Accelerator()`); `torch.accelerator` is neither.
+_ACCELERATOR_BACKWARD = re.compile(rb"accelerator\s*\.\s*backward\s*\(")
+
+
 def _amp005(text: _Text) -> bool:
-    # `scaler.scale(loss).backward()`, or accelerate's `accelerator.backward(loss)`, which scales it.
-    if not (text.scale_call or (text.has(b"ccelerator") and text.has(b"backward"))):
+    accelerate = text.has(b"backward") and (text.has(b"accelerate") or _ACCELERATOR_BACKWARD.search(text.raw) is not None)
+    if not (text.scale_call or accelerate):
         return False
     return (
         text.has(b"clip_grad")

@@ -768,17 +768,21 @@ class AmpFacts:
         qualified = self.qualname(call.node.func, call.scope)
         if qualified is not None:
             return qualified
+        bound = self.bindings(call.callee, call.scope)
         # `amp_ctx = functools.partial(torch.autocast, "cuda")` and later `amp_ctx()`.
-        for value, value_scope in self.bindings(call.callee, call.scope):
+        for value, value_scope in bound:
             if isinstance(value, cst.Call) and self.qualname(value.func, value_scope) in names.FUNCTOOLS_PARTIAL:
                 if value.args:
                     return self.qualname(value.args[0].value, value_scope)
-        return self.conditional_autocast(call.callee, call.scope)
+        return self._conditional_autocast(bound)
 
     def conditional_autocast(self, key: str | None, scope: Scope) -> str | None:
         """`autocast = torch.cuda.amp.autocast if amp else suppress`, later `with autocast():`:
         the autocast that one arm names, when the other is a no-op context (or None)."""
-        for value, value_scope in self.bindings(key, scope):
+        return self._conditional_autocast(self.bindings(key, scope))
+
+    def _conditional_autocast(self, bound: list[tuple[cst.BaseExpression, Scope]]) -> str | None:
+        for value, value_scope in bound:
             if not isinstance(value, cst.IfExp):
                 continue
             arms = [self.qualname(arm, value_scope) for arm in (value.body, value.orelse)]
