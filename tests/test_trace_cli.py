@@ -787,12 +787,15 @@ def test_an_attention_mask_of_minus_inf_is_not_the_first_non_finite_value_the_na
     assert (nonfinite["op"], nonfinite["line"], nonfinite["step"], nonfinite["inputs_finite"]) == ("aten::_softmax", 17, 2, False), nonfinite
 
 
-def test_a_gpu_script_tried_without_cuda_says_why_its_scaler_findings_are_not_refuted(tmp_path: Path) -> None:
+def test_a_gpu_script_tried_without_cuda_says_why_its_scaler_findings_are_not_refuted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The summary gives the note of a not-reached finding whose line ran, not "the line never ran"."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("states facts of a machine without CUDA")
+    monkeypatch.setenv("COLUMNS", "240")  # the notes whole in their table cells, whatever the terminal
     fixture = Path(__file__).resolve().parent.parent / "fixtures" / "runtime" / "cuda_scaler_on_cpu.py"
     (tmp_path / fixture.name).write_text(fixture.read_text())
     proc = trace(tmp_path, fixture.name)
