@@ -55,9 +55,8 @@ AUTOCAST = {
 # Training frameworks whose object opens torch's autocast itself, as its mixed-precision setting
 # says: `with accelerator.autocast():` (accelerate), `with fabric.autocast():` (Lightning Fabric).
 FRAMEWORK_AUTOCAST_OWNERS = frozenset({"accelerator", "fabric"})
-FRAMEWORK_AUTOCAST_CLASSES = frozenset(
-    {"accelerate.Accelerator", "accelerate.accelerator.Accelerator", "lightning.Fabric", "lightning.fabric.Fabric", "lightning_fabric.Fabric"}
-)
+ACCELERATORS = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Accelerator"})
+FRAMEWORK_AUTOCAST_CLASSES = ACCELERATORS | {"lightning.Fabric", "lightning.fabric.Fabric", "lightning_fabric.Fabric"}
 
 # How many in-file calls deep the facts follow a region or a loop (semantics' region_of and
 # loops_per_caller); the rules that follow helpers, and the slicer, go as deep.

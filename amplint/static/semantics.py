@@ -787,7 +787,7 @@ class AmpFacts:
                 continue
             arms = [self.qualname(arm, value_scope) for arm in (value.body, value.orelse)]
             opened = [arm for arm in arms if arm in names.AUTOCAST]
-            others = [arm for arm, expr in zip(arms, (value.body, value.orelse)) if arm not in names.AUTOCAST and not _is_none(expr)]
+            others = [arm for arm, expr in zip(arms, (value.body, value.orelse)) if arm not in names.AUTOCAST and not is_none(expr)]
             if len(opened) == 1 and all(other in names.NO_OP_CONTEXTS for other in others):
                 return opened[0]
         return None
@@ -1033,6 +1033,11 @@ class AmpFacts:
                     return found
         return None
 
+    def constructed(self, key: str | None, scope: Scope) -> list[tuple[cst.Call, str | None]]:
+        """The calls a name or `self.attr` is bound to, each with the qualified name it calls
+        (`accelerator = Accelerator(...)`, `sched = ReduceLROnPlateau(...)`)."""
+        return [(value, self.qualname(value.func, value_scope)) for value, value_scope in self.bindings(key, scope) if isinstance(value, cst.Call)]
+
     def opens_framework_autocast(self, call: cst.Call, scope: Scope) -> bool:
         """`accelerator.autocast()`, `fabric.autocast()`: a framework object entering torch's
         autocast for the precision it was configured with."""
@@ -1044,10 +1049,7 @@ class AmpFacts:
             return False
         if owner.rsplit(".", 1)[-1] in names.FRAMEWORK_AUTOCAST_OWNERS:
             return True
-        return any(
-            isinstance(value, cst.Call) and self.qualname(value.func, value_scope) in names.FRAMEWORK_AUTOCAST_CLASSES
-            for value, value_scope in self.bindings(owner, scope)
-        )
+        return any(built in names.FRAMEWORK_AUTOCAST_CLASSES for _, built in self.constructed(owner, scope))
 
     def _partial_autocast(self, func: cst.BaseExpression, scope: Scope) -> Autocast | None:
         for value, value_scope in self.bindings(dotted_name(func), scope):
@@ -1485,7 +1487,8 @@ def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
     return expr.with_changes(lpar=[], rpar=[]) if getattr(expr, "lpar", None) else expr
 
 
-def _is_none(expr: cst.BaseExpression) -> bool:
+def is_none(expr: cst.BaseExpression | None) -> bool:
+    """The literal `None`."""
     return isinstance(expr, cst.Name) and expr.value == "None"
 
 

@@ -73,7 +73,6 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
 # accelerate scales the loss in `accelerator.backward` under fp16 mixed precision, and unscales
 # every prepared optimizer's gradients in `unscale_gradients` and its own `clip_grad_norm_`.
 _ACCELERATOR_EVENTS = {"backward": "scale", "unscale_gradients": "unscale", "clip_grad_norm_": "unscale", "clip_grad_value_": "unscale"}
-_ACCELERATORS = {"accelerate.Accelerator", "accelerate.accelerator.Accelerator"}
 
 
 def _scaling_accelerator(facts: AmpFacts, call: CallSite) -> bool:
@@ -83,10 +82,7 @@ def _scaling_accelerator(facts: AmpFacts, call: CallSite) -> bool:
     key = call.receiver_key
     if key is None:
         return False
-    built = [
-        value for value, scope in facts.bindings(key, call.scope)
-        if isinstance(value, cst.Call) and facts.qualname(value.func, scope) in _ACCELERATORS
-    ]
+    built = [value for value, qualified in facts.constructed(key, call.scope) if qualified in names.ACCELERATORS]
     if built:
         return any(_may_run_in_fp16(value) for value in built)
     return key.rsplit(".", 1)[-1] == "accelerator" and facts.called_function(call) is None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-import libcst as cst
 
 from amplint.static.checks import Hit
 from amplint.static.checks import _training_step as ts
@@ -59,10 +58,7 @@ def _steps_on_a_metric(facts: AmpFacts, sched: ts.Event) -> bool:
     first = call.arg(0, None)
     if first is not None and any(_METRIC.search(word) for word in re.findall(r"\w+", facts.module.code_for_node(first))):
         return True
-    return any(
-        isinstance(value, cst.Call) and (facts.qualname(value.func, scope) or "").endswith("ReduceLROnPlateau")
-        for value, scope in facts.bindings(call.receiver_key, call.scope)
-    )
+    return any((built or "").endswith("ReduceLROnPlateau") for _, built in facts.constructed(call.receiver_key, call.scope))
 
 
 def _last_scaler_event(facts: AmpFacts, before: list[ts.Event], sched: ts.Event) -> ts.Event | None:

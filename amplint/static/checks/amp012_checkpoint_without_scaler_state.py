@@ -12,7 +12,7 @@ import libcst as cst
 from amplint.model import Applicability
 from amplint.static.checks import FixPlan, Hit, Replacement
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, CallSite, Context, Scope, argument, dotted_name
+from amplint.static.semantics import AmpFacts, CallSite, Context, Scope, argument, dotted_name, is_none
 
 CODE = "AMP012"
 
@@ -414,7 +414,7 @@ def _may_be_none(facts: AmpFacts, scaler: str, scope: Scope, depth: int = 0) -> 
 def _none_or_none_branch(value: cst.BaseExpression) -> bool:
     if isinstance(value, cst.IfExp):
         return _none_or_none_branch(value.body) or _none_or_none_branch(value.orelse)
-    return isinstance(value, cst.Name) and value.value == "None"
+    return is_none(value)
 
 
 def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, saved: str, statement: cst.CSTNode) -> tuple[Replacement, ...] | None:

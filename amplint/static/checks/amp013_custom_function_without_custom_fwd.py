@@ -10,7 +10,7 @@ import libcst as cst
 from amplint.model import Applicability
 from amplint.static.checks import FixPlan, Hit, Replacement
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, dotted_name, identifiers
+from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, dotted_name, identifiers, is_none
 
 CODE = "AMP013"
 
@@ -244,7 +244,7 @@ def _applied_only_with_autocast_off(facts: AmpFacts, scope: Scope) -> bool:
 
 def _casts(cast_inputs: cst.BaseExpression | None) -> bool:
     """A `cast_inputs=` that casts: not left out, not its default None."""
-    return cast_inputs is not None and not (isinstance(cast_inputs, cst.Name) and cast_inputs.value == "None")
+    return cast_inputs is not None and not is_none(cast_inputs)
 
 
 def _under_custom_fwd_cast(facts: AmpFacts, call: CallSite) -> bool:
