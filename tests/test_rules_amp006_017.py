@@ -206,6 +206,21 @@ def test_amp007_update_on_microbatches_without_step() -> None:
     assert lines(src, "AMP007") == [6]
 
 
+def test_amp007_second_update_of_a_value_no_if_orders_is_reported() -> None:
+    # Only an ordering comparison (`floor > scale`) proves the value is a number; a flag may
+    # pass None, and `update(None)` is the iteration's update again.
+    src = """\
+    import torch
+    scaler = torch.amp.GradScaler("cuda")
+    def optimizer_step(optimizer, floor, reset):
+        scaler.step(optimizer)
+        scaler.update()
+        if reset:
+            scaler.update(floor)
+    """
+    assert lines(src, "AMP007") == [7]
+
+
 def test_amp007_update_in_caller_of_step_helper_is_clean() -> None:
     src = """\
     import torch
@@ -933,3 +948,8 @@ def test_amp007_an_update_in_an_oom_except_is_said_to_have_no_step_before_it() -
     (finding,) = fixture_findings("AMP007/bad_update_in_an_oom_except_without_a_step.py", "AMP007")
     assert "in this `except` runs when the `try` failed" in finding.message
     assert "second time" not in finding.message
+
+
+def test_amp013_a_forward_casting_an_input_is_reported_for_its_matmuls_not_its_inputs() -> None:
+    (finding,) = fixture_findings("AMP013/bad_casts_an_input_but_matmuls_under_autocast.py", "AMP013")
+    assert "the matmuls, convolutions or extension calls in its forward" in finding.message

@@ -277,10 +277,35 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
 
 
 def _sets_a_new_scale(call: CallSite) -> bool:
-    """`scaler.update(2.0 ** 16)`, `scaler.update(cur_scale * 2.0)`: a number computed here. A
-    name passed through (mmengine's `update(self._scale_update_param)`, often None) may be none."""
+    """`scaler.update(2.0 ** 16)`, `scaler.update(cur_scale * 2.0)`: a number computed here, or a
+    name an enclosing `if` orders against a number (fairseq2: `if self._min_scale > new_scale:
+    scaler.update(self._min_scale)`), which None cannot be. A name passed through (mmengine's
+    `update(self._scale_update_param)`, often None) may be none."""
     new_scale = call.arg(0, "new_scale")
-    return isinstance(new_scale, (cst.Integer, cst.Float, cst.BinaryOperation))
+    if isinstance(new_scale, (cst.Integer, cst.Float, cst.BinaryOperation)):
+        return True
+    name = dotted_name(new_scale)
+    return name is not None and any(name in _ordered_operands(branch.test) for branch in call.where.ifs)
+
+
+_ORDERING = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)
+
+
+def _ordered_operands(test: cst.BaseExpression) -> set[str]:
+    """The dotted names a test compares with `<`, `<=`, `>` or `>=` (`a < b and c > d`: all four)."""
+    if isinstance(test, cst.BooleanOperation):
+        return _ordered_operands(test.left) | _ordered_operands(test.right)
+    if isinstance(test, cst.UnaryOperation):
+        return _ordered_operands(test.expression)
+    if not isinstance(test, cst.Comparison):
+        return set()
+    found: set[str] = set()
+    left = test.left
+    for target in test.comparisons:
+        if isinstance(target.operator, _ORDERING):
+            found |= {n for n in (dotted_name(left), dotted_name(target.comparator)) if n}
+        left = target.comparator
+    return found
 
 
 def own_events(facts: AmpFacts) -> dict[int, list[Event]]:
