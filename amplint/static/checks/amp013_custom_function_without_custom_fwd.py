@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import libcst as cst
 
 from amplint.model import Applicability
+from amplint.static import names
 from amplint.static.checks import FixPlan, Hit, Replacement
 from amplint.static.checks import _training_step as ts
 from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, dotted_name, identifiers, is_none
@@ -16,6 +17,11 @@ CODE = "AMP013"
 
 _CUSTOM_FWD = re.compile(r"(^|\.)custom_fwd$")
 _CUSTOM_BWD = re.compile(r"(^|\.)custom_bwd$")
+# As decorators, also a project's alias imported from a utils module (flash-linear-attention, copied
+# into LLaMA-Factory: `autocast_custom_fwd = functools.partial(torch.amp.custom_fwd, device_type=device)`).
+# Importing one does not by itself say that this module runs under autocast.
+_FWD_DECORATOR = re.compile(r"(^|[._])custom_fwd$")
+_BWD_DECORATOR = re.compile(r"(^|[._])custom_bwd$")
 # Ops autocast would cast (matmuls, convolutions) and calls into compiled extensions.
 _AUTOCAST_OPS = re.compile(
     r"\b(matmul|mm|bmm|addmm|baddbmm|addbmm|einsum|linear|conv\w*|F\.linear|F\.conv\w*|_C\.\w+|cuda_\w+|\w+_cuda(\.\w+)?|\w+_ext\.\w+|ext\.\w+|kernel\w*|triton)\s*\(|@"
@@ -41,7 +47,16 @@ _CAST_HELPER = re.compile(r"(^|_)cast")
 
 def _decorator_name(facts: AmpFacts, decorator: cst.Decorator, scope: Scope) -> str:
     expr = decorator.decorator.func if isinstance(decorator.decorator, cst.Call) else decorator.decorator
-    return facts.qualname(expr, scope) or dotted_name(expr) or ""
+    return _partial_target(facts, expr, scope) or facts.qualname(expr, scope) or dotted_name(expr) or ""
+
+
+def _partial_target(facts: AmpFacts, expr: cst.BaseExpression, scope: Scope) -> str | None:
+    """The function a `functools.partial` alias fixes arguments of (`amp_fwd =
+    functools.partial(torch.amp.custom_fwd, device_type="cuda")`, then `@amp_fwd`)."""
+    for value, value_scope in facts.bindings(dotted_name(expr), scope):
+        if isinstance(value, cst.Call) and facts.qualname(value.func, value_scope) in names.FUNCTOOLS_PARTIAL and value.args:
+            return facts.qualname(value.args[0].value, value_scope) or dotted_name(value.args[0].value)
+    return None
 
 
 def _method(class_scope: Scope, name: str) -> cst.FunctionDef | None:
@@ -64,9 +79,9 @@ def _find(facts: AmpFacts, function: cst.FunctionDef | None, pattern: re.Pattern
 def _amp_aware(facts: AmpFacts) -> bool:
     if facts.has_autocast or facts.has_scaler:
         return True
-    return any(_CUSTOM_FWD.search(r.qualname) or _CUSTOM_BWD.search(r.qualname) for r in facts.imports) or any(
-        c.qualname and (_CUSTOM_FWD.search(c.qualname) or _CUSTOM_BWD.search(c.qualname)) for c in facts.calls
-    )
+    named = [r.qualname for r in facts.imports] + [c.qualname for c in facts.calls if c.qualname]
+    named += [r.dotted for r in facts.references]  # `functools.partial(torch.amp.custom_fwd, ...)`
+    return any(_CUSTOM_FWD.search(name) or _CUSTOM_BWD.search(name) for name in named)
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
@@ -79,8 +94,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         backward = _method(scope, "backward")
         if forward is None:
             continue
-        fwd = _find(facts, forward, _CUSTOM_FWD, scope)
-        bwd = _find(facts, backward, _CUSTOM_BWD, scope)
+        fwd = _find(facts, forward, _FWD_DECORATOR, scope)
+        bwd = _find(facts, backward, _BWD_DECORATOR, scope)
         if fwd is None:
             if bwd is None:
                 yield from _undecorated(facts, scope, forward, backward)
@@ -94,7 +109,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 fwd,
             )
             continue
-        misplaced = _find(facts, backward, _CUSTOM_FWD, scope) if bwd is None else None
+        misplaced = _find(facts, backward, _FWD_DECORATOR, scope) if bwd is None else None
         if misplaced is not None:
             # No fix: custom_bwd does not cast the incoming gradients as `cast_inputs` did.
             yield Hit(
@@ -126,7 +141,7 @@ def _undecorated(
         "`cast_inputs=torch.float32` only if every floating input may take that dtype"
         + (", and `backward` with `@torch.amp.custom_bwd(device_type=...)`" if backward is not None else "")
     )
-    if _takes_tensors(facts, forward) >= 2:
+    if _takes_tensors(facts, forward) >= 2 and not _casts_an_input(facts, forward):
         message = (
             f"`{scope.name}` is a custom autograd.Function without `@torch.amp.custom_fwd`: under "
             f"autocast its forward receives a mix of float16 and float32 tensors"
@@ -159,7 +174,45 @@ def _undecorated(
 
 
 def _takes_tensors(facts: AmpFacts, forward: cst.FunctionDef) -> int:
-    return sum(1 for p in _arguments(forward) if _may_be_a_tensor(facts, p))
+    kept = _kept_on_ctx(facts, forward)
+    return sum(1 for p in _arguments(forward) if p.name.value not in kept and _may_be_a_tensor(facts, p))
+
+
+def _kept_on_ctx(facts: AmpFacts, forward: cst.FunctionDef) -> set[str]:
+    """Arguments forward stores as attributes of ctx (`ctx.temperature = temperature`) and never
+    hands to `save_for_backward`: settings for backward, since tensors go through save_for_backward."""
+    function = _scope_of(facts, forward)
+    if function is None:
+        return set()
+    ctx = _first_argument(forward)
+    kept = {
+        a.value.value for a in facts.assignments
+        if a.where.scope is function and a.key.startswith(f"{ctx}.") and isinstance(a.value, cst.Name)
+    }
+    saved = {
+        name for c in function.calls if c.receiver_key == ctx and c.method == "save_for_backward"
+        for arg in c.node.args for name in identifiers(arg.value).split()
+    }
+    return kept - saved
+
+
+def _casts_an_input(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
+    """Forward rebinds an argument to a cast of it (Transformer Engine's fused RoPE: `if freqs.dtype
+    != torch.float32: freqs = freqs.float()`, next to activations of any dtype): it chooses the
+    dtypes of its inputs by hand, and a mix is what its kernel expects."""
+    function = _scope_of(facts, forward)
+    if function is None:
+        return False
+    params = {p.name.value for p in _arguments(forward)}
+    return any(
+        a.where.scope is function
+        and a.key in params
+        and isinstance(a.value, cst.Call)
+        and isinstance(a.value.func, cst.Attribute)
+        and a.value.func.attr.value in _CAST_METHODS
+        and dotted_name(a.value.func.value) == a.key
+        for a in facts.assignments
+    )
 
 
 def _arguments(function: cst.FunctionDef) -> list[cst.Param]:
@@ -253,7 +306,7 @@ def _under_custom_fwd_cast(facts: AmpFacts, call: CallSite) -> bool:
     function = call.scope.function_scope
     return function.kind == "function" and any(
         isinstance(d.decorator, cst.Call)
-        and _CUSTOM_FWD.search(_decorator_name(facts, d, function.parent or function))
+        and _FWD_DECORATOR.search(_decorator_name(facts, d, function.parent or function))
         and _casts(argument(d.decorator, None, "cast_inputs"))
         for d in function.decorators
     )
