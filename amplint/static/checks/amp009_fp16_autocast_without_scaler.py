@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import libcst as cst
+
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts
+from amplint.static.semantics import AmpFacts, CallSite, argument
 
 CODE = "AMP009"
 
@@ -25,6 +27,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             why = "float16"
         elif dtype is None and not rg.has_dtype_argument(region, call) and region.device == "cuda":
             why = "float16 (the CUDA default)"
+        elif _falls_back_to_float16(facts, call):
+            why = "float16 on GPUs without bfloat16 support (T4, V100)"
         else:
             continue
         yield Hit(
@@ -34,6 +38,21 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             f"`torch.amp.GradScaler(\"{_scaler_device(region.device)}\")` or use `dtype=torch.bfloat16` where supported",
             call.where.statement,
         )
+
+
+def _falls_back_to_float16(facts: AmpFacts, call: CallSite) -> bool:
+    """`dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16`, written there
+    or bound once to a name: the code itself picks float16 on older GPUs (nanoVLM). A dtype picked
+    by a setting (`if args.precision == "bf16"`) is the user's choice, and not reported."""
+    expr = argument(call.node, None, "dtype")
+    values = facts.bindings(expr.value, call.scope) if isinstance(expr, cst.Name) else [(expr, call.scope)]
+    if len(values) != 1 or not isinstance(values[0][0], cst.IfExp):
+        return False
+    choice, scope = values[0]
+    branches = {facts.qualname(choice.body, scope), facts.qualname(choice.orelse, scope)}
+    return bool(branches & rg.FLOAT16 and branches & rg.BFLOAT16) and bool(
+        rg.BF16_SUPPORT_CHECK.search(facts.module.code_for_node(choice.test))
+    )
 
 
 def _scaler_device(device: str | None) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import libcst as cst
@@ -14,7 +13,6 @@ from amplint.static.semantics import AmpFacts, CallSite, dotted_name
 
 CODE = "AMP016"
 
-_BF16_GUARD = re.compile(r"is_bf16_supported|bf16_supported|get_device_capability|compute_capability|is_ampere|sm_?8\d|\bcapability\b")
 _BCE_FUNCTIONS = {"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"}
 _BCE_MODULES = {"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"}
 
@@ -47,7 +45,7 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
             )
         elif dtype in rg.BFLOAT16 and device == "cuda":
             if guarded is None:
-                guarded = bool(_BF16_GUARD.search(facts.text))
+                guarded = bool(rg.BF16_SUPPORT_CHECK.search(facts.text))
             if not guarded:
                 # A GradScaler matters only where float16 gradients are computed.
                 fallback = "float16 with a GradScaler" if rg.trains(facts) and not rg.inference_only(facts, call) else "float16"
