@@ -69,6 +69,20 @@ def test_amp006_step_through_scaler_in_other_branch_is_clean() -> None:
     assert lines(src, "AMP006") == []
 
 
+def test_amp006_second_loop_with_its_own_scaled_backward_still_bypasses() -> None:
+    """A later loop's plain backward does not excuse a step that its own scaled backward feeds."""
+    src = LOOP_DIRECT_STEP.replace("    optimizer.step()", "    scaler.step(optimizer)\n    scaler.update()") + """\
+finetune_optimizer = torch.optim.SGD(model.parameters(), lr=1e-5)
+for x, y in loader:
+    model(x, y).backward()
+    with torch.autocast("cuda", dtype=torch.float16):
+        aux = model(x, y)
+    scaler.scale(aux).backward()
+    finetune_optimizer.step()
+"""
+    assert lines(src, "AMP006") == [15]
+
+
 def test_amp006_disabled_scaler_is_clean() -> None:
     src = LOOP_DIRECT_STEP.replace('GradScaler("cuda")', 'GradScaler("cuda", enabled=False)')
     assert lines(src, "AMP006") == []

@@ -45,6 +45,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             partners = [
                 s for s in scaled
                 if not ts.exclusive(facts, s, event) and (s.order < event.order or _share_a_loop(s, event))
+                and not _own_plain_backward(facts, s, event, events)
             ]
             if not partners:
                 continue
@@ -79,6 +80,19 @@ def _stepped_by_the_scaler_before(facts: AmpFacts, step: ts.Event, scaler_steps:
             and not ts.exclusive(facts, s, step) and ts.innermost_loop(s.anchor) is loop
         ),
         None,
+    )
+
+
+def _own_plain_backward(facts: AmpFacts, scaled: ts.Event, step: ts.Event, events: list[ts.Event]) -> bool:
+    """The step's loop back-propagates a plain loss before the step, and the scaled backward runs
+    outside that loop: an AMP loop, then a float32 one in the same scope (MONAI's tutorial
+    notebooks train a diffusion model with a scaler, then a classifier in fp32, at module level)."""
+    loop = ts.innermost_loop(step.anchor)
+    if loop is None or loop in scaled.anchor.loops:
+        return False
+    return any(
+        e.kind == "backward" and loop in e.anchor.loops and e.order < step.order and not ts.exclusive(facts, e, step)
+        for e in events
     )
 
 
