@@ -65,7 +65,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     for call in facts.calls:
         saves = _saves(facts, call)
         hands_over = not scaler_state_saved and call.name not in handed and _given_an_optimizer(facts, call, optimizers)
-        if not (saves or hands_over) or _away_from_every_scaler(facts, call):
+        if not (saves or hands_over) or _away_from_every_scaler(facts, call) or _switched_off(facts, call.where):
             continue
         hits = list(_saves_without_scaler(facts, call, scalers, scaler_state_saved, reported)) if saves else []
         if not hits and hands_over:  # `saver.save_checkpoint(model, optimizer, epoch)` saves no dict of ours
@@ -73,6 +73,15 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             hits.append(_optimizer_handed_to_a_helper(call))
         yield from hits
     yield from _load_without_scaler(facts)
+
+
+def _switched_off(facts: AmpFacts, where: Context) -> bool:
+    """Code in the body of `if False and ...:`, which never runs (OpenPCDet's save helper switches
+    off writing the optimizer to a file of its own that way)."""
+    return any(
+        label == "body" and node_id in facts.if_tests and "False" in facts.conjuncts(facts.if_tests[node_id])
+        for node_id, label in where.branches
+    )
 
 
 def _saves_without_scaler(
