@@ -347,6 +347,21 @@ def test_a_helper_event_meets_the_conditions_of_its_call_site_and_its_own() -> N
     assert not facts.contradictory([inner], [call(facts, "b(").where])
 
 
+@pytest.mark.parametrize(
+    "source,failed",
+    [
+        ("if not self.is_in_train:\n    a()", {"self.is_in_train"}),
+        ("if ready:\n    pass\nelse:\n    a()", {"ready"}),
+        ("if not in_train and args.fp16:\n    a()", {"in_train"}),
+        ("if scaler is not None:\n    a()", {"scaler is None"}),
+        ("if ready or warm:\n    a()", set()),
+    ],
+)
+def test_failed_conditions_are_those_every_path_to_the_code_fails(source: str, failed: set[str]) -> None:
+    facts = facts_of(source)
+    assert facts.failed_conditions(call(facts, "a(").where) == failed
+
+
 def test_statement_code_leaves_out_comments() -> None:
     module = cst.parse_module("# p.grad.norm()\nx = 1  # p.grad.norm()\n")
     assert statement_code(module.body[0]) == "x = 1"

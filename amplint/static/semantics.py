@@ -942,6 +942,11 @@ class AmpFacts:
         held_b, failed_b = self._outcomes_at(b)
         return bool(held_a & failed_b or failed_a & held_b)
 
+    def failed_conditions(self, where: Context) -> frozenset[str]:
+        """The conditions, as written without their negation, that fail wherever code at `where`
+        runs: `x` in the body of `if not x:` and in the `else` of `if x:`."""
+        return self._outcomes_at((where,))[1]
+
     def _outcomes_at(self, places: Iterable[Context]) -> tuple[frozenset[str], frozenset[str]]:
         held: set[str] = set()
         failed: set[str] = set()

@@ -257,6 +257,17 @@ def _fresh_model_for_evaluation(call: CallSite, facts: AmpFacts) -> bool:
     return any(_EVALUATION.search(part) for part in callee.lower().split("."))
 
 
+# Flags that say whether the process trains at all: HF Trainer's `self.is_in_train` (set for the
+# duration of `train()`) and `args.do_train`; not a module's `training` mode, off in every evaluation.
+_TRAINING_RUN_FLAG = re.compile(r"(?:^|\.)(?:is_in_train|do_train)$")
+
+
+def _outside_training(call: CallSite, facts: AmpFacts) -> bool:
+    """A conversion only when no training runs (the HF Trainer's full-fp16 evaluation: `if not
+    self.is_in_train: model = model.to(dtype=torch.float16)`): a model evaluated on its own."""
+    return any(_TRAINING_RUN_FLAG.search(condition) for condition in facts.failed_conditions(call.where))
+
+
 def _kernel_cast_in_model(call: CallSite, facts: AmpFacts) -> bool:
     """A model casting tensors for its own kernels (fp16 q/k/v for flash attention) is the model's
     business; a model converting itself or a submodule (`self.encoder.half()` in `setup`) is not."""
@@ -295,6 +306,27 @@ def _called_on_an_amp_path(facts: AmpFacts, function: Scope, depth: int = 0) -> 
         _meets_amp(facts, site.where) or _called_on_an_amp_path(facts, site.scope.function_scope, depth + 1)
         for site in facts.callers(function)
     )
+
+
+def _cast_back_on_return(call: CallSite, facts: AmpFacts) -> bool:
+    """A function computing on one of its arguments in low precision and handing the result back
+    in that argument's dtype (Muon's Newton-Schulz step: `x = update.bfloat16() / update.norm()`,
+    then `return x.to(update.dtype)`): kernel arithmetic whose caller gets its own dtype back."""
+    function = call.scope.function_scope
+    converted = _converted(call)
+    if function.kind != "function" or converted not in function.params or not function.returns:
+        return False
+    return all(_cast_to_the_dtype_of(value, converted) for value in function.returns)
+
+
+def _cast_to_the_dtype_of(value: cst.BaseExpression, name: str) -> bool:
+    """`x.to(name.dtype)`, `x.type(name.dtype)` or `x.type_as(name)`."""
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)):
+        return False
+    method = value.func.attr.value
+    if method == "type_as":
+        return dotted_name(argument(value, 0, "other")) == name
+    return method in ("to", "type") and dotted_name(argument(value, 0, "dtype")) == f"{name}.dtype"
 
 
 def _in_an_autograd_function(call: CallSite, facts: AmpFacts) -> bool:
@@ -453,9 +485,10 @@ def _may_scale(facts: AmpFacts) -> bool:
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
-    if not (facts.has_autocast or _may_scale(facts)) or not rg.trains(facts):
+    opens_autocast = rg.opens_autocast_that_can_be_on(facts)
+    if not (opens_autocast or _may_scale(facts)) or not rg.trains(facts):
         return
-    uses = "autocast" if facts.has_autocast else "a GradScaler"
+    uses = "autocast" if opens_autocast else "a GradScaler"
     for call in facts.calls:
         dtype = low_precision_target(call, facts)
         if (
@@ -465,8 +498,10 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _compared(call, facts)
             or _kernel_cast_in_model(call, facts)
             or _in_an_autograd_function(call, facts)
+            or _cast_back_on_return(call, facts)
             or _input_for_a_frozen_model(call, facts)
             or _fresh_model_for_evaluation(call, facts)
+            or _outside_training(call, facts)
             or _frozen(call, facts)
             or _upstream_gradient(call, facts)
             or _stored_in_a_buffer(call, facts)
