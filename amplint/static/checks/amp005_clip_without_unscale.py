@@ -23,10 +23,11 @@ from amplint.static.semantics import (
 
 CODE = "AMP005"
 
-# A statement that computes with `.grad` (a norm, a max, a finiteness test), not one that only
-# tests it for None or resets it.
+# A statement that computes with `.grad` (a norm, a max, a finiteness test, a clamp), not one that
+# only tests it for None, resets it or multiplies it by a factor (`p.grad.mul_(world_size)`), which
+# commutes with the loss scale.
 _GRAD_COMPUTATION = re.compile(
-    r"\.grad(\.data)?\.(norm|abs|max|min|sum|mean|pow|square|float|item|detach|clone|cpu|numpy|isfinite|isnan|isinf|div_|mul_|clamp_)\b"
+    r"\.grad(\.data)?\.(norm|abs|max|min|sum|mean|pow|square|float|item|detach|clone|cpu|numpy|isfinite|isnan|isinf|clamp_)\b"
     r"|\b(norm|isfinite|isnan|isinf|abs|amax|max|stack|sum|clamp_)\(\s*[\w.\[\]]*\.grad(\.data)?\s*[,)]"
 )
 
