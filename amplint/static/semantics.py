@@ -701,6 +701,7 @@ class Autocast:
     device: str | None
     dtype: str | None  # qualified dtype name when literal, e.g. "torch.bfloat16"
     deprecated: bool
+    enabled_when: cst.BaseExpression | None = None  # the `enabled=` expression when not a literal
 
 
 _NON_MODULE_NN = {"Parameter", "ParameterList", "ParameterDict", "Buffer"}
@@ -1359,7 +1360,7 @@ class AmpFacts:
         """
         lexical = self.innermost_autocast(where)
         if lexical is not None:
-            return (lexical, None) if lexical.enabled != "no" else None
+            return (lexical, None) if lexical.enabled != "no" and not self._switched_off(lexical, where) else None
         if depth >= names.CALL_DEPTH:
             return None
         function = where.scope.function_scope
@@ -1370,6 +1371,19 @@ class AmpFacts:
             if outer is not None:
                 return outer[0], outer[1] or site
         return None
+
+    def _switched_off(self, region: Autocast, where: Context) -> bool:
+        """Whether the condition that enables a region fails where the code runs: the `else` of
+        `if args.amp:` inside `autocast(enabled=args.amp)` (MONAI's tutorials keep a plain backward
+        there) runs with autocast off. The condition is taken not to change in between."""
+        if region.enabled_when is None:
+            return False
+        held, failed = self._outcomes_at((where,))
+        for part in _and_operands(region.enabled_when):  # `enabled=args.amp and cuda`: each must hold
+            text, positive = self._condition(part)
+            if text in (failed if positive else held):
+                return True
+        return False
 
     @cached_property
     def backward_of_scale(self) -> dict[int, CallSite]:
@@ -1478,7 +1492,7 @@ def _autocast_from_call(call: cst.Call, qualified: str, scope: Scope) -> Autocas
         enabled = "maybe"
     dtype_expr = argument(call, positions.index("dtype"), "dtype")
     dtype = scope.resolve(dotted_name(dtype_expr))
-    return Autocast(call, enabled, device, dtype, deprecated)
+    return Autocast(call, enabled, device, dtype, deprecated, enabled_expr if enabled == "maybe" else None)
 
 
 _POSITIVE_COMPARISONS = {cst.IsNot: "is", cst.NotEqual: "==", cst.NotIn: "in"}
@@ -1490,6 +1504,14 @@ def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
     if isinstance(expr, cst.NamedExpr):
         expr = expr.target
     return expr.with_changes(lpar=[], rpar=[]) if getattr(expr, "lpar", None) else expr
+
+
+def _and_operands(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """`a and (b and c)`: a, b and c."""
+    expr = _bare(expr)
+    if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.And):
+        return _and_operands(expr.left) + _and_operands(expr.right)
+    return [expr]
 
 
 def is_none(expr: cst.BaseExpression | None) -> bool:
