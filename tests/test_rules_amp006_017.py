@@ -317,6 +317,55 @@ def test_amp008_amp_switch_guards_are_not_accumulation() -> None:
     assert lines(src, "AMP008") == []
 
 
+def test_amp008_backend_switch_stepping_in_each_branch_is_clean() -> None:
+    """transformers' Trainer: `if on_xla:` and its `elif` both step the scaler, so unscale_ before
+    the switch is always followed by a step."""
+    src = """\
+    def train(loader, scaler, opt, model, on_xla):
+        for x in loader:
+            scaler.scale(model(x)).backward()
+            scaler.unscale_(opt)
+            if on_xla:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                scaler.step(opt)
+                scaler.update()
+    """
+    assert lines(src, "AMP008") == []
+
+
+def test_amp008_backend_switch_whose_else_steps_conditionally() -> None:
+    src = """\
+    def train(loader, scaler, opt, model, on_xla):
+        for x in loader:
+            scaler.scale(model(x)).backward()
+            scaler.unscale_(opt)
+            if on_xla:
+                scaler.step(opt)
+                scaler.update()
+            elif x.finite:
+                scaler.step(opt)
+                scaler.update()
+    """
+    assert lines(src, "AMP008") == [4]
+
+
+def test_amp008_backend_switch_whose_else_steps_another_optimizer() -> None:
+    src = """\
+    def train(loader, scaler, opt, other, model, on_xla):
+        for x in loader:
+            scaler.scale(model(x)).backward()
+            scaler.unscale_(opt)
+            if on_xla:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                scaler.step(other)
+    """
+    assert lines(src, "AMP008") == [4]
+
+
 def test_amp008_names_the_step_of_its_own_branch() -> None:
     """Swin-Transformer's SimMIM loop: an accumulation branch and a plain branch, each with its
     own step; the finding points at the step that the unscale_ waits for."""
@@ -496,6 +545,28 @@ def test_amp011_epoch_scheduler_is_clean() -> None:
             scaler.step(optimizer)
             scaler.update()
         scheduler.step()
+    """
+    assert lines(src, "AMP011") == []
+
+
+def test_amp011_scheduler_picked_from_a_dict_of_schedulers() -> None:
+    src = """\
+    for name, x in loader:
+        scaler.scale(models[name](x)).backward()
+        scaler.step(optimizers[name])
+        scaler.update()
+        lr_schedulers[name].step()
+    """
+    assert lines(src, "AMP011") == [5]
+
+
+def test_amp011_element_of_a_collection_not_named_for_schedulers_is_not_a_scheduler() -> None:
+    src = """\
+    for name, x in loader:
+        scaler.scale(models[name](x)).backward()
+        scaler.step(optimizers[name])
+        scaler.update()
+        samplers[name].step()
     """
     assert lines(src, "AMP011") == []
 

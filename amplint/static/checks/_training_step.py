@@ -99,6 +99,17 @@ def is_scheduler(facts: AmpFacts, key: str | None, scope: Scope, where: Context 
     return bool(_SCHEDULER_NAME.search(last))
 
 
+def _one_of_the_schedulers(call: CallSite) -> bool:
+    """`self.lr_schedulers[name].step()`: an element of a collection named for schedulers (X-Decoder
+    keeps one per model in a dict)."""
+    receiver = call.receiver
+    collection = dotted_name(receiver.value) if isinstance(receiver, cst.Subscript) else None
+    if collection is None:
+        return False
+    last = collection.split(".")[-1].lower()
+    return "scaler" not in last and bool(_SCHEDULER_NAME.search(last))
+
+
 def _walks_schedulers(loop: Loop, key: str) -> bool:
     """`key` is each element of a collection of schedulers: `for s in schedulers`, `for i, s in
     enumerate(schedulers)`, `for name, s in schedulers.items()`; not one name of a `zip(...)`."""
@@ -271,6 +282,8 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
             events.append(Event("opt_step", call, None, key, call.where))
         elif call.method in ("step", "step_update") and is_scheduler(facts, key, call.scope, call.where):  # timm: step_update
             events.append(Event("sched_step", call, None, key, call.where))
+        elif call.method == "step" and _one_of_the_schedulers(call):
+            events.append(Event("sched_step", call, None, facts.module.code_for_node(call.receiver), call.where))
         elif (call.method == "backward" and not isinstance(call.receiver, cst.Call)) or call.qualname in names.AUTOGRAD_BACKWARD:
             events.append(Event("backward", call, None, None, call.where))
     return events

@@ -76,12 +76,31 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
             continue  # whenever `unscale_` runs, so does the step (`if a and b: unscale_` then `if b: step`)
         if _AMP_SWITCH.search(_test(facts, guard)) or ts.exclusive(facts, unscale, commit):
             continue
+        if _commits_in_its_else(facts, guard, unscale, events, mine):
+            continue
         return _hit(facts, unscale, step, "outside the `if` on line {1} that guards the step", guard)
     guard = _continue_between(facts, loop, unscale, commit) if loop is not None else None
     # An `if` that updates before it skips the step resets the scaler for the next `unscale_`.
     if guard is not None and not any(e.kind == "update" and ts.within(facts, e.anchor.statement, guard) for e in events):
         return _hit(facts, unscale, step, "before the `if ...: continue` on line {1} that skips the step", guard)
     return None
+
+
+def _commits_in_its_else(facts: AmpFacts, guard: cst.If, unscale: ts.Event, events: list[ts.Event], mine: list[cst.If]) -> bool:
+    """Whether the `else` of `guard` also steps or updates the scaler whenever `unscale_` runs, so
+    the `if` picks how the step runs, not whether (transformers' Trainer: `elif on_tpu: if scaling:
+    scaler.step(...)` then `elif scaling: scaler.step(...)`)."""
+    orelse = guard.orelse
+    if orelse is None:
+        return False
+    updates = [e for e in events if e.kind == "update" and ts.same_object(e.scaler, unscale.scaler)]
+    for event in [*_partners(facts, unscale, events), *updates]:
+        if not ts.within(facts, event.anchor.statement, orelse):
+            continue
+        inner = [g for g in event.anchor.ifs if g is orelse or ts.within(facts, g, orelse)]
+        if all(ts.implied_by(facts, g, mine) or _AMP_SWITCH.search(_test(facts, g)) for g in inner):
+            return True
+    return False
 
 
 def _test(facts: AmpFacts, guard: cst.If) -> str:
