@@ -40,7 +40,6 @@ def _partners(facts: AmpFacts, event: ts.Event, events: list[ts.Event]) -> list[
     ]
 
 
-
 def _over_its_optimizers(loop, unscale: ts.Event) -> bool:
     """`for opt in optimizers: scaler.unscale_(opt)`: each pass unscales another optimizer once
     (SpeechBrain unscales, clips and steps its optimizers in three such loops)."""
@@ -143,7 +142,14 @@ def _skips(guard: cst.If) -> bool:
     return bool(found)
 
 
+# A test of the scaler's own record of what it did to an optimizer (allennlp: `if state["stage"] is
+# not OptState.UNSCALED: scaler.unscale_(optimizer)`): an `unscale_` under it cannot run twice.
+_UNSCALE_STATE = re.compile(r"\bOptState\b|_per_optimizer_states|\bUNSCALED\b")
+
+
 def _twice(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> Hit | None:
+    if any(_UNSCALE_STATE.search(_test(facts, guard)) for guard in unscale.call.where.ifs):
+        return None
     for earlier in events:
         if earlier.order >= unscale.order:
             break
