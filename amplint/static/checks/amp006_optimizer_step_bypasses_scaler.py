@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from amplint.model import Applicability
 from amplint.static.checks import FixPlan, Hit
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts
+from amplint.static.semantics import AmpFacts, dotted_name
 
 CODE = "AMP006"
 
@@ -38,7 +39,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                     related=(again.call.node,),
                 )
                 continue
-            if any(ts.same_object(s.target, event.target) for s in scaler_steps):
+            if any(ts.same_object(s.target, event.target) for s in scaler_steps) or _fed_by_its_own_backward(facts, event):
                 continue
             # A scaled backward before the step, or after it in a loop both run in (the next
             # iteration's step follows it); one that only follows the step is not its partner.
@@ -81,6 +82,27 @@ def _stepped_by_the_scaler_before(facts: AmpFacts, step: ts.Event, scaler_steps:
         ),
         None,
     )
+
+
+_BACKWARD_CALL = re.compile(r"(^|_)backward$")
+
+
+def _fed_by_its_own_backward(facts: AmpFacts, step: ts.Event) -> bool:
+    """The optimizer was handed, earlier in the same function, to a call that back-propagates a loss
+    of its own (insightface's partial-FC head: `x_grad, loss = partial_fc.forward_backward(labels,
+    features, opt_pfc)`, while only the backbone's backward is scaled): its gradients never went
+    through the scaler."""
+    function = step.call.where.scope.function_scope
+    for call in facts.calls:
+        if call.node is step.call.node:
+            return False
+        if (
+            call.where.scope.function_scope is function
+            and _BACKWARD_CALL.search(call.name)
+            and any(ts.same_object(dotted_name(a.value), step.target) for a in call.node.args)
+        ):
+            return True
+    return False
 
 
 def _own_plain_backward(facts: AmpFacts, scaled: ts.Event, step: ts.Event, events: list[ts.Event]) -> bool:
