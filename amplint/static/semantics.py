@@ -1375,15 +1375,26 @@ class AmpFacts:
     def _switched_off(self, region: Autocast, where: Context) -> bool:
         """Whether the condition that enables a region fails where the code runs: the `else` of
         `if args.amp:` inside `autocast(enabled=args.amp)` (MONAI's tutorials keep a plain backward
-        there) runs with autocast off. The condition is taken not to change in between."""
-        if region.enabled_when is None:
+        there) runs with autocast off. Only for a region written in a `with` around the code, so
+        that the condition's names are this function's (a factory's `enabled=use_amp` is not the
+        caller's `use_amp`); the condition is taken not to change in between."""
+        if region.enabled_when is None or not any(
+            region.node is expr for item in where.withs for expr in _with_expressions(item)
+        ):
             return False
         held, failed = self._outcomes_at((where,))
-        for part in _and_operands(region.enabled_when):  # `enabled=args.amp and cuda`: each must hold
-            text, positive = self._condition(part)
-            if text in (failed if positive else held):
-                return True
-        return False
+        return self._fails(region.enabled_when, held, failed)
+
+    def _fails(self, condition: cst.BaseExpression, held: frozenset[str], failed: frozenset[str]) -> bool:
+        """Whether `condition` is false given the conditions known to hold and to fail."""
+        condition = _bare(condition)
+        if isinstance(condition, cst.BooleanOperation):
+            parts = (condition.left, condition.right)
+            if isinstance(condition.operator, cst.And):
+                return any(self._fails(part, held, failed) for part in parts)
+            return all(self._fails(part, held, failed) for part in parts)
+        text, positive = self._condition(condition)
+        return text in (failed if positive else held)
 
     @cached_property
     def backward_of_scale(self) -> dict[int, CallSite]:
@@ -1506,12 +1517,11 @@ def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
     return expr.with_changes(lpar=[], rpar=[]) if getattr(expr, "lpar", None) else expr
 
 
-def _and_operands(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """`a and (b and c)`: a, b and c."""
-    expr = _bare(expr)
-    if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.And):
-        return _and_operands(expr.left) + _and_operands(expr.right)
-    return [expr]
+def _with_expressions(item: cst.WithItem) -> tuple[cst.BaseExpression, ...]:
+    """What a with-item may enter: `autocast(...)`, or either arm of `autocast(...) if amp else nullcontext()`."""
+    if isinstance(item.item, cst.IfExp):
+        return (item.item, item.item.body, item.item.orelse)
+    return (item.item,)
 
 
 def is_none(expr: cst.BaseExpression | None) -> bool:
