@@ -11,7 +11,7 @@ from amplint.model import Applicability
 from amplint.static import names
 from amplint.static.checks import FixPlan, Hit, Replacement
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, dotted_name, identifiers, is_none
+from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, children, dotted_name, identifiers, is_none
 
 CODE = "AMP013"
 
@@ -41,6 +41,7 @@ _CTX_METHODS = {
 _AUTOCAST_STATE = re.compile(r"^_?(is|get)_autocast\w*$")
 _AUTOCAST_NAME = re.compile(r"(^|_)autocast$")
 _CAST_METHODS = {"float", "half", "bfloat16", "double", "to", "type"}
+_DTYPE_NAMES = {"float16", "half", "bfloat16", "float32", "float", "float64", "double"}
 # `_cast_if_autocast_enabled`, `torch.amp.autocast_mode._cast`, `cast_inputs`; not `autocast`, `broadcast`.
 _CAST_HELPER = re.compile(r"(^|_)cast")
 
@@ -71,9 +72,16 @@ def _find(facts: AmpFacts, function: cst.FunctionDef | None, pattern: re.Pattern
     if function is None:
         return None
     for decorator in function.decorators:
-        if pattern.search(_decorator_name(facts, decorator, scope)):
+        if pattern.search(_decorator_name(facts, decorator, scope)) and not _defined_here(facts, decorator):
             return decorator
     return None
+
+
+def _defined_here(facts: AmpFacts, decorator: cst.Decorator) -> bool:
+    """A decorator that is a function of this file: a stand-in for old torch (`def
+    compat_custom_fwd(fn): return fn`) casts nothing, whatever its name says."""
+    expr = decorator.decorator.func if isinstance(decorator.decorator, cst.Call) else decorator.decorator
+    return isinstance(expr, cst.Name) and any(f.name == expr.value for f in facts.functions)
 
 
 def _amp_aware(facts: AmpFacts) -> bool:
@@ -193,7 +201,19 @@ def _kept_on_ctx(facts: AmpFacts, forward: cst.FunctionDef) -> set[str]:
         name for c in function.calls if c.receiver_key == ctx and c.method == "save_for_backward"
         for arg in c.node.args for name in identifiers(arg.value).split()
     }
-    return kept - saved
+    return kept - saved - _operands(forward)
+
+
+def _operands(function: cst.FunctionDef) -> set[str]:
+    """Names used as operands of arithmetic (`x * weight`): tensors, whatever ctx keeps of them."""
+    found: set[str] = set()
+    stack: list[cst.CSTNode] = [function.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.BinaryOperation):
+            found |= {side.value for side in (node.left, node.right) if isinstance(side, cst.Name)}
+        stack.extend(children(node))
+    return found
 
 
 def _casts_an_input(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
@@ -209,10 +229,26 @@ def _casts_an_input(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
         and a.key in params
         and isinstance(a.value, cst.Call)
         and isinstance(a.value.func, cst.Attribute)
-        and a.value.func.attr.value in _CAST_METHODS
         and dotted_name(a.value.func.value) == a.key
+        and _to_a_dtype(facts, a.value, function)
+        and all(f"{a.key}.dtype" in facts.module.code_for_node(guard.test) for guard in a.where.ifs)
         for a in facts.assignments
     )
+
+
+def _to_a_dtype(facts: AmpFacts, cast: cst.Call, scope: Scope) -> bool:
+    """`.float()`, `.half()`, `.to(torch.float32)`, `.to(dtype=...)`, `.type(x.dtype)`: a change of
+    dtype, not a move (`.to(weight.device)`)."""
+    method = cast.func.attr.value
+    if method in ("float", "half", "bfloat16", "double"):
+        return True
+    if method not in ("to", "type"):
+        return False
+    if argument(cast, None, "dtype") is not None:
+        return True
+    first = argument(cast, 0, None)
+    target = facts.qualname(first, scope) or dotted_name(first) or ""
+    return target.startswith("torch.") and target.split(".")[-1] in _DTYPE_NAMES or target.endswith(".dtype")
 
 
 def _arguments(function: cst.FunctionDef) -> list[cst.Param]:
