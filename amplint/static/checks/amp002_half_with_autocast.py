@@ -259,13 +259,13 @@ def _fresh_model_for_evaluation(call: CallSite, facts: AmpFacts) -> bool:
 
 # Flags that say whether the process trains at all: HF Trainer's `self.is_in_train` (set for the
 # duration of `train()`) and `args.do_train`; not a module's `training` mode, off in every evaluation.
-_TRAINING_RUN_FLAG = re.compile(r"(?:^|\.)(?:is_in_train|do_train)$")
+_TRAINING_RUN_FLAG = re.compile(r"(?:\w+\.)*(?:is_in_train|do_train)")
 
 
 def _outside_training(call: CallSite, facts: AmpFacts) -> bool:
     """A conversion only when no training runs (the HF Trainer's full-fp16 evaluation: `if not
     self.is_in_train: model = model.to(dtype=torch.float16)`): a model evaluated on its own."""
-    return any(_TRAINING_RUN_FLAG.search(condition) for condition in facts.failed_conditions(call.where))
+    return any(_TRAINING_RUN_FLAG.fullmatch(condition) for condition in facts.failed_conditions(call.where))
 
 
 def _kernel_cast_in_model(call: CallSite, facts: AmpFacts) -> bool:
@@ -316,7 +316,22 @@ def _cast_back_on_return(call: CallSite, facts: AmpFacts) -> bool:
     converted = _converted(call)
     if function.kind != "function" or converted not in function.params or not function.returns:
         return False
+    # The copy must go to a name of its own: `x = x.half()` leaves nothing to cast back to, and
+    # `model.half()` converts the caller's module in place, whatever the function returns.
+    if not _bound_to_another_name(call, converted) or any(
+        a.key == converted and a.where.scope is function for a in facts.assignments
+    ):
+        return False
     return all(_cast_to_the_dtype_of(value, converted) for value in function.returns)
+
+
+def _bound_to_another_name(call: CallSite, name: str) -> bool:
+    """The statement holding the conversion assigns its result to names other than `name`."""
+    statement = call.where.statement
+    if not isinstance(statement, cst.SimpleStatementLine) or not isinstance(statement.body[0], cst.Assign):
+        return False
+    targets = [dotted_name(t.target) for t in statement.body[0].targets]
+    return all(target is not None and target != name for target in targets)
 
 
 def _cast_to_the_dtype_of(value: cst.BaseExpression, name: str) -> bool:
