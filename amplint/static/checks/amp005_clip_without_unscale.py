@@ -24,12 +24,16 @@ from amplint.static.semantics import (
 CODE = "AMP005"
 
 # A statement that computes with `.grad` (a norm, a max, a finiteness test, a clamp), not one that
-# only tests it for None, resets it or multiplies it by a factor (`p.grad.mul_(world_size)`), which
-# commutes with the loss scale.
+# only tests it for None or resets it.
 _GRAD_COMPUTATION = re.compile(
     r"\.grad(\.data)?\.(norm|abs|max|min|sum|mean|pow|square|float|item|detach|clone|cpu|numpy|isfinite|isnan|isinf|clamp_)\b"
     r"|\b(norm|isfinite|isnan|isinf|abs|amax|max|stack|sum|clamp_)\(\s*[\w.\[\]]*\.grad(\.data)?\s*[,)]"
 )
+# `p.grad.mul_(factor)` / `div_(factor)` is clipping by hand when the factor is named for the
+# gradients' size (`clip_coef = max_norm / total_norm`); any other factor (`world_size`,
+# `accum_steps`) commutes with the loss scale.
+_GRAD_RESCALE = re.compile(r"\.grad(?:\.data)?\.(?:mul_|div_)\(([^()]*(?:\([^()]*\))?[^()]*)\)")
+_FROM_GRADIENTS = re.compile(r"norm|clip|coef|grad|max", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,10 @@ def _clips_its_own_gradients(call: CallSite) -> bool:
 def _computes_with_grad(statement: cst.CSTNode, facts: AmpFacts) -> bool:
     if not isinstance(statement, cst.SimpleStatementLine):
         return False
-    return bool(_GRAD_COMPUTATION.search(statement_code(statement)))
+    code = statement_code(statement)
+    return bool(_GRAD_COMPUTATION.search(code)) or any(
+        _FROM_GRADIENTS.search(factor) for factor in _GRAD_RESCALE.findall(code)
+    )
 
 
 def _exclusive(facts: AmpFacts, a: _Event, b: _Event) -> bool:
