@@ -113,7 +113,7 @@ def _own_plain_backward(facts: AmpFacts, scaled: ts.Event, step: ts.Event, event
     if loop is None or loop in scaled.anchor.loops:
         return False
     return any(
-        e.kind == "backward" and loop in e.anchor.loops and e.order < step.order and not ts.exclusive(facts, e, step)
+        e.kind == "backward" and loop in e.anchor.loops and e.order < step.order and _same_condition(e, step)
         for e in events
     )
 
@@ -123,9 +123,9 @@ def _share_a_loop(a: ts.Event, b: ts.Event) -> bool:
     return loop is not None and loop in b.anchor.loops
 
 
-def _same_condition(scaled: ts.Event, step: ts.Event) -> bool:
-    """The scaled backward runs whenever the step does (no `if scaler is not None:` around it alone)."""
-    return all(any(guard is other for other in step.anchor.ifs) for guard in scaled.anchor.ifs)
+def _same_condition(backward: ts.Event, step: ts.Event) -> bool:
+    """The backward runs whenever the step does (no `if scaler is not None:` around it alone)."""
+    return all(any(guard is other for other in step.anchor.ifs) for guard in backward.anchor.ifs)
 
 
 def _fix(facts: AmpFacts, event: ts.Event, scaler: str, events: list[ts.Event]) -> FixPlan | None:

@@ -86,14 +86,14 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
 
 
 def _commits_in_its_else(facts: AmpFacts, guard: cst.If, unscale: ts.Event, events: list[ts.Event], mine: list[cst.If]) -> bool:
-    """Whether the `else` of `guard` also steps or updates the scaler whenever `unscale_` runs, so
-    the `if` picks how the step runs, not whether (transformers' Trainer: `elif on_tpu: if scaling:
-    scaler.step(...)` then `elif scaling: scaler.step(...)`)."""
+    """Whether the `else` of `guard` also steps the optimizer whenever `unscale_` runs, so the `if`
+    picks how the step runs, not whether (transformers' Trainer: `elif on_tpu: if scaling:
+    scaler.step(...)` then `elif scaling: scaler.step(...)`). An `else` that only updates (to
+    silence the "already unscaled" error) still leaves gradients unscaled mid-accumulation."""
     orelse = guard.orelse
     if orelse is None:
         return False
-    updates = [e for e in events if e.kind == "update" and ts.same_object(e.scaler, unscale.scaler)]
-    for event in [*_partners(facts, unscale, events), *updates]:
+    for event in _partners(facts, unscale, events):
         if not ts.within(facts, event.anchor.statement, orelse):
             continue
         inner = [g for g in event.anchor.ifs if g is orelse or ts.within(facts, g, orelse)]
