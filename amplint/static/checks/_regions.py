@@ -13,8 +13,10 @@ from amplint.static.semantics import AmpFacts, Autocast, CallSite, Scope, dotted
 FLOAT16 = {"torch.float16", "torch.half"}
 BFLOAT16 = {"torch.bfloat16"}
 LOW = FLOAT16 | BFLOAT16
-# A check of the GPU's bfloat16 support (AMP016 looks for one; AMP009 for a float16 fallback on it).
-BF16_SUPPORT_CHECK = re.compile(r"is_bf16_supported|bf16_supported|get_device_capability|compute_capability|is_ampere|sm_?8\d|\bcapability\b")
+# A call that asks for the GPU's bfloat16 support (AMP009: a float16 fallback chosen by one), and
+# anything in a file that reads like such a check (AMP016).
+BF16_SUPPORT_CALL = re.compile(r"is_bf16_supported|bf16_supported|get_device_capability|compute_capability")
+BF16_SUPPORT_CHECK = re.compile(BF16_SUPPORT_CALL.pattern + r"|is_ampere|sm_?8\d|\bcapability\b")
 _EVAL_FUNCTION = re.compile(r"eval|valid|test|infer|predict|generat|sampl|inference|benchmark|export|trace|profil|serve|serving")
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad"}
 

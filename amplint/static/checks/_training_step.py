@@ -297,6 +297,8 @@ def _sets_a_new_scale(call: CallSite) -> bool:
     new_scale = call.arg(0, "new_scale")
     if isinstance(new_scale, (cst.Integer, cst.Float, cst.BinaryOperation)):
         return True
+    if isinstance(new_scale, cst.Call) and dotted_name(new_scale.func) in ("max", "min"):
+        return True  # `update(max(scaler.get_scale(), min_scale))`: a floor, without an `if`
     name = dotted_name(new_scale)
     return name is not None and any(name in _ordered_operands(branch.test) for branch in call.where.ifs)
 

@@ -51,7 +51,7 @@ def _falls_back_to_float16(facts: AmpFacts, call: CallSite) -> bool:
     choice, scope = values[0]
     branches = {facts.qualname(choice.body, scope), facts.qualname(choice.orelse, scope)}
     return bool(branches & rg.FLOAT16 and branches & rg.BFLOAT16) and bool(
-        rg.BF16_SUPPORT_CHECK.search(facts.module.code_for_node(choice.test))
+        rg.BF16_SUPPORT_CALL.search(facts.module.code_for_node(choice.test))
     )
 
 

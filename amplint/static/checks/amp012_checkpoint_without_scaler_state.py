@@ -65,7 +65,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     for call in facts.calls:
         saves = _saves(facts, call)
         hands_over = not scaler_state_saved and call.name not in handed and _given_an_optimizer(facts, call, optimizers)
-        if not (saves or hands_over) or _away_from_every_scaler(facts, call) or _switched_off(facts, call.where):
+        if not (saves or hands_over) or _away_from_every_scaler(facts, call) or _in_an_if_false_body(facts, call.where):
             continue
         hits = list(_saves_without_scaler(facts, call, scalers, scaler_state_saved, reported)) if saves else []
         if not hits and hands_over:  # `saver.save_checkpoint(model, optimizer, epoch)` saves no dict of ours
@@ -75,7 +75,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     yield from _load_without_scaler(facts)
 
 
-def _switched_off(facts: AmpFacts, where: Context) -> bool:
+def _in_an_if_false_body(facts: AmpFacts, where: Context) -> bool:
     """Code in the body of `if False and ...:`, which never runs (OpenPCDet's save helper switches
     off writing the optimizer to a file of its own that way)."""
     return any(
@@ -195,10 +195,11 @@ _CHECKPOINTING_HELPER = re.compile(r"^_*(?:save|checkpoint|ckpt)", re.IGNORECASE
 
 def _stepped_or_built_optimizers(facts: AmpFacts) -> set[str]:
     """Names that hold an optimizer object, not its state (`optimizer_state`): built here, stepped,
-    zeroed, or stepped by a scaler."""
+    zeroed, restored (YOLOP builds it elsewhere, steps it in another file, and here only loads its
+    state on resume and hands it to its save helper), or stepped by a scaler."""
     keys = {a.key for a in facts.assignments if facts.value_kind(a.value, a.where.scope) == "optimizer"}
     for call in facts.calls:
-        if call.method in ("step", "zero_grad") and facts.is_optimizer(call.receiver_key, call.scope):
+        if call.method in ("step", "zero_grad", "load_state_dict") and facts.is_optimizer(call.receiver_key, call.scope):
             keys.add(call.receiver_key)
         elif call.method in ("step", "unscale_") and facts.is_scaler(call.receiver_key, call.scope):
             keys.add(dotted_name(call.arg(0, "optimizer")) or "")
