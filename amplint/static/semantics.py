@@ -887,9 +887,9 @@ class AmpFacts:
         if key is None or "." in key:
             return None
         function = scope.function_scope
-        values = [a.value for a in self._assignments_by_key.get(key, ()) if a.where.scope.function_scope is function]
-        owners = {v.func.value for v in values if isinstance(v, cst.Call) and isinstance(v.func, cst.Name)}
-        if not values or len(owners) != 1 or len(values) != sum(isinstance(v, cst.Call) and isinstance(v.func, cst.Name) for v in values):
+        built = [constructor_of(a.value) for a in self._assignments_by_key.get(key, ()) if a.where.scope.function_scope is function]
+        owners = {call.func.value if call is not None and isinstance(call.func, cst.Name) else None for call in built}
+        if len(owners) != 1 or None in owners:  # no binding, or one that is not `Class(...)`
             return None
         (owner,) = owners
         return owner if owner in self._class_names else None
@@ -1042,7 +1042,11 @@ class AmpFacts:
     def constructed(self, key: str | None, scope: Scope) -> list[tuple[cst.Call, str | None]]:
         """The calls a name or `self.attr` is bound to, each with the qualified name it calls
         (`accelerator = Accelerator(...)`, `sched = ReduceLROnPlateau(...)`)."""
-        return [(value, self.qualname(value.func, value_scope)) for value, value_scope in self.bindings(key, scope) if isinstance(value, cst.Call)]
+        return [
+            (call, self.qualname(call.func, value_scope))
+            for value, value_scope in self.bindings(key, scope)
+            if (call := constructor_of(value)) is not None
+        ]
 
     def opens_framework_autocast(self, call: cst.Call, scope: Scope) -> bool:
         """`accelerator.autocast()`, `fabric.autocast()`: a framework object entering torch's
@@ -1100,7 +1104,7 @@ class AmpFacts:
                     return kind
             if isinstance(expr.func, cst.Attribute):
                 method = expr.func.attr.value
-                if method in ("to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16", "requires_grad_"):
+                if method in _RETURNS_ITS_MODULE:
                     return self.value_kind(expr.func.value, scope, depth + 1)
                 if method == "from_pretrained" or method == "from_config":
                     return "model"
@@ -1216,7 +1220,7 @@ class AmpFacts:
         if not values:
             return False
         for value in values:
-            constructor = _constructor_call(value)
+            constructor = constructor_of(value)
             if constructor is None:
                 return False
             enabled = argument(constructor, None, "enabled")
@@ -1462,9 +1466,15 @@ def is_per_step_function(scope: Scope) -> bool:
     return bool(_STEP_FUNCTION.search(scope.name.lower()))
 
 
-def _constructor_call(value: cst.BaseExpression) -> cst.Call | None:
+# Methods that return the module they are called on, moved or switched: `nn.BCELoss().cuda()` and
+# `Net().to(device).train()` are still what the constructor built.
+_RETURNS_ITS_MODULE = frozenset({"to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16", "double", "requires_grad_"})
+
+
+def constructor_of(value: cst.BaseExpression) -> cst.Call | None:
+    """The constructor call a bound value comes from, past `.cuda()`, `.to(device)` and the like."""
     while isinstance(value, cst.Call):
-        if isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda"):
+        if isinstance(value.func, cst.Attribute) and value.func.attr.value in _RETURNS_ITS_MODULE:
             value = value.func.value
             continue
         return value

@@ -9,7 +9,7 @@ import libcst as cst
 from amplint.model import Severity
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
-from amplint.static.semantics import AmpFacts, CallSite, dotted_name
+from amplint.static.semantics import AmpFacts, CallSite, constructor_of, dotted_name
 
 CODE = "AMP016"
 
@@ -72,19 +72,17 @@ def _names_a_bce_module(facts: AmpFacts, call: CallSite, criteria: set[str]) -> 
     argument, any of the file's BCELoss names."""
     if call.callee.split(".")[-1] not in criteria:
         return False  # every BCELoss binding's name is among them
-    bound = facts.bindings(call.callee, call.scope)
-    if bound:
-        return any(
-            isinstance(value, cst.Call) and facts.qualname(value.func, scope) in _BCE_MODULES for value, scope in bound
-        )
+    bound = facts.constructed(call.callee, call.scope)
+    if facts.bindings(call.callee, call.scope):
+        return any(built in _BCE_MODULES for _, built in bound)
     return True
 
 
 def _bce(facts: AmpFacts) -> Iterator[Hit]:
     criteria: set[str] = set()
     for assignment in facts.assignments:
-        value = assignment.value
-        if isinstance(value, cst.Call) and facts.qualname(value.func, assignment.where.scope) in _BCE_MODULES:
+        built = constructor_of(assignment.value)
+        if built is not None and facts.qualname(built.func, assignment.where.scope) in _BCE_MODULES:
             criteria.add(assignment.key.split(".")[-1])
     for call in facts.calls:
         direct = call.qualname in _BCE_FUNCTIONS

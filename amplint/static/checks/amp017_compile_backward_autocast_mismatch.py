@@ -9,7 +9,7 @@ import libcst as cst
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, CallSite, dotted_name
+from amplint.static.semantics import AmpFacts, CallSite, constructor_of, dotted_name
 
 CODE = "AMP017"
 
@@ -35,11 +35,15 @@ def _compiled(facts: AmpFacts) -> list[tuple[CallSite, str | None, object]]:
             found.append((call, call.receiver_key, None))
     for function in facts.functions:
         for decorator in function.decorators:
-            if not isinstance(decorator.decorator, cst.Call) and facts.qualname(decorator.decorator, function.parent or function) in _COMPILE:
+            called = isinstance(decorator.decorator, cst.Call)  # `@torch.compile(dynamic=False)`: a call, found above
+            expr = decorator.decorator.func if called else decorator.decorator
+            if facts.qualname(expr, function.parent or function) not in _COMPILE:
+                continue
+            if not called:
                 found.append((decorator, function.name, function.node))
-                # `@torch.compile` on a module's `forward`: its instances are the compiled models.
-                if function.class_name is not None and function.name in ("forward", "__call__"):
-                    found.extend((decorator, key, None) for key in _instances_of(facts, function.class_name))
+            # `@torch.compile` on a module's `forward`: its instances are the compiled models.
+            if function.class_name is not None and function.name in ("forward", "__call__"):
+                found.extend((decorator, key, None) for key in _instances_of(facts, function.class_name))
     return found
 
 
@@ -64,10 +68,10 @@ def _compiles_a_function(facts: AmpFacts, node, function) -> bool:
 
 
 def _instances_of(facts: AmpFacts, class_name: str) -> set[str]:
-    """The names bound to `ClassName(...)` in this file."""
+    """The names bound to `ClassName(...)` (also `ClassName().cuda()`) in this file."""
     return {
         a.key for a in facts.assignments
-        if isinstance(a.value, cst.Call) and isinstance(a.value.func, cst.Name) and a.value.func.value == class_name
+        if (built := constructor_of(a.value)) is not None and isinstance(built.func, cst.Name) and built.func.value == class_name
     }
 
 
