@@ -13,20 +13,24 @@ from amplint.static.semantics import AmpFacts, Scope, ends_with, identifiers
 
 CODE = "AMP001"
 
+# How the torch.amp replacement is called, and what to know when only its name is used
+# (an import, `isinstance(s, GradScaler)`, `autocast = torch.cuda.amp.autocast`).
 _REPLACEMENT = {
-    "autocast": 'torch.amp.autocast("{device}", ...) with keyword arguments',
-    "GradScaler": 'torch.amp.GradScaler("{device}", ...)',
-    "custom_fwd": 'torch.amp.custom_fwd(device_type="{device}", ...)',
-    "custom_bwd": 'torch.amp.custom_bwd(device_type="{device}")',
+    "autocast": ('`torch.amp.autocast("{device}", ...)` with keyword arguments', "its first argument is the device type"),
+    "GradScaler": ('`torch.amp.GradScaler("{device}", ...)`', "its first argument is the device type"),
+    "custom_fwd": ('`torch.amp.custom_fwd(device_type="{device}", ...)`', 'it needs `device_type="{device}"`'),
+    "custom_bwd": ('`torch.amp.custom_bwd(device_type="{device}")`', 'it needs `device_type="{device}"`'),
 }
 
 
-def message_for(qualname: str) -> str:
+def message_for(qualname: str, called: bool = True) -> str:
+    """The deprecation message; `called` for a call, which gets the replacement call spelled out."""
     if qualname in names.DEPRECATED_AUTOCAST_STATE:
         return f"`{qualname}()` is deprecated since torch 2.4; use `{names.DEPRECATED_AUTOCAST_STATE[qualname]}`"
     device, kind = names.DEPRECATED_AMP[qualname]
-    replacement = _REPLACEMENT[kind].format(device=device)
-    return f"`torch.{device}.amp.{kind}` is deprecated since torch 2.4; use `{replacement}`"
+    call, note = _REPLACEMENT[kind]
+    replacement = call.format(device=device) if called else f"`torch.amp.{kind}` ({note.format(device=device)})"
+    return f"`torch.{device}.amp.{kind}` is deprecated since torch 2.4; use {replacement}"
 
 
 def _is_deprecated(qualname: str | None) -> bool:
@@ -155,7 +159,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         if _fallback_for_older_torch(facts, ref.node, replacements):
             fallbacks.add((id(ref.scope), _bound_name(ref.node)))
         else:
-            yield Hit(ref.node, message_for(ref.qualname), ref.statement, autofix.deprecated_import(ref, facts))
+            yield Hit(ref.node, message_for(ref.qualname, called=False), ref.statement, autofix.deprecated_import(ref, facts))
 
     def through_a_fallback(dotted: str, scope: Scope) -> bool:
         head = dotted.split(".")[0]
@@ -184,4 +188,4 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             and not through_a_fallback(ref.dotted, ref.where.scope)
             and not _fallback_for_older_torch(facts, ref.node, replacements)
         ):
-            yield Hit(ref.node, message_for(qualname), ref.where.statement, autofix.deprecated_reference(ref, qualname, facts))
+            yield Hit(ref.node, message_for(qualname, called=False), ref.where.statement, autofix.deprecated_reference(ref, qualname, facts))
