@@ -101,6 +101,25 @@ def test_crlf_files_keep_their_positions() -> None:
     assert _assert_same_positions(NESTED.replace("\n", "\r\n")) > 50
 
 
+CLOSED_ON_ITS_OWN_LINE = """\
+import torch
+
+
+class Rotary(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx,
+        t,
+    ) -> torch.Tensor:
+        return t.float()
+"""
+
+
+def test_parameters_closed_on_a_line_of_their_own_end_after_its_indentation() -> None:
+    """libcst writes the indentation before `)` as the block's, empty once the method is a unit."""
+    assert _assert_same_positions(CLOSED_ON_ITS_OWN_LINE) > 10
+
+
 TABBED = """\
 import torch
 class Model(torch.nn.Module):

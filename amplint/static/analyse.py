@@ -288,8 +288,10 @@ class _UnitPositions:
         if actual == generated:
             return CodePosition(line, position.column)
         if actual[self.indent :] == generated and not actual[: self.indent].strip():
-            # An end at column 0 is right after a newline: column 0 here too.
-            after_newline = is_end and position.column == 0
+            # An end at column 0 is right after a newline (column 0 here too), unless the line
+            # starts at the unit's own level: then it ends after the unit's indentation, which
+            # libcst writes empty (a bracket closed on its own line, `    ) -> Tensor:`).
+            after_newline = is_end and position.column == 0 and not generated[:1].strip()
             return CodePosition(line, position.column if after_newline else position.column + self.indent)
         return None
 
