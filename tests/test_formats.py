@@ -278,6 +278,17 @@ def test_github_annotations(project: Path) -> None:
     assert lines[2].startswith("::error file=src/train.py,line=6,col=5,endLine=6,endColumn=20,title=AMP003::AMP003 backward")
 
 
+def test_github_annotations_of_the_current_folder_name_files_without_dot_slash(project: Path) -> None:
+    """The README's `amplint --format github .`: GitHub shows no annotation for `./src/train.py`."""
+    result = amplint(".", "--format", "github", *SELECT, cwd=project)
+    assert [line.split(",")[0] for line in result.stdout.splitlines()] == ["::error file=src/train.py"] * 3
+
+
+def test_github_annotations_name_an_absolute_path_below_the_current_folder_relative_to_it(project: Path) -> None:
+    result = amplint(str(project.resolve() / "src"), "--format", "github", *SELECT, cwd=project)
+    assert [line.split(",")[0] for line in result.stdout.splitlines()] == ["::error file=src/train.py"] * 3
+
+
 def test_github_escapes_properties_and_data() -> None:
     finding = Finding("AMP003", "backward-in-autocast", Severity.ERROR, "a,b:c%.py", 3, 1, 3, 2, "50% of\nit: x, y\r")
     out = io.StringIO()
@@ -372,3 +383,13 @@ def test_text_shows_the_reported_line_after_a_page_break(tmp_path: Path) -> None
     result = amplint("paged.py", "--no-cache", cwd=tmp_path)
     assert "paged.py:3:10: AMP001" in result.stdout
     assert "3 | scaler = torch.cuda.amp.GradScaler()" in result.stdout
+
+
+def test_text_shows_a_line_in_the_files_declared_encoding(tmp_path: Path) -> None:
+    source = '# -*- coding: gbk -*-\nimport torch\nx = "中文"; scaler = torch.cuda.amp.GradScaler()\n'
+    (tmp_path / "legacy.py").write_bytes(source.encode("gbk"))
+    result = amplint("legacy.py", cwd=tmp_path, env={"NO_COLOR": "1"})
+    assert result.stdout.splitlines()[1:3] == [
+        '3 | x = "中文"; scaler = torch.cuda.amp.GradScaler()',
+        "  |                      " + "^" * len("torch.cuda.amp.GradScaler"),
+    ]

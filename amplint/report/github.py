@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TextIO
 
 from amplint.model import Finding
@@ -15,10 +16,22 @@ def _escape_property(text: str) -> str:
     return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
+def _annotated_path(path: str) -> str:
+    """The path as GitHub matches it against the pull request's files: relative, without the `./`
+    of `amplint --format github .` (GitHub shows no annotation for `./src/a.py`)."""
+    candidate = Path(path)
+    if candidate.is_absolute():
+        try:
+            candidate = candidate.relative_to(Path.cwd())
+        except ValueError:
+            return path
+    return candidate.as_posix()
+
+
 def render(findings: list[Finding], out: TextIO, context: dict) -> None:
     for f in findings:
         out.write(
-            f"::error file={_escape_property(f.path)},line={f.line},col={f.column},"
+            f"::error file={_escape_property(_annotated_path(f.path))},line={f.line},col={f.column},"
             f"endLine={f.end_line},endColumn={f.end_column},title={f.code}::"
             f"{_escape_data(f'{f.code} {f.message}')}\n"
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TextIO
 
 from amplint.model import Finding, Severity
-from amplint.static.source import physical_lines
+from amplint.static.source import SourceError, decode_source, physical_lines
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "bold blue"}
 
@@ -32,11 +32,20 @@ def wants_color(stream: TextIO, environ: Mapping[str, str] | None = None) -> boo
 def _source_line(path: str, line: int, cache: dict[str, list[str]]) -> str | None:
     if path not in cache:
         try:
-            cache[path] = physical_lines(Path(path).read_text(encoding="utf-8", errors="replace"))
+            cache[path] = physical_lines(_decoded(Path(path).read_bytes()))
         except OSError:
             cache[path] = []
     lines = cache[path]
     return lines[line - 1] if 0 < line <= len(lines) else None
+
+
+def _decoded(source: bytes) -> str:
+    """The text as the checker read it (a PEP 263 coding line, a BOM), so that the line shown and
+    the carets under it match the reported columns."""
+    try:
+        return decode_source(source)[0]
+    except SourceError:
+        return source.decode("utf-8", errors="replace")
 
 
 def render(findings: list[Finding], out: TextIO, context: dict) -> None:
