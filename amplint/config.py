@@ -108,12 +108,33 @@ def _check_code(code: str, where: str) -> str:
     return code
 
 
+def _patterns(patterns: list[str], key: str, source: Path) -> list[str]:
+    from amplint.static.discovery import pattern_problem
+
+    for pattern in patterns:
+        if problem := pattern_problem(pattern):
+            raise ConfigError(f"{source}: `{key}` has {pattern!r}, which is not a valid glob pattern ({problem})")
+    return patterns
+
+
 def _codes(value, key: str, source: Path) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{source}: `{key}` must be a list of rule codes such as [\"AMP003\"], not {value!r}")
     return tuple(_check_code(v.strip().upper(), f"{source}: `{key}`") for v in value)
+
+
+def _anchored(pattern: str) -> str:
+    """`./gen/` means the folder beside the configuration, as `/gen/` does in gitignore syntax,
+    which would otherwise read `.` as a name and match nothing."""
+    negated = pattern.startswith("!")
+    body = pattern[negated:]
+    if not body.startswith("./"):
+        return pattern
+    while body.startswith("./"):
+        body = body[2:].lstrip("/")
+    return f"{'!' if negated else ''}/{body}"
 
 
 def parse_codes_option(value: str | None, option: str) -> tuple[str, ...] | None:
@@ -138,8 +159,9 @@ def settings_from_table(table: dict, source: Path) -> Settings:
         value = table["per-file-ignores"]
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: `per-file-ignores` must be a table of glob = [codes], not {value!r}")
+        _patterns(list(value), "per-file-ignores", source)
         updates["per_file_ignores"] = tuple(
-            (str(pattern), _codes(codes, f"per-file-ignores.{pattern}", source)) for pattern, codes in value.items()
+            (_anchored(str(pattern)), _codes(codes, f"per-file-ignores.{pattern}", source)) for pattern, codes in value.items()
         )
     excludes: list[str] = []
     for key in ("exclude", "extend-exclude"):
@@ -149,7 +171,7 @@ def settings_from_table(table: dict, source: Path) -> Settings:
                 value = [value]
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"{source}: `{key}` must be a list of glob patterns, not {value!r}")
-            excludes.extend(value)
+            excludes.extend(_anchored(v) for v in _patterns(value, key, source))
     updates["exclude"] = tuple(excludes)
     if "min-torch" in table:
         value = table["min-torch"]
@@ -192,17 +214,31 @@ def load_config_file(path: Path) -> Settings:
     return settings_from_table(table or {}, path.resolve())
 
 
-def discover(start: Path) -> Settings:
-    """The nearest pyproject.toml with a [tool.amplint] table, from `start` upwards."""
+def discover(start: Path, known: dict[Path, Settings] | None = None) -> Settings:
+    """The nearest pyproject.toml with a [tool.amplint] table, from `start` upwards.
+
+    `known` (folder -> its settings) carries the answers of earlier calls into the next: the
+    files pre-commit names share a few folders, and each pyproject is read once."""
+    known = {} if known is None else known
     start = start.resolve()
     folder = start if start.is_dir() else start.parent
+    visited: list[Path] = []
+    settings = None
     for candidate in (folder, *folder.parents):
+        if candidate in known:
+            settings = known[candidate]
+            break
+        visited.append(candidate)
         pyproject = candidate / "pyproject.toml"
         if pyproject.is_file():
             table = _amplint_table(_read_toml(pyproject), pyproject, top_level=False)
             if table is not None:
-                return settings_from_table(table, pyproject.resolve())
-    return Settings(root=Path.cwd())
+                settings = settings_from_table(table, pyproject.resolve())
+                break
+    if settings is None:
+        settings = Settings(root=Path.cwd())
+    known.update(dict.fromkeys(visited, settings))
+    return settings
 
 
 def with_overrides(

@@ -171,6 +171,15 @@ def test_discover_finds_the_nearest_table_and_skips_pyprojects_without_one(tmp_p
     assert settings.root == tmp_path.resolve()
 
 
+def test_discover_reads_a_pyproject_once_for_the_files_below_it(tmp_path: Path) -> None:
+    pyproject = write(tmp_path / "pyproject.toml", '[tool.amplint]\nselect = ["AMP004"]\n')
+    known: dict[Path, Settings] = {}
+    first = discover(write(tmp_path / "a" / "train.py", ""), known)
+    pyproject.unlink()  # the sibling folder is answered from what the first call passed
+    assert discover(write(tmp_path / "b" / "eval.py", ""), known) == first
+    assert discover(tmp_path / "b" / "eval.py").select == ("AMP",)
+
+
 def test_discover_without_any_table_gives_defaults(tmp_path: Path) -> None:
     assert enabled(discover(tmp_path)) == set(ALL)
 
@@ -202,6 +211,26 @@ def test_nearest_pyproject_above_the_checked_path_is_used(tmp_path: Path) -> Non
     write(tmp_path / "sub" / "train.py", TWO_RULES)
     result = amplint("sub/train.py", "--format", "json", cwd=tmp_path)
     assert found(result) == {("train.py", "AMP001", 2)}
+
+
+def test_each_named_file_takes_the_configuration_nearest_to_it_in_any_order(tmp_path: Path) -> None:
+    """pre-commit names the files of every project in a repository in one command line."""
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nselect = ["AMP003"]\n')
+    write(tmp_path / "sub" / "pyproject.toml", '[tool.amplint]\nselect = ["AMP001"]\n')
+    write(tmp_path / "sub" / "train.py", TWO_RULES)
+    write(tmp_path / "top.py", TWO_RULES)
+    expected = {("train.py", "AMP001", 2), ("top.py", "AMP003", 5)}
+    assert found(amplint("sub/train.py", "top.py", "--format", "json", cwd=tmp_path)) == expected
+    assert found(amplint("top.py", "sub/train.py", "--format", "json", cwd=tmp_path)) == expected
+
+
+def test_a_file_named_beside_the_folder_that_holds_it_is_checked_once_under_its_own_configuration(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nselect = ["AMP003"]\n')
+    write(tmp_path / "sub" / "pyproject.toml", '[tool.amplint]\nselect = ["AMP001"]\n')
+    write(tmp_path / "sub" / "train.py", TWO_RULES)
+    for order in ((".", "sub/train.py"), ("sub/train.py", ".")):
+        result = amplint(*order, "--format", "json", cwd=tmp_path)
+        assert [(f["code"], f["line"]) for f in json.loads(result.stdout)] == [("AMP001", 2)]
 
 
 def test_config_option_replaces_discovery(tmp_path: Path) -> None:
@@ -243,6 +272,21 @@ def test_exclude_skips_folders_and_files_when_walking(tmp_path: Path) -> None:
     write(tmp_path / "src" / "train.py", TWO_RULES)
     result = amplint(".", "--format", "json", cwd=tmp_path)
     assert {Path(f["path"]).as_posix() for f in json.loads(result.stdout)} == {"src/train.py"}
+
+
+def test_an_exclude_pattern_starting_with_dot_slash_counts_from_the_config_folder(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nexclude = ["./generated/"]\n')
+    write(tmp_path / "generated" / "a.py", TWO_RULES)
+    write(tmp_path / "src" / "generated" / "b.py", TWO_RULES)
+    result = amplint(".", "--format", "json", cwd=tmp_path)
+    assert {Path(f["path"]).as_posix() for f in json.loads(result.stdout)} == {"src/generated/b.py"}
+
+
+def test_a_per_file_ignores_glob_starting_with_dot_slash_counts_from_the_config_folder(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint.per-file-ignores]\n"./scripts/*.py" = ["AMP001"]\n')
+    write(tmp_path / "scripts" / "a.py", TWO_RULES)
+    result = amplint("scripts/a.py", "--format", "json", "--select", "AMP001,AMP003", cwd=tmp_path)
+    assert found(result) == {("a.py", "AMP003", 5)}
 
 
 def test_named_excluded_file_is_checked_unless_force_exclude(tmp_path: Path) -> None:
@@ -328,6 +372,13 @@ def test_anchored_patterns_count_from_their_own_folder_when_a_subfolder_is_walke
     }
 
 
+def test_a_gitignore_line_that_is_no_pattern_is_passed_over_as_git_does(tmp_path: Path) -> None:
+    repository(tmp_path, "[z-a]\ngenerated/\n")
+    for name in ("generated/a.py", "train.py"):
+        write(tmp_path / name, TWO_RULES)
+    assert checked(amplint(".", "--format", "json", "--select", "AMP001", cwd=tmp_path)) == {"train.py"}
+
+
 def test_respect_gitignore_false_walks_ignored_files(tmp_path: Path) -> None:
     repository(tmp_path, "generated/\n")
     write(tmp_path / "pyproject.toml", "[tool.amplint]\nrespect-gitignore = false\n")
@@ -354,6 +405,8 @@ def test_min_torch_reaches_the_fixes(tmp_path: Path) -> None:
         ('[tool.amplint]\nselect = ["AMP999"]\n', "select"),
         ('[tool.amplint]\nmin-torch = 2.4\n', "min-torch"),
         ('[tool.amplint.per-file-ignores]\n"a.py" = "nonsense"\n', "per-file-ignores"),
+        ('[tool.amplint]\nexclude = ["gen/[z-a].py"]\n', "`exclude` has 'gen/[z-a].py', which is not a valid glob pattern"),
+        ('[tool.amplint.per-file-ignores]\n"!" = ["AMP001"]\n', "`per-file-ignores` has '!', which is not a valid glob pattern"),
         ('[tool.amplint\n', "invalid TOML"),
     ],
 )

@@ -144,6 +144,16 @@ def test_a_file_linked_twice_in_a_tree_is_checked_once(tmp_path: Path) -> None:
     assert len(json.loads(result.stdout)) == 1
 
 
+def test_a_file_reached_through_a_link_first_is_reported_under_its_own_name(tmp_path: Path) -> None:
+    """icefall's recipes link `scaling.py` to another recipe's; the link's folder sorts first."""
+    (tmp_path / "b_recipe").mkdir()
+    (tmp_path / "a_recipe").mkdir()
+    (tmp_path / "b_recipe" / "scaling.py").write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    (tmp_path / "a_recipe" / "scaling.py").symlink_to(Path("..") / "b_recipe" / "scaling.py")
+    result = _run(str(tmp_path))
+    assert [f["path"] for f in json.loads(result.stdout)] == [str(tmp_path / "b_recipe" / "scaling.py")]
+
+
 def test_missing_path_is_a_usage_error(tmp_path: Path) -> None:
     missing = tmp_path / "no_such_file.py"
     result = _run(str(missing))
@@ -151,6 +161,14 @@ def test_missing_path_is_a_usage_error(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     lines = [l for l in result.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and "no_such_file.py" in lines[0]
+
+
+def test_a_named_broken_link_says_where_it_points(tmp_path: Path) -> None:
+    link = tmp_path / "train.py"
+    link.symlink_to(tmp_path / "moved" / "train.py")
+    result = _run(str(link))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"amplint: error: {link}: a symbolic link to {tmp_path / 'moved' / 'train.py'}, which does not exist"
 
 
 def test_good_and_bad_files_together(tmp_path: Path) -> None:

@@ -34,22 +34,27 @@ def _plural(count: int, word: str) -> str:
 
 
 def resolve_settings(paths: tuple[str, ...], config_file: str | None, select: str | None, ignore: str | None,
-                     extend_select: str | None, stdin_filename: str | None = None) -> Settings:
-    """The configuration file (given, or the nearest pyproject.toml with [tool.amplint] above the
-    first path), then the command-line selection on top. Raises ConfigError."""
+                     extend_select: str | None, stdin_filename: str | None = None) -> list[tuple[Settings, list[str]]]:
+    """The settings of each path named, and the paths that share them, in the order first named:
+    the configuration file (given, or the nearest pyproject.toml with [tool.amplint] above each
+    path, as pre-commit names the files of every project in a repository at once), then the
+    command-line selection on top. Raises ConfigError."""
     selected = parse_codes_option(select, "--select")
     ignored = parse_codes_option(ignore, "--ignore")
     extended = parse_codes_option(extend_select, "--extend-select")
+    named = list(paths) or ["."]
     if config_file:
         settings = load_config_file(Path(config_file))
-    else:
-        named = [stdin_filename if p == STDIN else p for p in paths]
-        first = next((p for p in named if p), ".")
-        start = Path(first)
+        return [(with_overrides(settings, selected, ignored, extended), named)]
+    known: dict[Path, Settings] = {}
+    groups: dict[Path | None, tuple[Settings, list[str]]] = {}
+    for path in named:
+        start = Path((stdin_filename or ".") if path == STDIN else path)
         while not start.exists() and start != start.parent:  # a stdin name need not exist
             start = start.parent
-        settings = discover(start if start.exists() else Path.cwd())
-    return with_overrides(settings, selected, ignored, extended)
+        settings = discover(start if start.exists() else Path.cwd(), known)
+        groups.setdefault(settings.source, (settings, []))[1].append(path)
+    return [(with_overrides(settings, selected, ignored, extended), group) for settings, group in groups.values()]
 
 
 @dataclass
@@ -57,6 +62,13 @@ class _Outcome:
     findings: list[Finding]
     errors: list[str] = field(default_factory=list)
     fixed: int = 0
+    patches: list[str] = field(default_factory=list)  # --diff: one per file
+
+    def add(self, other: _Outcome) -> None:
+        self.findings.extend(other.findings)
+        self.errors.extend(other.errors)
+        self.fixed += other.fixed
+        self.patches.extend(other.patches)
 
 
 def run_check_command(paths: tuple[str, ...], **o) -> int:
@@ -67,30 +79,40 @@ def run_check_command(paths: tuple[str, ...], **o) -> int:
         _error("`-` (standard input) cannot be combined with other paths")
         return EXIT_ERROR
     try:
-        settings = resolve_settings(paths, o["config_file"], o["select"], o["ignore"], o["extend_select"], o["stdin_filename"])
+        groups = resolve_settings(paths, o["config_file"], o["select"], o["ignore"], o["extend_select"], o["stdin_filename"])
     except ConfigError as exc:
         _error(str(exc))
         return EXIT_ERROR
     output_format = o["output_format"] or "text"
     if paths == (STDIN,):
-        return _check_stdin(settings, o, output_format)
+        return _check_stdin(groups[0][0], o, output_format)
 
     fixing = o["fix"] or o["diff"]
-    result = check_paths(
-        list(paths or (".",)),
-        settings,
-        use_cache=not o["no_cache"] and not fixing,
-        jobs=o["jobs"],
-        force_exclude=o["force_exclude"],
-    )
-    for message in result.errors:
-        _error(message)
-    outcome = _Outcome(result.findings, list(result.errors))
+    outcome = _Outcome([])
+    files_checked = 0
+    named_files = [{str(Path(p).resolve()) for p in group if Path(p).is_file()} for _, group in groups]
+    for index, (settings, group) in enumerate(groups):
+        # `amplint . sub/a.py`: the walk of `.` leaves `sub/a.py` to its own settings.
+        elsewhere = frozenset().union(*(keys for other, keys in enumerate(named_files) if other != index))
+        result = check_paths(
+            group,
+            settings,
+            use_cache=not o["no_cache"] and not fixing,
+            jobs=o["jobs"],
+            force_exclude=o["force_exclude"],
+            elsewhere=elsewhere,
+        )
+        for message in result.errors:
+            _error(message)
+        files_checked += result.files_checked
+        outcome.errors.extend(result.errors)
+        outcome.add(_fix_files(result, settings, o) if fixing else _Outcome(result.findings))
+    outcome.findings.sort(key=Finding.sort_key)
     if fixing:
-        outcome = _fix_files(result, settings, o)
-    if not _report(outcome, result.files_checked, o, output_format):
+        _finish_fixes(outcome, o)
+    if not _report(outcome, files_checked, o, output_format):
         return EXIT_ERROR
-    if result.errors or outcome.errors:
+    if outcome.errors:
         return EXIT_ERROR
     return EXIT_FINDINGS if outcome.findings and not o["exit_zero"] else EXIT_CLEAN
 
@@ -170,7 +192,6 @@ def _fix_files(result: RunResult, settings: Settings, o) -> _Outcome:
     for finding in result.findings:
         by_file.setdefault(finding.path, []).append(finding)
     outcome = _Outcome([])
-    patches: list[str] = []
     for display, findings in by_file.items():
         source_file = result.sources.get(display)
         if source_file is None or not any(_wanted(f, unsafe) for f in findings):
@@ -187,7 +208,7 @@ def _fix_files(result: RunResult, settings: Settings, o) -> _Outcome:
             outcome.findings.extend(findings)
             continue
         if o["diff"]:
-            patches.append(_unified_diff(display, original, fixed.source))
+            outcome.patches.append(_unified_diff(display, original, fixed.source))
             outcome.findings.extend(findings)
         else:
             try:
@@ -198,15 +219,19 @@ def _fix_files(result: RunResult, settings: Settings, o) -> _Outcome:
                 continue
             outcome.findings.extend(fixed.remaining)
         outcome.fixed += _fixed_count(findings, fixed)
-    if o["diff"] and (problem := _write_output("".join(patches), o["output_file"])):
-        outcome.errors.append(problem)
     for message in outcome.errors:
         _error(message)
+    return outcome
+
+
+def _finish_fixes(outcome: _Outcome, o) -> None:
+    """Once for the run: the patch (--diff) and how many findings were fixed."""
+    if o["diff"] and (problem := _write_output("".join(outcome.patches), o["output_file"])):
+        _error(problem)
+        outcome.errors.append(problem)
     if not o["quiet"] and outcome.fixed:
         verb = "Would fix" if o["diff"] else "Fixed"
         print(f"{verb} {_plural(outcome.fixed, 'finding')}.", file=sys.stderr)
-    outcome.findings.sort(key=Finding.sort_key)
-    return outcome
 
 
 def _fixed_count(before: list[Finding], fixed) -> int:
@@ -225,8 +250,12 @@ def _unified_diff(display: str, before: bytes, after: bytes) -> str:
     # feeds, U+2028 and a lone "\r", which makes hunks no tool can apply.
     old = _PATCH_LINE.findall(_decoded(before))
     new = _PATCH_LINE.findall(_decoded(after))
+    # `git apply` refuses a `.` in a path: `amplint . --diff` names `./src/a.py` as `src/a.py`.
+    name = display if Path(display).is_absolute() else Path(display).as_posix()
+    # A name with a space ends at a tab, as git writes it: patch(1) would stop at the space.
+    end = "\t" if " " in name else ""
     lines = []
-    for line in difflib.unified_diff(old, new, fromfile=f"a/{display}", tofile=f"b/{display}"):
+    for line in difflib.unified_diff(old, new, fromfile=f"a/{name}{end}", tofile=f"b/{name}{end}"):
         if not line.endswith("\n"):
             line += "\n\\ No newline at end of file\n"
         lines.append(line)

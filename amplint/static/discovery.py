@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,7 +92,22 @@ def _gitignore(folder: Path) -> pathspec.GitIgnoreSpec | None:
         return None
     import pathspec
 
-    return pathspec.GitIgnoreSpec.from_lines(lines)
+    try:
+        return pathspec.GitIgnoreSpec.from_lines(lines)
+    except (ValueError, re.error):
+        # git passes over a line it cannot read as a pattern (`[z-a]`, a lone `!`); so does the walk.
+        return pathspec.GitIgnoreSpec.from_lines([line for line in lines if pattern_problem(line) is None])
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """Why a gitignore-style pattern cannot be compiled, or None."""
+    import pathspec
+
+    try:
+        pathspec.GitIgnoreSpec.from_lines([pattern])
+    except (ValueError, re.error) as exc:
+        return str(exc)
+    return None
 
 
 class _Patterns:

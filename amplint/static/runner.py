@@ -62,31 +62,45 @@ def all_codes() -> list[str]:
     return sorted(catalogue())
 
 
-def collect_files(arguments: list[str], settings: Settings, force_exclude: bool, result: RunResult) -> list[SourceFile]:
-    """Files to check: those named, and the Python files below the folders named."""
+def collect_files(
+    arguments: list[str], settings: Settings, force_exclude: bool, result: RunResult, elsewhere: frozenset[str] = frozenset()
+) -> list[SourceFile]:
+    """Files to check: those named, and the Python files below the folders named, except those
+    `elsewhere` (the keys of files named on the command line and checked under other settings)."""
     excluder = Excluder(settings.exclude, settings.root)
     files: list[SourceFile] = []
-    seen: set[str] = set()
+    seen: dict[str, int] = {}  # key -> its place in `files`
     for argument in arguments:
         path = Path(argument)
         if path.is_dir():
             if force_exclude and excluder.excludes(path, is_dir=True):
                 continue
             for source in walk(argument, excluder, settings.respect_gitignore, result.errors):
-                if source.key not in seen:
-                    seen.add(source.key)
-                    files.append(source)
+                if source.key not in elsewhere:
+                    _add_once(files, seen, source)
         elif path.is_file():
             if force_exclude and excluder.excludes(path):
                 continue
-            named = SourceFile(path, argument, named=True)
-            if named.key not in seen:
-                seen.add(named.key)
-                files.append(named)
+            _add_once(files, seen, SourceFile(path, argument, named=True))
         else:
-            reason = "no such file or directory" if not path.exists() and not path.is_symlink() else "not a file or directory"
+            if path.is_symlink() and not path.exists():
+                reason = f"a symbolic link to {os.readlink(path)}, which does not exist"
+            else:
+                reason = "no such file or directory" if not path.exists() else "not a file or directory"
             result.errors.append(f"{argument}: {reason}")
     return files
+
+
+def _add_once(files: list[SourceFile], seen: dict[str, int], source: SourceFile) -> None:
+    """A file reached twice (through a link) is checked once: as named on the command line, else
+    under its own name rather than a link's found in a folder, so that findings, SARIF locations
+    and patches name the file that holds the code (`git apply` does not patch through a link)."""
+    place = seen.get(source.key)
+    if place is None:
+        seen[source.key] = len(files)
+        files.append(source)
+    elif not files[place].named and files[place].path.is_symlink() and not source.path.is_symlink():
+        files[place] = source
 
 
 def check_paths(
@@ -96,10 +110,11 @@ def check_paths(
     use_cache: bool = True,
     jobs: int | None = None,
     force_exclude: bool = False,
+    elsewhere: frozenset[str] = frozenset(),
 ) -> RunResult:
     result = RunResult()
     enabled = settings.enabled_codes(all_codes())
-    files = collect_files(arguments, settings, force_exclude, result)
+    files = collect_files(arguments, settings, force_exclude, result, elsewhere)
     cache = ResultCache(settings.root / ".amplint_cache", settings.fingerprint()) if use_cache else None
     tasks: list[_Task] = []
     stats: list[os.stat_result] = []
