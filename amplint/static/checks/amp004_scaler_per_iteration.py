@@ -24,10 +24,18 @@ def _assigned_key(call: CallSite) -> str | None:
     statement = call.where.statement
     if isinstance(statement, cst.SimpleStatementLine):
         for small in statement.body:
-            if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is call.node:
+            if isinstance(small, (cst.Assign, cst.AnnAssign)) and _built_by(small.value, call):
                 target = small.targets[0].target if isinstance(small, cst.Assign) else small.target
                 return dotted_name(target)
     return None
+
+
+def _built_by(value: cst.BaseExpression | None, call: CallSite) -> bool:
+    """The assigned value is the constructor, or one arm of a conditional around it
+    (`scaler = GradScaler() if args.amp else None`)."""
+    if isinstance(value, cst.IfExp):
+        return call.node in (value.body, value.orelse)
+    return value is call.node
 
 
 def _lazy_init(call: CallSite, facts: AmpFacts) -> bool:
@@ -53,6 +61,19 @@ def _loop_depth_of_uses(loop: Loop, key: str | None, facts: AmpFacts) -> list[in
     return depths
 
 
+def _passes_on_in_an_inner_epoch_loop(loop: Loop, key: str | None, facts: AmpFacts) -> bool:
+    """The scaler is handed to a call (`train_one_epoch(..., scaler)`, defined in another file)
+    inside an epoch loop nested in `loop`: each iteration of `loop` is a whole training run."""
+    for call in facts.calls:
+        passed = (dotted_name(arg.value) for arg in call.node.args)
+        if not any(name is not None and (name == key or facts.is_scaler(name, call.scope)) for name in passed):
+            continue
+        chain = facts.loop_chain(call.where)  # outermost first
+        if loop in chain and any(_EPOCH.search(inner.text) for inner in chain[chain.index(loop) + 1:]):
+            return True
+    return False
+
+
 def _starts_a_run(loop: Loop, facts: AmpFacts) -> bool:
     """The loop body builds a model or an optimizer next to the scaler: one scaler per run. Not
     `model.train()` or `model.to(device)` each epoch: the same model, switched or moved."""
@@ -72,9 +93,12 @@ def _period(innermost: tuple[Loop, CallSite | None], key: str | None, facts: Amp
     loop, via = innermost
     depths = _loop_depth_of_uses(loop, key, facts)
     epoch_loop = bool(_EPOCH.search(loop.text))
-    run_loop = _starts_a_run(loop, facts) or (bool(_RUN.search(loop.text)) and not epoch_loop)
     if 0 in depths:
         return loop, via, "epoch" if epoch_loop else "iteration"
+    run_loop = (
+        _starts_a_run(loop, facts) or (bool(_RUN.search(loop.text)) and not epoch_loop)
+        or _passes_on_in_an_inner_epoch_loop(loop, key, facts)
+    )
     if run_loop or (depths and min(depths) > 1):
         # One scaler per fold, trial or run is right; so is one per iteration of a loop with
         # whole epoch and batch loops inside it, whatever that loop is called.
