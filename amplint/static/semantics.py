@@ -1031,7 +1031,9 @@ class AmpFacts:
                 return None
             if body and orelse and body.enabled == orelse.enabled:
                 return found
-            return Autocast(expr, "maybe", found.device, found.dtype, found.deprecated)
+            # `autocast(...) if use_amp else nullcontext()`: on only where the test holds.
+            when = expr.test if orelse is None else cst.UnaryOperation(cst.Not(), expr.test) if body is None else None
+            return Autocast(expr, "maybe", found.device, found.dtype, found.deprecated, when)
         if isinstance(expr, (cst.Name, cst.Attribute)):
             for value, value_scope in self.bindings(dotted_name(expr), scope):
                 found = self.autocast_of(value, value_scope, depth + 1)
