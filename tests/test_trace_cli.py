@@ -803,3 +803,62 @@ def test_a_gpu_script_tried_without_cuda_says_why_its_scaler_findings_are_not_re
     summary = " ".join(proc.stderr.split())
     assert "the line never ran" not in summary
     assert "scaled nothing" in summary and "CUDA autocast disabled itself here" in summary
+
+
+@pytest.mark.parametrize("typed", ["train.py", "./train.py", "jobs/../train.py", "pkg"])
+def test_the_script_sees_sys_argv_0_as_typed_like_a_plain_run(tmp_path: Path, typed: str) -> None:
+    source = """
+        import os
+        import sys
+        print(sys.argv[0], os.path.dirname(sys.argv[0]) or ".", sys.argv[1:])
+        """
+    write(tmp_path, "train.py", source)
+    write(tmp_path, "pkg/__main__.py", source)
+    (tmp_path / "jobs").mkdir()
+    proc = trace(tmp_path, "-q", typed, "--epochs", "1")
+    plain = subprocess.run([sys.executable, typed, "--epochs", "1"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout == f"{typed} {os.path.dirname(typed) or '.'} ['--epochs', '1']\n"
+
+
+def test_a_script_ending_with_os_exit_keeps_its_status_and_says_no_report_was_written(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import os
+        import torch
+        print("trained", flush=True)
+        os._exit(3)
+        """,
+    )
+    proc = trace(tmp_path, "--json", "r.json", "train.py")
+    assert proc.returncode == 3
+    assert proc.stdout == "trained\n"
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "amplint trace: the script called os._exit(3), which ends the process at once: no report was written"
+    )
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_symlinked_script_imports_from_its_real_folder_like_a_plain_run(tmp_path: Path) -> None:
+    write(tmp_path, "project/helper.py", "MESSAGE = 'helper found'\n")
+    write(tmp_path, "project/train.py", "import helper\nprint(helper.MESSAGE)\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "train.py").symlink_to(tmp_path / "project" / "train.py")
+    proc = trace(tmp_path, "-q", "--json", "r.json", "bin/train.py")
+    plain = subprocess.run([sys.executable, "bin/train.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == plain.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout == "helper found\n"
+    assert "project/helper.py" in json.loads((tmp_path / "r.json").read_text())["traced_files"]
+
+
+def test_a_zipapp_still_runs_as_python_runs_it(tmp_path: Path) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "app.pyz", "w") as archive:
+        archive.writestr("__main__.py", "import sys\nprint('zipapp', sys.argv[1:])\n")
+    proc = trace(tmp_path, "-q", "app.pyz", "--epochs", "1")
+    plain = subprocess.run([sys.executable, "app.pyz", "--epochs", "1"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == plain.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout == "zipapp ['--epochs', '1']\n"

@@ -358,23 +358,27 @@ class RuleProbes:
                 result = real(model, *args, **kwargs)
                 if state.paused:
                     return result
+                backend = kwargs.get("backend", "inductor")
                 if model is None and callable(result):  # @torch.compile(...) with options
                     decorator = result
 
                     @functools.wraps(decorator)
                     def decorate(fn):
-                        return rules._watch_compiled(decorator(fn), site)
+                        return rules._watch_compiled(decorator(fn), site, backend)
 
                     return decorate
-                return rules._watch_compiled(result, site)
+                return rules._watch_compiled(result, site, backend)
 
             return compile
 
         probes._patch(torch, "compile", wrap)
 
-    def _watch_compiled(self, compiled, site):
+    def _watch_compiled(self, compiled, site, backend):
         state = self.state
-        record = {"site": site, "calls": 0, "calls_under_autocast": 0, "mismatched_backwards": 0, "backwards_with_setting": 0}
+        record = {
+            "site": site, "backend": backend if isinstance(backend, str) else None,
+            "calls": 0, "calls_under_autocast": 0, "mismatched_backwards": 0, "backwards_with_setting": 0,
+        }
         state.compiled.append(record)
 
         def note_call():

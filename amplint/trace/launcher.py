@@ -11,6 +11,8 @@ import runpy
 import signal
 import sys
 import traceback
+import types
+import zipfile
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -64,6 +66,12 @@ def resolve_target(target: str, module: bool, cwd: str) -> tuple[str, str | None
     return os.path.abspath(spec.origin), target
 
 
+def script_import_folder(path: str) -> str:
+    """The folder `python SCRIPT` puts first on sys.path: the real one of a symlinked script, where
+    the modules it imports sit."""
+    return os.path.dirname(os.path.realpath(path))
+
+
 def _find_without_importing(name: str):
     """The spec of a module found on sys.path, its packages looked up but not imported:
     `importlib.util.find_spec("pkg.mod")` would run `pkg/__init__.py` before the trace starts."""
@@ -86,17 +94,24 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def run_target(path: str, module_name: str | None, args: list[str]) -> RunOutcome:
-    """Run the target; never raises (the outcome says how it ended)."""
+def run_target(path: str, module_name: str | None, args: list[str], argv0: str | None = None) -> RunOutcome:
+    """Run the target; never raises (the outcome says how it ended). `argv0` is the script as the
+    user typed it: `python ../train.py` gives the script `sys.argv[0] == "../train.py"`, while
+    `python -m` gives the module's full path, which is `path`."""
     saved_argv = sys.argv[:]
-    sys.argv = [path, *args]
+    sys.argv = [argv0 or path, *args]
+    script_folder = script_import_folder(path)
     if module_name is None:
         # Like `python script.py`: the script's folder comes first on sys.path.
-        sys.path.insert(0, os.path.dirname(path))
+        sys.path.insert(0, script_folder)
     previous_sigterm = _raise_on_sigterm()
+    real_os_exit = os._exit
+    os._exit = _os_exit_that_says_so(real_os_exit)
     try:
-        if module_name is None:
-            runpy.run_path(path, run_name="__main__")
+        if module_name is None and _is_source(path):
+            _run_script(path)
+        elif module_name is None:
+            runpy.run_path(path, run_name="__main__")  # a zipapp or a .pyc
         else:
             runpy.run_module(module_name, run_name="__main__", alter_sys=True)
         return RunOutcome("ok", 0)
@@ -114,11 +129,46 @@ def run_target(path: str, module_name: str | None, args: list[str]) -> RunOutcom
     except BaseException as exc:  # noqa: BLE001 - the script's own failure, reported and re-printed
         return RunOutcome("exception", 1, exc, _describe(exc))
     finally:
+        os._exit = real_os_exit
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
         sys.argv = saved_argv
-        if module_name is None and os.path.dirname(path) in sys.path:
-            sys.path.remove(os.path.dirname(path))
+        if module_name is None and script_folder in sys.path:
+            sys.path.remove(script_folder)
+
+
+def _is_source(path: str) -> bool:
+    return not path.endswith(".pyc") and not zipfile.is_zipfile(path)
+
+
+def _run_script(path: str) -> None:
+    """`runpy.run_path`, except that it leaves `sys.argv[0]` alone (run_path sets it to the path it
+    was given, which is absolute here): a fresh `__main__` module for the run, as Python makes."""
+    with open(path, "rb") as handle:  # bytes: compile() honours a coding cookie, as Python does
+        code = compile(handle.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__=None, __spec__=None)
+    saved_main = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        sys.modules["__main__"] = saved_main
+
+
+def _os_exit_that_says_so(real_os_exit):
+    """`os._exit` ends the process on the spot, skipping the `finally` that writes the report, as
+    the script intends (it often means to skip a cleanup that hangs). Say so rather than leave the
+    report missing without a word; forked children (DataLoader workers) exit silently as before."""
+    tracing_pid = os.getpid()
+
+    def os_exit(status: int) -> None:
+        if os.getpid() == tracing_pid:
+            stream = sys.__stderr__ if getattr(sys.stderr, "closed", False) else sys.stderr
+            print(f"amplint trace: the script called os._exit({status}), which ends the process at once: no report was written", file=stream, flush=True)
+        real_os_exit(status)
+
+    return os_exit
 
 
 def _raise_on_sigterm():

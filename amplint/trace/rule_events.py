@@ -296,13 +296,19 @@ def _amp017(facts) -> list[RuleEvent]:
             evidence["autocast"] = {"device": record["autocast"][0], "dtype": record["autocast"][1]}
         if record.get("backward_at"):
             evidence["backward_at"] = facts.where(record["backward_at"])
-        if not _dynamo_made_graphs():
+        count = record["mismatched_backwards"]
+        if record["backend"] == "eager":
+            # Dynamo's "eager" backend runs its graphs with eager autograd: no AOTAutograd backward
+            # graph exists to re-enter autocast, whatever backward_pass_autocast says.
+            evidence["backend"] = "eager"
+            evidence["note"] = 'backend="eager" compiles no backward graph: backward runs as in eager mode'
+            count = 0
+        elif not _dynamo_made_graphs():
             evidence["note"] = (
                 "torch.compile built no graph in this run (amplint's op recording makes Dynamo run the "
                 "model eagerly): the mismatch is read from where forward and backward ran; rerun with "
                 "--no-ops to run the compiled program"
             )
-        count = record["mismatched_backwards"]
         message = (
             f"the compiled model ran under autocast and backward ran outside it {count} time(s) with "
             f'backward_pass_autocast="{setting}": the compiled backward re-enters autocast, unlike eager; '

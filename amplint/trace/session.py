@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from amplint.trace.launcher import RunOutcome, print_script_traceback, resolve_target, run_target
+from amplint.trace.launcher import RunOutcome, print_script_traceback, resolve_target, run_target, script_import_folder
 from amplint.trace.options import TraceOptions
 
 _ACTIVE_STATE = None  # the state a fork must switch off; os.register_at_fork cannot be undone
@@ -100,7 +100,8 @@ class TraceSession:
         from amplint.trace.state import TraceState
 
         options = self.options
-        roots = [os.path.dirname(self.path)] + ([self.cwd] if self.module_name else [])
+        roots = list(dict.fromkeys([os.path.dirname(self.path), script_import_folder(self.path)]))
+        roots += [self.cwd] if self.module_name else []
         classifier = CodeClassifier(roots)
         state = TraceState()
         state.classifier = classifier
@@ -140,11 +141,12 @@ class TraceSession:
                 probes.install_module_nan_hook()
             if simulator is not None:
                 simulator.install(probes)
+            argv0 = None if self.module_name else options.target
             if recorder is not None:
                 with recorder:
-                    outcome = run_target(self.path, self.module_name, options.args)
+                    outcome = run_target(self.path, self.module_name, options.args, argv0)
             else:
-                outcome = run_target(self.path, self.module_name, options.args)
+                outcome = run_target(self.path, self.module_name, options.args, argv0)
         finally:
             probes.remove()
             if simulator is not None:
