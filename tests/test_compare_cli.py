@@ -501,3 +501,158 @@ def test_the_max_diff_column_keeps_one_notation():
     result = amplint(str(FIXTURES / "identity_regressor.py"), "--no-gains", "--all-cases")
     rows = {line.split("│")[0].strip(): line.split("│")[2].strip() for line in result.stdout.splitlines() if "│" in line}
     assert [rows[f"v{i}"] for i in range(5)] == ["7.00e-01", "1.44e+02", "3.20e+02", "5.76e+02", "1.35e+04"]
+
+
+def test_decide_reads_a_model_output_by_attribute_on_a_computed_and_a_stored_baseline(tmp_path):
+    spec = str(FIXTURES / "model_output_container.py")
+    stored = str(tmp_path / "base.pt")
+    computed = amplint(spec, "--no-gains", "--save-baseline", stored, "--json", str(tmp_path / "computed.json"))
+    assert computed.returncode == 0, computed.stderr
+    later = amplint(spec, "--no-gains", "--baseline", stored, "--json", str(tmp_path / "stored.json"))
+    assert later.returncode == 0, later.stderr
+    for name in ("computed.json", "stored.json"):
+        baseline = json.loads((tmp_path / name).read_text())["baseline"]
+        assert [case["decision_count"] for case in baseline["cases"]] == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        "Scores = collections.namedtuple('Scores', 'logits embedding')",
+        "@dataclasses.dataclass\nclass Scores:\n    logits: torch.Tensor\n    embedding: torch.Tensor",
+    ],
+    ids=["namedtuple", "dataclass"],
+)
+def test_the_fields_of_a_namedtuple_or_dataclass_output_are_compared_within_tolerance(tmp_path, container):
+    spec = write(tmp_path, f"""
+import collections
+import dataclasses
+import torch
+{container}
+class Encoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(8, 16)
+        self.head = torch.nn.Linear(16, 3)
+    def forward(self, x):
+        embedding = torch.tanh(self.body(x))
+        return Scores(self.head(embedding), embedding)
+def model():
+    torch.manual_seed(0)
+    return Encoder()
+def cases():
+    generator = torch.Generator().manual_seed(2)
+    return [(f"s{{i}}", torch.randn(1, 8, generator=generator)) for i in range(4)]
+def decide(out):
+    return int(out.logits.argmax())
+TRIALS = ["bfloat16"]
+""")
+    result = amplint(spec, "--no-gains", "--json", str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    [trial] = json.loads((tmp_path / "r.json").read_text())["trials"]
+    assert {case["worst"]["output"] for case in trial["cases"]} <= {"logits", "embedding"}
+
+
+def test_a_decision_that_is_a_bare_object_is_refused_not_counted_as_changed(tmp_path):
+    spec = write(tmp_path, """
+        import torch
+        def model():
+            return torch.nn.Linear(2, 2)
+        def cases():
+            return [("a", torch.ones(1, 2))]
+        def decide(output):
+            return object()
+    """)
+    result = amplint(spec, "--no-gains")
+    assert_one_error_line(result, f"amplint compare: error: {spec}: decide() on the baseline of case 'a': TypeError: a 'object' instance has no value to compare")
+
+
+@pytest.mark.parametrize(
+    "model, cases, message",
+    [
+        ("torch.nn.Linear(2, 2, device='meta')", "torch.ones(1, 2)", "model() returned 'weight' on the meta device"),
+        ("torch.nn.Linear(2, 2)", "torch.ones(1, 2, device='meta')", "case 'a': its input is on the meta device"),
+    ],
+    ids=["model", "input"],
+)
+def test_a_meta_tensor_without_values_is_named_not_an_internal_error(tmp_path, model, cases, message):
+    spec = write(tmp_path, f"import torch\ndef model():\n    return {model}\ndef cases():\n    return [('a', {cases})]\n")
+    assert_one_error_line(amplint(spec, "--no-gains"), f"amplint compare: error: {spec}: {message}")
+
+
+@pytest.mark.parametrize(
+    "option, target, message",
+    [
+        ("--json", "spec.py", "--json: {target} is Python source"),
+        ("--save-baseline", "spec.py", "--save-baseline: {target} is Python source"),
+        ("--json", "helpers.py", "--json: {target} is Python source"),
+        ("--json", "missing/r.json", "--json: folder does not exist: {folder}"),
+        ("--save-baseline", "missing/base.pt", "--save-baseline: folder does not exist: {folder}"),
+    ],
+)
+def test_an_output_file_that_would_overwrite_source_or_has_no_folder_is_refused_before_the_run(tmp_path, option, target, message):
+    spec = write(tmp_path, ACCEPTANCE_SPEC)
+    (tmp_path / "helpers.py").write_text("SCALE = 2\n")
+    sources = {path: path.read_text() for path in tmp_path.glob("*.py")}
+    target_path = str(tmp_path / target)
+    result = amplint(spec, option, target_path)
+    assert_one_error_line(result, "amplint compare: error: " + message.format(target=target_path, folder=str(tmp_path / "missing")))
+    assert "Criteria fixed" not in result.stdout  # refused before anything ran
+    assert {path: path.read_text() for path in tmp_path.glob("*.py")} == sources
+
+
+def test_json_onto_the_baseline_being_compared_against_is_refused(tmp_path):
+    spec = write(tmp_path, ACCEPTANCE_SPEC)
+    stored = str(tmp_path / "base.pt")
+    assert amplint(spec, "--no-gains", "--trials", "bf16", "--save-baseline", stored).returncode == 1
+    assert_one_error_line(amplint(spec, "--baseline", stored, "--json", stored), "amplint compare: error: --baseline and --json name the same file")
+
+
+@pytest.mark.parametrize(
+    "model, case_input, message",
+    [
+        ("Served()", "torch.ones(1, 2)", "the model cannot be copied (TypeError: cannot pickle '_thread.lock' object)"),
+        ("torch.nn.Linear(2, 2)", "(x for x in [torch.ones(1, 2)])", "case 'a': its input cannot be copied (TypeError: cannot pickle 'generator' object)"),
+    ],
+    ids=["model-with-a-lock", "generator-input"],
+)
+def test_what_cannot_be_deep_copied_is_named_before_any_run(tmp_path, model, case_input, message):
+    spec = write(tmp_path, f"""
+import threading
+import torch
+class Served(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 2)
+        self.lock = threading.Lock()
+    def forward(self, x):
+        with self.lock:
+            return self.layer(x)
+def model():
+    return {model}
+def cases():
+    return [("a", {case_input})]
+""")
+    assert_one_error_line(amplint(spec, "--no-gains"), f"amplint compare: error: {spec}: {message}")
+
+
+def test_an_enum_decision_is_a_value_not_an_identity(tmp_path):
+    spec = write(tmp_path, """
+        import enum
+        import torch
+        class Action(enum.Enum):
+            PASS = 0
+            ALARM = 1
+        def model():
+            torch.manual_seed(0)
+            return torch.nn.Linear(2, 1)
+        def cases():
+            return [("a", torch.ones(1, 2)), ("b", torch.zeros(1, 2))]
+        def decide(output):
+            return Action.ALARM if output.item() > 0.3 else Action.PASS
+        TRIALS = ["bfloat16"]
+    """)
+    result = amplint(spec, "--no-gains", "--json", str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    [trial] = json.loads((tmp_path / "r.json").read_text())["trials"]
+    assert [case["decision"] for case in trial["cases"]] == ["<Action.PASS: 0>", "<Action.PASS: 0>"]

@@ -63,6 +63,14 @@ def run_compare_command(
         return _error("--save-baseline and --baseline cannot be combined: a stored baseline is compared against, never rewritten")
     if save_baseline and json_path and json_path != "-" and _same_file(save_baseline, json_path):
         return _error(f"--save-baseline and --json name the same file ({json_path}); the report would overwrite the baseline")
+    if baseline_path and json_path and json_path != "-" and _same_file(baseline_path, json_path):
+        return _error(f"--baseline and --json name the same file ({json_path}); the report would overwrite the baseline")
+    # Checked before the run, which can take minutes: its files must be writable where they go, and
+    # never over the spec or other Python source.
+    for flag, path in (("--json", json_path), ("--save-baseline", save_baseline)):
+        problem = _unwritable_output(path, spec_path) if path and path != "-" else None
+        if problem:
+            return _error(f"{flag}: {problem}")
     # The JSON on stdout must stay parseable, so `--json -` sends the human report, and whatever
     # the spec's own code prints, to stderr.
     stdout = sys.stdout
@@ -147,6 +155,17 @@ def _write_partial(report: dict, json_path: str, stdout) -> None:
         write_json(report, json_path, stdout)
     except OSError:
         pass  # the error line that follows matters more than the partial report
+
+
+def _unwritable_output(path: str, spec_path: str) -> str | None:
+    folder = os.path.dirname(path)
+    if folder and not os.path.isdir(folder):
+        return f"folder does not exist: {folder}"
+    if os.path.isdir(path):
+        return f"{path} is a directory"
+    if _same_file(path, spec_path) or (path.endswith((".py", ".pyw")) and os.path.exists(path)):
+        return f"{path} is Python source; the file written there would overwrite it"
+    return None
 
 
 def _same_file(first: str, second: str) -> bool:

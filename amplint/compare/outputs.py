@@ -8,9 +8,12 @@ inside containers) so reports and per-output tolerances can refer to them.
 
 from __future__ import annotations
 
+import copy
 import ctypes
+import dataclasses
 import hashlib
 import math
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,9 +30,9 @@ def leaves(output: Any) -> Iterator[tuple[str, Any]]:
 def all_leaves(output: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """(name, leaf) for every leaf in ``output``: the numeric ones and the rest (strings, bools,
     None, other objects), which carry no number to compare but still say what the model answered."""
-    if isinstance(output, dict) or _has_fields(output):
-        items = output.items() if isinstance(output, dict) else output._asdict().items()
-        for key, value in items:
+    fields = _fields(output)
+    if fields is not None:
+        for key, value in fields.items():
             yield from all_leaves(value, f"{prefix}.{key}" if prefix else str(key))
     elif isinstance(output, (tuple, list)):
         for index, value in enumerate(output):
@@ -56,18 +59,71 @@ def same_value(base: Any, trial: Any) -> bool:
 
 
 def plain(output: Any) -> Any:
-    """Detached CPU copy with plain containers (dict/tuple/list): safe to keep and to torch.save."""
+    """Detached CPU copy in the model's own containers, so `decide`, `margin` and `quality` read it
+    as they read the model's output (`out.logits` of a namedtuple, a dataclass, Hugging Face's
+    `ModelOutput`). `storable` turns it into plain containers for torch.save."""
     if isinstance(output, torch.Tensor):
         return output.detach().to("cpu", copy=True)
-    if isinstance(output, dict):
-        return {key: plain(value) for key, value in output.items()}
-    if _has_fields(output):
-        return {key: plain(value) for key, value in output._asdict().items()}
+    fields = _fields(output)
+    if fields is not None:
+        return _with_fields(output, {key: plain(value) for key, value in fields.items()})
     if isinstance(output, tuple):
         return tuple(plain(value) for value in output)
     if isinstance(output, list):
         return [plain(value) for value in output]
     return output
+
+
+# How `storable` names a container of the model's own type (a namedtuple, a dataclass, a dict
+# subclass such as Hugging Face's ModelOutput): torch.load(weights_only=True) reads no classes.
+_CONTAINER = "__amplint_container__"
+
+
+def storable(output: Any) -> Any:
+    """A `plain` output in dicts, tuples and lists only, each container of the model's own type
+    recorded by its class's name, for `restore` to rebuild."""
+    fields = _fields(output)
+    if fields is not None:
+        parts = {key: storable(value) for key, value in fields.items()}
+        if type(output) is dict:
+            return parts
+        return {_CONTAINER: f"{type(output).__module__}:{type(output).__qualname__}", "fields": parts}
+    if isinstance(output, (tuple, list)):
+        return (tuple if isinstance(output, tuple) else list)(storable(value) for value in output)
+    return output
+
+
+def restore(stored: Any) -> Any:
+    """Undo `storable`: a container class already imported (by the spec, or the library its model
+    comes from) is rebuilt; one that is not, or refuses, stays a dict of its parts. Nothing is
+    imported here: a baseline file names classes, it does not choose code to run."""
+    if isinstance(stored, dict):
+        if set(stored) == {_CONTAINER, "fields"}:
+            parts = {key: restore(value) for key, value in stored["fields"].items()}
+            return _build(_imported_class(stored[_CONTAINER]), parts)
+        return {key: restore(value) for key, value in stored.items()}
+    if isinstance(stored, (tuple, list)):
+        return type(stored)(restore(value) for value in stored)
+    return stored
+
+
+def _imported_class(name: str) -> type | None:
+    module_name, _, qualname = name.partition(":")
+    found: Any = sys.modules.get(module_name)
+    for attribute in qualname.split("."):
+        found = getattr(found, attribute, None)
+    return found if isinstance(found, type) else None
+
+
+def _build(cls: type | None, parts: dict) -> Any:
+    if cls is None:
+        return parts
+    try:
+        if issubclass(cls, dict) and not dataclasses.is_dataclass(cls):
+            return cls(parts)
+        return cls(**parts)  # a namedtuple, a dataclass (ModelOutput is both a dataclass and a dict)
+    except Exception:  # noqa: BLE001 - a class whose constructor wants other arguments
+        return parts
 
 
 def to_device(value: Any, device: torch.device) -> Any:
@@ -233,7 +289,9 @@ def is_finite_number(value: Any) -> bool:
 
 
 def jsonable(value: Any) -> Any:
-    """A decision as JSON: tensors become numbers or lists; unknown objects their repr."""
+    """A decision as JSON: tensors become numbers or lists; other objects their repr (an Enum's
+    `<Action.ALARM: 1>`). An object whose repr is only its address would "change" on every call:
+    TypeError."""
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu()
         return jsonable(value.item() if value.numel() == 1 else value.tolist())
@@ -247,6 +305,11 @@ def jsonable(value: Any) -> Any:
         return [jsonable(item) for item in value]
     if hasattr(value, "item") and callable(value.item):  # numpy scalars, without importing numpy
         return jsonable(value.item())
+    if type(value).__repr__ is object.__repr__:
+        raise TypeError(
+            f"a {type(value).__name__!r} instance has no value to compare, only an address; "
+            "return numbers, strings, booleans or lists of them"
+        )
     return repr(value)
 
 
@@ -279,3 +342,32 @@ def _is_number(value: Any) -> bool:
 
 def _has_fields(value: Any) -> bool:
     return isinstance(value, tuple) and hasattr(value, "_asdict")
+
+
+def _fields(value: Any) -> dict | None:
+    """The named parts of a dict, a namedtuple or a dataclass instance; None for anything else."""
+    if isinstance(value, dict):
+        return dict(value)
+    if _has_fields(value):
+        return value._asdict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
+    return None
+
+
+def _with_fields(container: Any, values: dict) -> Any:
+    """`container` with its named parts replaced by `values`, keeping its type where it can."""
+    if type(container) is dict:
+        return values
+    if _has_fields(container):
+        return type(container)(**values)
+    try:
+        clone = copy.copy(container)
+        for key, value in values.items():
+            if isinstance(clone, dict):
+                clone[key] = value  # a dict subclass (ModelOutput keeps its attributes in step)
+            else:
+                object.__setattr__(clone, key, value)  # a dataclass, frozen ones too
+        return clone
+    except Exception:  # noqa: BLE001 - a container type that refuses copies: its parts still count
+        return values

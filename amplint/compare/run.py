@@ -88,14 +88,22 @@ def prepare(spec: Spec) -> Prepared:
     if not isinstance(model, torch.nn.Module):
         raise CompareError(f"model() must return a torch.nn.Module, got {type(model).__name__}")
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_meta:
+            raise CompareError(
+                f"model() returned {name!r} on the meta device, which holds shapes but no values: "
+                "load the weights into the model (`load_state_dict(..., assign=True)`) before returning it"
+            )
         if tensor.is_floating_point() and tensor.dtype != torch.float32:
             raise CompareError(
                 f"model() returned {name!r} in {_dtype(tensor.dtype)}; the baseline must be FP32 "
                 "(do not call .half()/.bfloat16() on the model: autocast chooses the dtype per op)"
             )
 
+    _check_copyable(model, "the model")
     seed_everything()
     cases = _read_cases(spec, spec_file)
+    for case_id, case_input in cases:
+        _check_copyable(case_input, f"case {case_id!r}: its input")
     weights_sha256 = out.weights_hash(model)
     inputs_sha256 = out.inputs_hash(cases)
     model = model.to(device).eval()
@@ -107,6 +115,18 @@ def prepare(spec: Spec) -> Prepared:
         weights_sha256=weights_sha256,
         inputs_sha256=inputs_sha256,
     )
+
+
+def _check_copyable(value: Any, what: str) -> None:
+    """Every run starts from deep copies of the model and the inputs (a run must not change the
+    next): something that cannot be copied is the spec's to change, said before any run."""
+    try:
+        copy.deepcopy(value)
+    except Exception as exc:  # noqa: BLE001 - __deepcopy__/__reduce__ of any object may raise anything
+        raise CompareError(
+            f"{what} cannot be copied ({describe_exception(exc)}); every run starts from a deep copy, so "
+            "keep locks, open files and generators out of it (or give their owner a __deepcopy__)"
+        ) from None
 
 
 def _read_cases(spec: Spec, spec_file: str) -> list[tuple[str, Any]]:
@@ -137,8 +157,10 @@ def _read_cases(spec: Spec, spec_file: str) -> list[tuple[str, Any]]:
             raise CompareError(f"cases(): duplicate case id {case_id!r}")
         seen.add(case_id)
         for name, leaf in out.leaves(case_input):
+            which = "its input" if name == out.ROOT else f"input {name!r}"  # a bare tensor, or one part
+            if isinstance(leaf, torch.Tensor) and leaf.is_meta:
+                raise CompareError(f"case {case_id!r}: {which} is on the meta device, which holds a shape but no values")
             if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.dtype != torch.float32:
-                which = "its input" if name == out.ROOT else f"input {name!r}"  # a bare tensor, or one part
                 raise CompareError(
                     f"case {case_id!r}: {which} is {_dtype(leaf.dtype)}; the baseline must be FP32 "
                     "(give float32 inputs and let autocast cast them)"

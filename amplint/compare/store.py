@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from amplint.compare import outputs as out
 from amplint.compare.errors import CompareError, describe_exception
 from amplint.compare.run import Baseline, Prepared
 
@@ -34,7 +35,7 @@ def save_baseline(path: str, prepared: Prepared, baseline: Baseline) -> None:
         "inputs_sha256": prepared.inputs_sha256,
         "case_ids": [case_id for case_id, _ in prepared.cases],
         "criteria": prepared.spec.criteria.to_json(),
-        "outputs": baseline.outputs,
+        "outputs": [out.storable(output) for output in baseline.outputs],
     }
     try:
         torch.save(payload, path)
@@ -98,7 +99,7 @@ def load_baseline(path: str, prepared: Prepared) -> Baseline:
     if len(payload["outputs"]) != len(ids):
         raise CompareError(f"baseline file {path} is damaged: {len(payload['outputs'])} outputs for {len(ids)} cases")
     return Baseline(
-        outputs=list(payload["outputs"]),
+        outputs=[out.restore(output) for output in payload["outputs"]],
         source=path,
         criteria_at_save=payload.get("criteria"),
         torch_at_save=payload.get("torch"),
