@@ -149,7 +149,7 @@ def _undecorated(
         "`cast_inputs=torch.float32` only if every floating input may take that dtype"
         + (", and `backward` with `@torch.amp.custom_bwd(device_type=...)`" if backward is not None else "")
     )
-    if _takes_tensors(facts, forward) >= 2 and not _casts_an_input(facts, forward):
+    if _takes_tensors(facts, forward) >= 2 and not _casts_an_input(facts, forward) and not _passes_an_input_through(facts, forward):
         message = (
             f"`{scope.name}` is a custom autograd.Function without `@torch.amp.custom_fwd`: under "
             f"autocast its forward receives a mix of float16 and float32 tensors"
@@ -205,15 +205,33 @@ def _kept_on_ctx(facts: AmpFacts, forward: cst.FunctionDef) -> set[str]:
 
 
 def _operands(function: cst.FunctionDef) -> set[str]:
-    """Names used as operands of arithmetic (`x * weight`): tensors, whatever ctx keeps of them."""
+    """Names used as operands of arithmetic (`x * weight`, `x += bias`): tensors, whatever ctx
+    keeps of them."""
     found: set[str] = set()
     stack: list[cst.CSTNode] = [function.body]
     while stack:
         node = stack.pop()
         if isinstance(node, cst.BinaryOperation):
             found |= {side.value for side in (node.left, node.right) if isinstance(side, cst.Name)}
+        elif isinstance(node, cst.AugAssign):
+            found |= {side.value for side in (node.target, node.value) if isinstance(side, cst.Name)}
         stack.extend(children(node))
     return found
+
+
+def _passes_an_input_through(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
+    """Forward returns one of its arguments as it came and does no arithmetic on any (icefall's
+    activation balancers and `WithLoss`, which only shape the gradient in backward): no op of
+    forward combines the inputs, so their mix of dtypes meets no kernel."""
+    function = _scope_of(facts, forward)
+    params = {p.name.value for p in _arguments(forward)}
+    tensors = {p.name.value for p in _arguments(forward) if _may_be_a_tensor(facts, p)}
+    if function is None or not function.returns or _operands(forward) & tensors:
+        return False
+    rebound = {a.key for a in facts.assignments if a.where.scope is function}
+    # `x.add_(bias)` changes the argument in place: what forward returns is no longer what came in.
+    rebound |= {c.receiver_key for c in function.calls if (c.method or "").endswith("_") and not c.method.startswith("_")}
+    return all(isinstance(value, cst.Name) and value.value in params - rebound for value in function.returns)
 
 
 def _casts_an_input(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
