@@ -73,10 +73,17 @@ def _last_scaler_event(facts: AmpFacts, before: list[ts.Event], sched: ts.Event)
 
 
 def _skip_flags(facts: AmpFacts, function) -> set[str]:
-    """Names assigned from the scale (`skip = scale > scaler.get_scale()`): tests on them are skip checks."""
+    """Names assigned from the scale (`skip = scale > scaler.get_scale()`), or from a same-file
+    step helper that returns such a test (K-Planes: `step_successful = self.train_step(data)`,
+    which returns `scale <= self.gscaler.get_scale()`): tests on them are skip checks."""
     flags = set()
+    calls = {id(call.node): call for call in function.calls}
     for assignment in facts.assignments:
-        if assignment.where.scope.function_scope is function and _SKIP_CHECK.search(facts.module.code_for_node(assignment.value)):
+        if assignment.where.scope.function_scope is not function:
+            continue
+        helper = facts.called_function(calls[id(assignment.value)]) if id(assignment.value) in calls else None
+        tested = [assignment.value, *(helper.returns if helper else ())]
+        if any(_SKIP_CHECK.search(facts.module.code_for_node(value)) for value in tested):
             flags.add(assignment.key.split(".")[-1])
     return flags
 
