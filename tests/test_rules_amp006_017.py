@@ -882,6 +882,14 @@ def test_amp011_helper_given_the_scaler_is_a_skip_check() -> None:
     assert lines(src, "AMP011") == []
 
 
+def test_amp011_flag_returned_by_a_step_helper_that_returns_the_loss_is_no_skip_check() -> None:
+    path = STATIC_FIXTURES / "AMP011/good_step_helper_returns_whether_the_scale_held.py"
+    src = path.read_text(encoding="utf-8").replace(
+        "return scale_before <= self.grad_scaler.get_scale()", "return loss.detach()"
+    )
+    assert lines(src, "AMP011") == [27]
+
+
 def test_amp007_helper_with_own_loop_called_twice_is_not_two_steps() -> None:
     src = """\
     def run(loader, scaler, opt):
@@ -1038,3 +1046,47 @@ def test_amp007_an_update_in_an_oom_except_is_said_to_have_no_step_before_it() -
 def test_amp013_a_forward_casting_an_input_is_reported_for_its_matmuls_not_its_inputs() -> None:
     (finding,) = fixture_findings("AMP013/bad_casts_an_input_but_matmuls_under_autocast.py", "AMP013")
     assert "the matmuls, convolutions or extension calls in its forward" in finding.message
+
+
+def test_amp013_a_forward_returning_an_argument_it_rebound_does_not_pass_it_through() -> None:
+    src = (STATIC_FIXTURES / "AMP013/good_forward_passes_an_input_through.py").read_text(encoding="utf-8")
+    src = src.replace("        return x\n", "        x = torch.addcmul(x, penalty, coef)\n        return x\n")
+    assert lines(src, "AMP013") == [5]
+
+
+def test_amp013_a_pass_through_forward_calling_an_extension_is_reported_for_the_call() -> None:
+    src = (STATIC_FIXTURES / "AMP013/good_forward_passes_an_input_through.py").read_text(encoding="utf-8")
+    src = src.replace("        return x\n", "        _C.accumulate_(x, penalty)\n        return x\n")
+    (finding,) = [f for f in lint_source(src, "t.py") if f.code == "AMP013"]
+    assert "the matmuls, convolutions or extension calls in its forward" in finding.message
+
+
+GAN_UNDER_OPPOSITE_FLAGS = "AMP008/good_gan_steps_generator_then_clips_discriminator_under_flags.py"
+
+
+def test_amp007_update_before_a_step_under_the_opposite_condition_is_not_between_two_steps() -> None:
+    assert fixture_findings(GAN_UNDER_OPPOSITE_FLAGS, "AMP007") == []
+
+
+def test_amp007_update_before_a_step_under_an_unrelated_condition_is_between_two_steps() -> None:
+    src = (STATIC_FIXTURES / GAN_UNDER_OPPOSITE_FLAGS).read_text(encoding="utf-8")
+    src = src.replace("        if not train_critic:\n", "        if it >= 0:\n")
+    assert lines(src, "AMP007") == [16]
+
+
+def test_amp008_an_update_before_the_unscale_does_not_commit_it() -> None:
+    src = (STATIC_FIXTURES / GAN_UNDER_OPPOSITE_FLAGS).read_text(encoding="utf-8")
+    src = src.replace("        if not train_critic:\n", "        if it >= 0:\n")
+    assert lines(src, "AMP008") == []
+
+
+def test_amp013_a_forward_adding_into_the_argument_it_returns_does_not_pass_it_through() -> None:
+    src = (STATIC_FIXTURES / "AMP013/good_forward_passes_an_input_through.py").read_text(encoding="utf-8")
+    src = src.replace("        return x\n", "        x += penalty\n        return x\n")
+    assert lines(src, "AMP013") == [5]
+
+
+def test_amp013_a_forward_changing_the_argument_it_returns_in_place_does_not_pass_it_through() -> None:
+    src = (STATIC_FIXTURES / "AMP013/good_forward_passes_an_input_through.py").read_text(encoding="utf-8")
+    src = src.replace("        return x\n", "        x.mul_(coef)\n        return x\n")
+    assert lines(src, "AMP013") == [5]

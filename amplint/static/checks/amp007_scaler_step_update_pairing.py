@@ -116,7 +116,9 @@ def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> I
         ]
         later = [e for e in same_iteration if e.order > event.order and not ts.cut_off_after(facts, event, e)]
         earlier = [e for e in same_iteration if e.order < event.order]
-        if _steps_another_optimizer_after(earlier, later) or _in_the_optimizer_loop_of_a_step(event, same_iteration):
+        # A step under the opposite outcome of the update's condition runs in other iterations (a
+        # GAN's `if not train_critic:` generator step and update, then `if train_critic:` its own).
+        if _steps_another_optimizer_after(*_in_the_same_pass(facts, event, earlier, later)) or _in_the_optimizer_loop_of_a_step(event, same_iteration):
             yield Hit(
                 event.call.node,
                 f"`{scaler}.update()` runs between the `step()` calls of several optimizers; call it "
@@ -146,6 +148,10 @@ def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> I
             yield Hit(event.call.node, message, event.call.where.statement)
             continue
         yield from _update_without_step(facts, event, same_iteration, loop, scaler)
+
+
+def _in_the_same_pass(facts: AmpFacts, update: ts.Event, *events: list[ts.Event]) -> list[list[ts.Event]]:
+    return [[e for e in group if not ts.exclusive(facts, e, update)] for group in events]
 
 
 def _steps_another_optimizer_after(earlier: list[ts.Event], later: list[ts.Event]) -> bool:

@@ -60,10 +60,13 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
         return None
     # Without a loop, each call of the function is one micro-batch (a `train_step` method).
     loop = loops[-1] if loops else None
+    # The update that commits this `unscale_` comes after it: an earlier one (a GAN's generator
+    # step and update under `if not train_critic:`) reset the scaler before this unscale_ ran.
     commit = next(
         (
             e for e in events
-            if e.kind == "update" and ts.same_object(e.scaler, unscale.scaler) and (loop is None or loop in e.anchor.statement_loops)
+            if e.kind == "update" and e.order > unscale.order and ts.same_object(e.scaler, unscale.scaler)
+            and (loop is None or loop in e.anchor.statement_loops)
             and not ts.exclusive(facts, e, unscale)
             and not ts.cut_off_after(facts, e, step)  # an update before giving up on the step resets the scaler
         ),
