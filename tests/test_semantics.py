@@ -310,6 +310,8 @@ def test_an_if_that_may_fall_through_excludes_nothing() -> None:
         ("if args.fp16 and args.amp == 'native':\n    a()", "if args.fp16:\n    if args.amp == 'native':\n        pass\n    else:\n        b()"),
         ("if (use_amp):\n    a()", "if use_amp or debug:\n    pass\nelse:\n    b()"),
         ("if (last := i % 4 == 0):\n    a()", "if not last:\n    b()"),
+        ("if use_amp and warm:\n    a()", "if use_amp and warm:\n    pass\nelse:\n    b()"),
+        ("if fp16:\n    if amp == 'pt':\n        a()", "if fp16 and amp == 'pt':\n    pass\nelse:\n    b()"),
     ],
 )
 def test_two_ifs_on_opposite_outcomes_of_one_condition_contradict(first: str, second: str) -> None:
@@ -322,7 +324,7 @@ def test_two_ifs_on_opposite_outcomes_of_one_condition_contradict(first: str, se
     [
         ("if args.fp16:\n    a()", "if args.fp16:\n    b()"),
         ("if args.fp16:\n    a()", "if args.bf16:\n    pass\nelse:\n    b()"),
-        ("if use_amp and warm:\n    a()", "if use_amp and warm:\n    pass\nelse:\n    b()"),
+        ("if use_amp:\n    a()", "if use_amp and warm:\n    pass\nelse:\n    b()"),
         ("if use_amp or debug:\n    a()", "if not use_amp:\n    b()"),
     ],
 )

@@ -941,7 +941,22 @@ class AmpFacts:
         and that of `if scaler is not None:`. The condition is taken not to change in between."""
         held_a, failed_a = self._outcomes_at(a)
         held_b, failed_b = self._outcomes_at(b)
-        return bool(held_a & failed_b or failed_a & held_b)
+        return bool(held_a & failed_b or failed_a & held_b) or self._one_fails(a, held_b) or self._one_fails(b, held_a)
+
+    def _one_fails(self, places: Iterable[Context], held: frozenset[str]) -> bool:
+        """Whether code at `places` is in the `else` of `if a and b:` (one of them fails) while
+        every one of them holds elsewhere (Transformer-XL: the scaled backward under `if
+        args.fp16:` then `if args.amp == "pytorch":`, the plain step in the `else` of `if args.fp16
+        and args.amp == "pytorch":`)."""
+        for where in places:
+            for node_id, label in where.branches:
+                test = self.if_tests.get(node_id)
+                if label != "else" or test is None:
+                    continue
+                parts = _and_operands(test)
+                if len(parts) > 1 and all(p and t in held for t, p in map(self._condition, parts)):
+                    return True
+        return False
 
     def failed_conditions(self, where: Context) -> frozenset[str]:
         """The conditions, as written without their negation, that fail wherever code at `where`
@@ -1527,6 +1542,14 @@ def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
     if isinstance(expr, cst.NamedExpr):
         expr = expr.target
     return expr.with_changes(lpar=[], rpar=[]) if getattr(expr, "lpar", None) else expr
+
+
+def _and_operands(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """`a and (b and c)`: a, b and c; any other expression alone."""
+    expr = _bare(expr)
+    if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.And):
+        return _and_operands(expr.left) + _and_operands(expr.right)
+    return [expr]
 
 
 def _with_expressions(item: cst.WithItem) -> tuple[cst.BaseExpression, ...]:
