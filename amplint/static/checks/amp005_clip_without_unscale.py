@@ -29,11 +29,11 @@ _GRAD_COMPUTATION = re.compile(
     r"\.grad(\.data)?\.(norm|abs|max|min|sum|mean|pow|square|float|item|detach|clone|cpu|numpy|isfinite|isnan|isinf|clamp_)\b"
     r"|\b(norm|isfinite|isnan|isinf|abs|amax|max|stack|sum|clamp_)\(\s*[\w.\[\]]*\.grad(\.data)?\s*[,)]"
 )
-# `p.grad.mul_(factor)` / `div_(factor)` is clipping by hand when the factor is named for the
-# gradients' size (`clip_coef = max_norm / total_norm`); any other factor (`world_size`,
-# `accum_steps`) commutes with the loss scale.
+# `p.grad.mul_(factor)` / `div_(factor)` is clipping by hand when the factor is named for a norm
+# or a clip (`clip_coef = max_norm / total_norm`); any other factor (`world_size`,
+# `gradient_accumulation_steps`) commutes with the loss scale.
 _GRAD_RESCALE = re.compile(r"\.grad(?:\.data)?\.(?:mul_|div_)\(([^()]*(?:\([^()]*\))?[^()]*)\)")
-_FROM_GRADIENTS = re.compile(r"norm|clip|coef|grad|max", re.IGNORECASE)
+_FROM_GRADIENTS = re.compile(r"norm|clip|coef", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,8 @@ def _fed_by_its_own_backward(facts: AmpFacts, step: ts.Event) -> bool:
         if (
             call.where.scope.function_scope is function
             and _BACKWARD_CALL.search(call.name)
+            and facts.called_function(call) is None  # a helper of this file is followed as it is
+            and "scale" not in facts.module.code_for_node(call.node)  # not handed the scaler or a scaled loss
             and any(ts.same_object(dotted_name(a.value), step.target) for a in call.node.args)
         ):
             return True
