@@ -1046,9 +1046,16 @@ class AmpFacts:
                 return None
             if body and orelse and body.enabled == orelse.enabled:
                 return found
-            # `autocast(...) if use_amp else nullcontext()`: on only where the test holds.
-            when = expr.test if orelse is None else cst.UnaryOperation(cst.Not(), expr.test) if body is None else None
-            return Autocast(expr, "maybe", found.device, found.dtype, found.deprecated, when)
+            # `autocast(...) if use_amp else nullcontext()` (or a disabled autocast): on only where
+            # the test holds, and the arm's own `enabled=` too.
+            on_body = body is not None and body.enabled != "no"
+            on_else = orelse is not None and orelse.enabled != "no"
+            on = body if on_body else orelse
+            when = None
+            if on_body != on_else:
+                test = expr.test if on_body else cst.UnaryOperation(cst.Not(), expr.test)
+                when = test if on.enabled_when is None else cst.BooleanOperation(test, cst.And(), on.enabled_when)
+            return Autocast(expr, "maybe", on.device, on.dtype, on.deprecated, when)
         if isinstance(expr, (cst.Name, cst.Attribute)):
             for value, value_scope in self.bindings(dotted_name(expr), scope):
                 found = self.autocast_of(value, value_scope, depth + 1)
@@ -1399,12 +1406,18 @@ class AmpFacts:
         there) runs with autocast off. Only for a region written in a `with` around the code, so
         that the condition's names are this function's (a factory's `enabled=use_amp` is not the
         caller's `use_amp`); the condition is taken not to change in between."""
-        if region.enabled_when is None or not any(
-            region.node is expr for item in where.withs for expr in _with_expressions(item)
-        ):
+        if region.enabled_when is None or not self._written_here(region, where):
             return False
         held, failed = self._outcomes_at((where,))
         return self._fails(region.enabled_when, held, failed)
+
+    def _written_here(self, region: Autocast, where: Context) -> bool:
+        """The region is opened in a `with` around `where`, or bound to a name in the same function
+        (`amp_region = torch.autocast(..., enabled=use_amp)`, then `with amp_region:`)."""
+        if any(region.node is expr for item in where.withs for expr in _with_expressions(item)):
+            return True
+        function = where.scope.function_scope
+        return any(a.value is region.node and a.where.scope.function_scope is function for a in self.assignments)
 
     def _fails(self, condition: cst.BaseExpression, held: frozenset[str], failed: frozenset[str]) -> bool:
         """Whether `condition` is false given the conditions known to hold and to fail."""
