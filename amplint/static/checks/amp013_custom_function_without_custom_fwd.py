@@ -226,12 +226,24 @@ def _passes_an_input_through(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
     function = _scope_of(facts, forward)
     params = {p.name.value for p in _arguments(forward)}
     tensors = {p.name.value for p in _arguments(forward) if _may_be_a_tensor(facts, p)}
-    if function is None or not function.returns or _operands(forward) & tensors:
+    if function is None or not function.returns or _operands(forward) & tensors or _combines(function, tensors, _first_argument(forward)):
         return False
     rebound = {a.key for a in facts.assignments if a.where.scope is function}
     # `x.add_(bias)` changes the argument in place: what forward returns is no longer what came in.
     rebound |= {c.receiver_key for c in function.calls if (c.method or "").endswith("_") and not c.method.startswith("_")}
     return all(isinstance(value, cst.Name) and value.value in params - rebound for value in function.returns)
+
+
+def _combines(function: Scope, tensors: set[str], ctx: str) -> bool:
+    """A call, other than on ctx, that takes two of the tensor arguments (`x.mul(proj)`,
+    `torch.mul(x, w, out=x)`): an op that meets their dtypes."""
+    for call in function.calls:
+        if call.receiver_key == ctx:
+            continue
+        used = {call.receiver_key} | {name for arg in call.node.args for name in identifiers(arg.value).split()}
+        if len(used & tensors) >= 2:
+            return True
+    return False
 
 
 def _casts_an_input(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
@@ -258,15 +270,17 @@ def _to_a_dtype(facts: AmpFacts, cast: cst.Call, scope: Scope) -> bool:
     """`.float()`, `.half()`, `.to(torch.float32)`, `.to(dtype=...)`, `.type(x.dtype)`: a change of
     dtype, not a move (`.to(weight.device)`)."""
     method = cast.func.attr.value
-    if method in ("float", "half", "bfloat16", "double"):
-        return True
     if method not in ("to", "type"):
-        return False
+        return method in _CAST_METHODS
     if argument(cast, None, "dtype") is not None:
         return True
-    first = argument(cast, 0, None)
-    target = facts.qualname(first, scope) or dotted_name(first) or ""
-    return target.startswith("torch.") and target.split(".")[-1] in _DTYPE_NAMES or target.endswith(".dtype")
+    params = set(scope.params)
+    for arg in cast.args:
+        target = facts.qualname(arg.value, scope) or dotted_name(arg.value) or ""
+        # `.to(torch.float32)`, `.to(device, torch.float32)`, `.to(x.dtype)`, or `.to(other)`: another input's dtype.
+        if target.startswith("torch.") and target.split(".")[-1] in _DTYPE_NAMES or target.endswith(".dtype") or target in params:
+            return True
+    return False
 
 
 def _arguments(function: cst.FunctionDef) -> list[cst.Param]:
