@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+import libcst as cst
 
 from amplint.static.checks import Hit
 from amplint.static.checks import _training_step as ts
@@ -82,10 +83,21 @@ def _skip_flags(facts: AmpFacts, function) -> set[str]:
         if assignment.where.scope.function_scope is not function:
             continue
         helper = facts.called_function(calls[id(assignment.value)]) if id(assignment.value) in calls else None
-        tested = [assignment.value, *(helper.returns if helper else ())]
-        if any(_SKIP_CHECK.search(facts.module.code_for_node(value)) for value in tested):
+        if _SKIP_CHECK.search(facts.module.code_for_node(assignment.value)) or (helper and _returns_a_skip_test(facts, helper)):
             flags.add(assignment.key.split(".")[-1])
     return flags
+
+
+def _returns_a_skip_test(facts: AmpFacts, helper) -> bool:
+    """Every `return` of the helper is a test of the scale (`return scale <= scaler.get_scale()`)
+    or a name bound to one; a tuple holding one (`return loss, held`) is always true."""
+    def is_test(value) -> bool:
+        if isinstance(value, cst.Name):
+            values = [a.value for a in facts.assignments if a.key == value.value and a.where.scope is helper]
+            return bool(values) and all(not isinstance(v, cst.Name) and is_test(v) for v in values)
+        return isinstance(value, (cst.Comparison, cst.UnaryOperation)) and bool(_SKIP_CHECK.search(facts.module.code_for_node(value)))
+
+    return bool(helper.returns) and all(is_test(value) for value in helper.returns)
 
 
 def _gated(facts: AmpFacts, sched: ts.Event, flags: set[str]) -> bool:
