@@ -9,7 +9,7 @@ import libcst as cst
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, CallSite, constructor_of, dotted_name
+from amplint.static.semantics import AmpFacts, CallSite, argument, constructor_of, dotted_name
 
 CODE = "AMP017"
 
@@ -21,7 +21,7 @@ def _compiled(facts: AmpFacts) -> list[tuple[CallSite, str | None, object]]:
     """torch.compile calls (and decorators, `model.compile()`), with the name the compiled object has."""
     found = []
     for call in facts.calls:
-        if call.qualname in _COMPILE:
+        if call.qualname in _COMPILE and _builds_a_backward_graph(call.node):
             parent = ts.parents(facts).get(id(call.node))
             if isinstance(parent, cst.Decorator):
                 function = ts.parents(facts).get(id(parent))
@@ -38,6 +38,8 @@ def _compiled(facts: AmpFacts) -> list[tuple[CallSite, str | None, object]]:
             called = isinstance(decorator.decorator, cst.Call)  # `@torch.compile(dynamic=False)`: a call, found above
             expr = decorator.decorator.func if called else decorator.decorator
             if facts.qualname(expr, function.parent or function) not in _COMPILE:
+                continue
+            if called and not _builds_a_backward_graph(decorator.decorator):
                 continue
             if not called:
                 found.append((decorator, function.name, function.node))
@@ -65,6 +67,15 @@ def _compiles_a_function(facts: AmpFacts, node, function) -> bool:
     if isinstance(node, CallSite) and node.qualname in _COMPILE:
         return dotted_name(node.arg(0, "model")) in facts.functions_by_name
     return False
+
+
+def _builds_a_backward_graph(call: cst.Call) -> bool:
+    """Not `torch.compile(..., backend="eager")`, which runs backward as eager mode does, nor
+    `disable=True`, which compiles nothing."""
+    backend = argument(call, None, "backend")
+    disable = argument(call, None, "disable")
+    eager = isinstance(backend, cst.SimpleString) and backend.evaluated_value == "eager"
+    return not eager and not (isinstance(disable, cst.Name) and disable.value == "True")
 
 
 def _instances_of(facts: AmpFacts, class_name: str) -> set[str]:
