@@ -151,6 +151,13 @@ def test_diff_of_a_folder_applies_with_git_apply(tree: Path, tmp_path: Path) -> 
     assert snapshot(patched) == snapshot(tree)
 
 
+def test_diff_of_a_path_through_a_parent_folder_names_it_plainly(tree: Path) -> None:
+    """`git apply` refuses `..` in a path as it refuses `.`: `sub/../x.py` is written `x.py`."""
+    (tree / "sub").mkdir()
+    diff = amplint("sub/../from_imports.py", "--diff", cwd=tree).stdout
+    assert diff.startswith("--- a/from_imports.py\n"), diff[:80]
+
+
 def test_diff_of_a_file_with_a_space_in_its_name_applies_with_patch(tree: Path, tmp_path: Path) -> None:
     """The name ends at a tab, as git writes it; patch(1) otherwise stops at the space."""
     (tree / "from_imports.py").rename(tree / "from imports.py")

@@ -289,6 +289,12 @@ def test_github_annotations_name_an_absolute_path_below_the_current_folder_relat
     assert [line.split(",")[0] for line in result.stdout.splitlines()] == ["::error file=src/train.py"] * 3
 
 
+def test_github_annotations_from_a_subfolder_name_files_from_the_checkout(project: Path) -> None:
+    """`cd src && amplint --format github .` in a workflow: GitHub matches paths from the checkout."""
+    result = amplint(".", "--format", "github", *SELECT, cwd=project / "src", env={"GITHUB_WORKSPACE": str(project)})
+    assert [line.split(",")[0] for line in result.stdout.splitlines()] == ["::error file=src/train.py"] * 3
+
+
 def test_github_escapes_properties_and_data() -> None:
     finding = Finding("AMP003", "backward-in-autocast", Severity.ERROR, "a,b:c%.py", 3, 1, 3, 2, "50% of\nit: x, y\r")
     out = io.StringIO()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TextIO
 
@@ -17,15 +18,17 @@ def _escape_property(text: str) -> str:
 
 
 def _annotated_path(path: str) -> str:
-    """The path as GitHub matches it against the pull request's files: relative, without the `./`
-    of `amplint --format github .` (GitHub shows no annotation for `./src/a.py`)."""
-    candidate = Path(path)
-    if candidate.is_absolute():
-        try:
-            candidate = candidate.relative_to(Path.cwd())
-        except ValueError:
-            return path
-    return candidate.as_posix()
+    """The path as GitHub matches it against the pull request's files: relative to the checkout
+    (`GITHUB_WORKSPACE`, else the current folder), without the `./` of `amplint --format github .`
+    (GitHub shows no annotation for `./src/a.py`, nor for `a.py` run from inside `src/`)."""
+    candidate = Path(path).resolve()
+    for root in (os.environ.get("GITHUB_WORKSPACE"), Path.cwd()):
+        if root:
+            try:
+                return candidate.relative_to(Path(root).resolve()).as_posix()
+            except ValueError:
+                continue
+    return Path(path).as_posix()
 
 
 def render(findings: list[Finding], out: TextIO, context: dict) -> None:

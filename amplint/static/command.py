@@ -8,6 +8,7 @@ bad configuration, unreadable path, unwritable output or internal error.
 from __future__ import annotations
 
 import io
+import os
 import re
 import sys
 from collections import Counter
@@ -250,8 +251,8 @@ def _unified_diff(display: str, before: bytes, after: bytes) -> str:
     # feeds, U+2028 and a lone "\r", which makes hunks no tool can apply.
     old = _PATCH_LINE.findall(_decoded(before))
     new = _PATCH_LINE.findall(_decoded(after))
-    # `git apply` refuses a `.` in a path: `amplint . --diff` names `./src/a.py` as `src/a.py`.
-    name = display if Path(display).is_absolute() else Path(display).as_posix()
+    # `git apply` refuses `.` and `..` in a path: `./src/a.py` is `src/a.py`, `sub/../a.py` is `a.py`.
+    name = Path(os.path.normpath(display)).as_posix()
     # A name with a space ends at a tab, as git writes it: patch(1) would stop at the space.
     end = "\t" if " " in name else ""
     lines = []
