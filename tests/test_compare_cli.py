@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -513,6 +514,20 @@ def test_decide_reads_a_model_output_by_attribute_on_a_computed_and_a_stored_bas
     for name in ("computed.json", "stored.json"):
         baseline = json.loads((tmp_path / name).read_text())["baseline"]
         assert [case["decision_count"] for case in baseline["cases"]] == [2, 2, 2, 2]
+
+
+def test_a_stored_baseline_finds_the_specs_classes_after_the_spec_moves(tmp_path):
+    """A baseline saved in one checkout and compared in another (CI, a colleague's machine)."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    shutil.copy(FIXTURES / "model_output_container.py", first / "spec.py")
+    stored = str(tmp_path / "base.pt")
+    saved = amplint(str(first / "spec.py"), "--no-gains", "--save-baseline", stored)
+    assert saved.returncode == 0, saved.stderr
+    shutil.copytree(first, second)
+    shutil.rmtree(first)
+    later = amplint(str(second / "spec.py"), "--no-gains", "--baseline", stored)
+    assert later.returncode == 0, later.stderr
 
 
 @pytest.mark.parametrize(

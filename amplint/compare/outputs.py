@@ -87,7 +87,7 @@ def storable(output: Any) -> Any:
         parts = {key: storable(value) for key, value in fields.items()}
         if type(output) is dict:
             return parts
-        return {_CONTAINER: f"{type(output).__module__}:{type(output).__qualname__}", "fields": parts}
+        return {_CONTAINER: f"{_module_of(type(output))}:{type(output).__qualname__}", "fields": parts}
     if isinstance(output, (tuple, list)):
         return (tuple if isinstance(output, tuple) else list)(storable(value) for value in output)
     return output
@@ -107,9 +107,24 @@ def restore(stored: Any) -> Any:
     return stored
 
 
+_THE_SPEC = "<spec>"  # a class the spec file itself defines
+
+
+def _module_of(cls: type) -> str:
+    from amplint.compare.spec import SPEC_MODULE_PREFIX
+
+    return _THE_SPEC if cls.__module__.startswith(SPEC_MODULE_PREFIX) else cls.__module__
+
+
 def _imported_class(name: str) -> type | None:
+    from amplint.compare.spec import SPEC_MODULE_PREFIX
+
     module_name, _, qualname = name.partition(":")
-    found: Any = sys.modules.get(module_name)
+    if module_name == _THE_SPEC:  # the spec loaded in this run, wherever its file now is
+        specs = [m for key, m in sys.modules.items() if key.startswith(SPEC_MODULE_PREFIX)]
+        found = specs[-1] if specs else None
+    else:
+        found = sys.modules.get(module_name)
     for attribute in qualname.split("."):
         found = getattr(found, attribute, None)
     return found if isinstance(found, type) else None

@@ -17,6 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+# The spec is imported under this prefix and a digest of its path; a stored baseline names the
+# spec's own classes without it, so that a spec moved to another folder or machine still finds them.
+SPEC_MODULE_PREFIX = "amplint_compare_spec_"
+
 from amplint.compare.criteria import Criteria, parse_criteria
 from amplint.compare.errors import CompareError, describe_exception
 
@@ -183,7 +187,7 @@ def _import_spec(path: str):
         raise CompareError("is a directory, not a spec file")
     absolute = os.path.abspath(path)
     digest = hashlib.sha1(absolute.encode()).hexdigest()[:12]
-    module_spec = importlib.util.spec_from_file_location(f"amplint_compare_spec_{digest}", absolute)
+    module_spec = importlib.util.spec_from_file_location(f"{SPEC_MODULE_PREFIX}{digest}", absolute)
     if module_spec is None or module_spec.loader is None:
         raise CompareError("cannot be imported as a Python file")
     module = importlib.util.module_from_spec(module_spec)
