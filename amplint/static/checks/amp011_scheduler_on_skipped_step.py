@@ -67,10 +67,29 @@ def _last_scaler_event(facts: AmpFacts, before: list[ts.Event], sched: ts.Event)
     for event in reversed(before):
         if event.kind not in ("step", "update"):
             continue
-        if ts.iteration_loop(event) is not loop or ts.exclusive(facts, event, sched):
+        if ts.iteration_loop(event) is not loop or ts.exclusive(facts, event, sched) or _per_element(facts, event):
             continue
         return event
     return None
+
+
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
+def _per_element(facts: AmpFacts, event: ts.Event) -> bool:
+    """A helper called in a comprehension (`losses = [self.train_step(b) for b in loader]`) runs
+    once per element: its steps belong to that inner loop, and a scheduler after it is per epoch."""
+    if event.anchor is event.call.where:
+        return False
+    site = next((c for c in event.anchor.scope.calls if c.where is event.anchor), None)
+    if site is None:
+        return False
+    for ancestor in facts.ancestors(site.node):
+        if ancestor is event.anchor.statement:
+            return False
+        if isinstance(ancestor, _COMPREHENSIONS):
+            return True
+    return False
 
 
 def _skip_flags(facts: AmpFacts, function) -> set[str]:
