@@ -1090,3 +1090,26 @@ def test_amp013_a_forward_changing_the_argument_it_returns_in_place_does_not_pas
     src = (STATIC_FIXTURES / "AMP013/good_forward_passes_an_input_through.py").read_text(encoding="utf-8")
     src = src.replace("        return x\n", "        x.mul_(coef)\n        return x\n")
     assert lines(src, "AMP013") == [5]
+
+
+SCALER_ONLY_FOR_BF16 = """\
+import torch
+
+
+def main(model, loader, args):
+    opt = torch.optim.AdamW(model.parameters())
+    dtype = torch.bfloat16 if args.bf16 else OTHER
+    scaler = torch.amp.GradScaler("cuda") if args.bf16 else None
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=dtype, enabled=args.use_amp):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+"""
+
+
+@pytest.mark.parametrize("other,advice", [("torch.float32", "drop it"), ("torch.float16", "build it for float16")])
+def test_amp010_advice_for_a_bf16_only_scaler_follows_the_other_dtype_of_the_run(other: str, advice: str) -> None:
+    (finding,) = [f for f in lint_source(SCALER_ONLY_FOR_BF16.replace("OTHER", other), "t.py") if f.code == "AMP010"]
+    assert advice in finding.message

@@ -74,6 +74,27 @@ def literal_dtype(facts: AmpFacts, region: Autocast, call: CallSite) -> str | No
     return None
 
 
+def possible_dtypes(facts: AmpFacts, region: Autocast, call: CallSite) -> set[str] | None:
+    """The dtypes a region may compute in: its literal one, or each arm of a conditional it is
+    given, written there or bound once to a name (`torch.bfloat16 if args.bf16 else torch.float32`);
+    None when they are not known."""
+    literal = literal_dtype(facts, region, call)
+    if literal is not None:
+        return {literal}
+    from amplint.static.semantics import argument
+
+    positions = names.AUTOCAST_POSITIONAL["deprecated" if region.deprecated else "new"]
+    expr = argument(call.node, positions.index("dtype"), "dtype")
+    bound = facts.bindings(dotted_name(expr), call.scope) if isinstance(expr, (cst.Name, cst.Attribute)) else [(expr, call.scope)]
+    if len(bound) != 1 or not isinstance(bound[0][0], cst.IfExp):
+        return None
+    choice, scope = bound[0]
+    arms = {facts.qualname(arm, scope) for arm in (choice.body, choice.orelse)}
+    if not all(arm and arm.startswith("torch.") for arm in arms):
+        return None
+    return {"torch.float16" if arm == "torch.half" else arm for arm in arms}
+
+
 def has_dtype_argument(region: Autocast, call: CallSite) -> bool:
     from amplint.static.semantics import argument
 

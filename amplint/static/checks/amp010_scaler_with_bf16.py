@@ -98,9 +98,9 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     dtypes = _region_dtypes(facts)
     # Where no region computes in float16, a bfloat16-only scaler is dead weight, not a gap.
     float16_runs = (
-        "float16 runs, which do, get no scaler"
+        "float16 runs, which do, get no scaler; build it for float16 (`enabled=(amp_dtype == torch.float16)`)"
         if dtypes & (rg.FLOAT16 | {"unknown"})
-        else "it only adds a sync per step"
+        else "it only adds a sync per step; drop it"
     )
     flags = [(call, _built_only_for_bf16(facts, call)) for call in scalers]
     for call, flag in flags:
@@ -109,8 +109,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             yield Hit(
                 call.node,
                 f"this GradScaler is {built} only when `{facts.module.code_for_node(flag)}` is true, that "
-                f"is for bfloat16, which needs no loss scaling; {float16_runs}; "
-                f"build it for float16 (`enabled=(amp_dtype == torch.float16)`)",
+                f"is for bfloat16, which needs no loss scaling; {float16_runs}",
                 call.where.statement,
             )
     scalers = [call for call, flag in flags if flag is None]
@@ -140,9 +139,9 @@ def _region_dtypes(facts: AmpFacts) -> set[str]:
     for call, region in rg.autocasts(facts):
         if not rg.enabled(region):
             continue
-        dtype = rg.literal_dtype(facts, region, call)
-        if dtype is None:
+        possible = rg.possible_dtypes(facts, region, call)
+        if possible is None:
             dtypes.add("unknown" if rg.has_dtype_argument(region, call) or region.device != "cpu" else "torch.bfloat16")
         else:
-            dtypes.add(dtype)
+            dtypes |= possible
     return dtypes
