@@ -1050,6 +1050,8 @@ class AmpFacts:
             # the test holds, and the arm's own `enabled=` too.
             on_body = body is not None and body.enabled != "no"
             on_else = orelse is not None and orelse.enabled != "no"
+            if not (on_body or on_else):  # `autocast(enabled=False) if debug else nullcontext()`
+                return replace(found, node=expr, enabled="no")
             on = body if on_body else orelse
             when = None
             if on_body != on_else:
@@ -1417,7 +1419,12 @@ class AmpFacts:
         if any(region.node is expr for item in where.withs for expr in _with_expressions(item)):
             return True
         function = where.scope.function_scope
-        return any(a.value is region.node and a.where.scope.function_scope is function for a in self.assignments)
+        if not any(a.value is region.node and a.where.scope.function_scope is function for a in self.assignments):
+            return False
+        # Built once, entered later: a flag assigned again in between (`use_amp = epoch < warm`)
+        # no longer says what the region was built with.
+        flags = set(identifiers(region.enabled_when).split()) if region.enabled_when is not None else set()
+        return not any(a.key in flags and a.where.scope.function_scope is function for a in self.assignments)
 
     def _fails(self, condition: cst.BaseExpression, held: frozenset[str], failed: frozenset[str]) -> bool:
         """Whether `condition` is false given the conditions known to hold and to fail."""
