@@ -9,7 +9,7 @@ import libcst as cst
 
 from amplint.static.checks import Hit
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts
+from amplint.static.semantics import AmpFacts, dotted_name
 
 CODE = "AMP011"
 
@@ -67,19 +67,22 @@ def _last_scaler_event(facts: AmpFacts, before: list[ts.Event], sched: ts.Event)
     for event in reversed(before):
         if event.kind not in ("step", "update"):
             continue
-        if ts.iteration_loop(event) is not loop or ts.exclusive(facts, event, sched) or _per_element(facts, event):
+        if ts.iteration_loop(event) is not loop or ts.exclusive(facts, event, sched) or _per_element(facts, event, sched):
             continue
         return event
     return None
 
 
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_EPOCH = re.compile(r"epoch")
 
 
-def _per_element(facts: AmpFacts, event: ts.Event) -> bool:
-    """A helper called in a comprehension (`losses = [self.train_step(b) for b in loader]`) runs
-    once per element: its steps belong to that inner loop, and a scheduler after it is per epoch."""
-    if event.anchor is event.call.where:
+def _per_element(facts: AmpFacts, event: ts.Event, sched: ts.Event) -> bool:
+    """A helper called in a comprehension (`losses = [self.train_step(b) for b in loader]`) in an
+    epoch loop runs once per batch: its steps belong to that inner loop, and a scheduler after it
+    is per epoch (not in a batch loop over micro-batches: `[step(c) for c in batch.chunk(4)]`)."""
+    loop = ts.iteration_loop(sched)
+    if event.anchor is event.call.where or loop is None or not _EPOCH.search(loop.text):
         return False
     site = next((c for c in event.anchor.scope.calls if c.where is event.anchor), None)
     if site is None:
@@ -111,12 +114,18 @@ def _returns_a_skip_test(facts: AmpFacts, helper) -> bool:
     """Every `return` of the helper is a test of the scale (`return scale <= scaler.get_scale()`)
     or a name bound to one; a tuple holding one (`return loss, held`) is always true."""
     def is_test(value) -> bool:
+        if isinstance(value, cst.Call) and dotted_name(value.func) == "bool" and value.args:
+            return is_test(value.args[0].value)  # `return bool(scale <= scaler.get_scale())`
         if isinstance(value, cst.Name):
             values = [a.value for a in facts.assignments if a.key == value.value and a.where.scope is helper]
             return bool(values) and all(not isinstance(v, cst.Name) and is_test(v) for v in values)
         return isinstance(value, (cst.Comparison, cst.UnaryOperation)) and bool(_SKIP_CHECK.search(facts.module.code_for_node(value)))
 
-    return bool(helper.returns) and all(is_test(value) for value in helper.returns)
+    def is_constant(value) -> bool:  # an early `return False` before any step
+        return isinstance(value, cst.Name) and value.value in ("True", "False")
+
+    tests = [value for value in helper.returns if not is_constant(value)]
+    return bool(tests) and all(is_test(value) for value in tests)
 
 
 def _gated(facts: AmpFacts, sched: ts.Event, flags: set[str]) -> bool:
