@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+import libcst as cst
+
 from amplint.model import Applicability
 from amplint.static.checks import FixPlan, Hit
 from amplint.static.checks import _training_step as ts
@@ -99,12 +101,30 @@ def _fed_by_its_own_backward(facts: AmpFacts, step: ts.Event) -> bool:
         if (
             call.where.scope.function_scope is function
             and _BACKWARD_CALL.search(call.name)
-            and facts.called_function(call) is None  # a helper of this file is followed as it is
-            and "scale" not in facts.module.code_for_node(call.node)  # not handed the scaler or a scaled loss
             and any(ts.same_object(dotted_name(a.value), step.target) for a in call.node.args)
+            and not any(_scaled(facts, a.value, call) for a in call.node.args)
+            and _plain_backward_inside(facts, call)
         ):
             return True
     return False
+
+
+def _scaled(facts: AmpFacts, value, call) -> bool:
+    """The scaler itself, or a loss it scaled (`scaler.scale(loss)`)."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "scale":
+        return True
+    return facts.is_scaler(dotted_name(value), call.scope)
+
+
+def _plain_backward_inside(facts: AmpFacts, call) -> bool:
+    """A helper of another file is taken at its word; one of this file back-propagates a loss of
+    its own when it calls an unscaled backward and scales nothing."""
+    helper = facts.called_function(call)
+    if helper is None:
+        return True
+    return not any(c.method == "scale" for c in helper.calls) and any(
+        c.method == "backward" and not isinstance(c.receiver, cst.Call) for c in helper.calls
+    )
 
 
 def _own_plain_backward(facts: AmpFacts, scaled: ts.Event, step: ts.Event, events: list[ts.Event]) -> bool:
