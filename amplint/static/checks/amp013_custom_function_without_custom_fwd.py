@@ -42,6 +42,8 @@ _AUTOCAST_STATE = re.compile(r"^_?(is|get)_autocast\w*$")
 _AUTOCAST_NAME = re.compile(r"(^|_)autocast$")
 _CAST_METHODS = {"float", "half", "bfloat16", "double", "to", "type"}
 _DTYPE_NAMES = {"float16", "half", "bfloat16", "float32", "float", "float64", "double"}
+# An argument named for where a tensor goes: `x.to(device)` moves, it does not cast.
+_DEVICE = re.compile(r"device|(^|_)(dev|gpu|cuda|cpu|rank)($|_)")
 # `_cast_if_autocast_enabled`, `torch.amp.autocast_mode._cast`, `cast_inputs`; not `autocast`, `broadcast`.
 _CAST_HELPER = re.compile(r"(^|_)cast")
 
@@ -235,12 +237,13 @@ def _passes_an_input_through(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
 
 
 def _combines(function: Scope, tensors: set[str], ctx: str) -> bool:
-    """A call, other than on ctx, that takes two of the tensor arguments (`x.mul(proj)`,
-    `torch.mul(x, w, out=x)`): an op that meets their dtypes."""
+    """A call, other than on ctx, that takes two of the tensor arguments themselves (`x.mul(proj)`,
+    `torch.mul(x, w, out=x)`): an op that meets their dtypes. Not their shapes or dtypes passed to a
+    log or an assert (`x.shape[0] == penalty.shape[0]`)."""
     for call in function.calls:
         if call.receiver_key == ctx:
             continue
-        used = {call.receiver_key} | {name for arg in call.node.args for name in identifiers(arg.value).split()}
+        used = {call.receiver_key} | {arg.value.value for arg in call.node.args if isinstance(arg.value, cst.Name)}
         if len(used & tensors) >= 2:
             return True
     return False
@@ -274,7 +277,7 @@ def _to_a_dtype(facts: AmpFacts, cast: cst.Call, scope: Scope) -> bool:
         return method in _CAST_METHODS
     if argument(cast, None, "dtype") is not None:
         return True
-    params = set(scope.params)
+    params = {p for p in scope.params if not _DEVICE.search(p)}
     for arg in cast.args:
         target = facts.qualname(arg.value, scope) or dotted_name(arg.value) or ""
         # `.to(torch.float32)`, `.to(device, torch.float32)`, `.to(x.dtype)`, or `.to(other)`: another input's dtype.
