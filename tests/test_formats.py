@@ -295,6 +295,13 @@ def test_github_annotations_from_a_subfolder_name_files_from_the_checkout(projec
     assert [line.split(",")[0] for line in result.stdout.splitlines()] == ["::error file=src/train.py"] * 3
 
 
+def test_github_annotations_name_a_linked_file_where_the_pull_request_shows_it(project: Path) -> None:
+    (project / "linked").mkdir()
+    (project / "linked" / "train.py").symlink_to(project / "src" / "train.py")
+    result = amplint("linked/train.py", "--format", "github", *SELECT, cwd=project)
+    assert [line.split(",")[0] for line in result.stdout.splitlines()] == ["::error file=linked/train.py"] * 3
+
+
 def test_github_escapes_properties_and_data() -> None:
     finding = Finding("AMP003", "backward-in-autocast", Severity.ERROR, "a,b:c%.py", 3, 1, 3, 2, "50% of\nit: x, y\r")
     out = io.StringIO()

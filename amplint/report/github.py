@@ -21,11 +21,12 @@ def _annotated_path(path: str) -> str:
     """The path as GitHub matches it against the pull request's files: relative to the checkout
     (`GITHUB_WORKSPACE`, else the current folder), without the `./` of `amplint --format github .`
     (GitHub shows no annotation for `./src/a.py`, nor for `a.py` run from inside `src/`)."""
-    candidate = Path(path).resolve()
-    for root in (os.environ.get("GITHUB_WORKSPACE"), Path.cwd()):
+    # abspath, not resolve(): a link is annotated where the pull request shows it, not at its target.
+    candidate = Path(os.path.abspath(path))
+    for root in (os.environ.get("GITHUB_WORKSPACE"), os.getcwd()):
         if root:
             try:
-                return candidate.relative_to(Path(root).resolve()).as_posix()
+                return candidate.relative_to(os.path.abspath(root)).as_posix()
             except ValueError:
                 continue
     return Path(path).as_posix()

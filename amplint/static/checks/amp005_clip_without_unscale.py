@@ -33,7 +33,7 @@ _GRAD_COMPUTATION = re.compile(
 # or a clip (`clip_coef = max_norm / total_norm`); any other factor (`world_size`,
 # `gradient_accumulation_steps`) commutes with the loss scale.
 _GRAD_RESCALE = re.compile(r"\.grad(?:\.data)?\.(?:mul_|div_)\(([^()]*(?:\([^()]*\))?[^()]*)\)")
-_FROM_GRADIENTS = re.compile(r"norm|clip|coef", re.IGNORECASE)
+_FROM_GRADIENTS = re.compile(r"norm(?![a-z])|clip|coef", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
