@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from amplint.compare.spec import SPEC_MODULE_PREFIX
+
 ROOT = "output"
 
 
@@ -93,17 +95,17 @@ def storable(output: Any) -> Any:
     return output
 
 
-def restore(stored: Any) -> Any:
-    """Undo `storable`: a container class already imported (by the spec, or the library its model
-    comes from) is rebuilt; one that is not, or refuses, stays a dict of its parts. Nothing is
-    imported here: a baseline file names classes, it does not choose code to run."""
+def restore(stored: Any, spec_module: Any = None) -> Any:
+    """Undo `storable`: a container class already imported (by the spec, given as `spec_module`,
+    or the library its model comes from) is rebuilt; one that is not, or refuses, stays a dict of
+    its parts. Nothing is imported here: a baseline file names classes, it does not choose code to run."""
     if isinstance(stored, dict):
         if set(stored) == {_CONTAINER, "fields"}:
-            parts = {key: restore(value) for key, value in stored["fields"].items()}
-            return _build(_imported_class(stored[_CONTAINER]), parts)
-        return {key: restore(value) for key, value in stored.items()}
+            parts = {key: restore(value, spec_module) for key, value in stored["fields"].items()}
+            return _build(_imported_class(stored[_CONTAINER], spec_module), parts)
+        return {key: restore(value, spec_module) for key, value in stored.items()}
     if isinstance(stored, (tuple, list)):
-        return type(stored)(restore(value) for value in stored)
+        return type(stored)(restore(value, spec_module) for value in stored)
     return stored
 
 
@@ -111,20 +113,13 @@ _THE_SPEC = "<spec>"  # a class the spec file itself defines
 
 
 def _module_of(cls: type) -> str:
-    from amplint.compare.spec import SPEC_MODULE_PREFIX
-
     return _THE_SPEC if cls.__module__.startswith(SPEC_MODULE_PREFIX) else cls.__module__
 
 
-def _imported_class(name: str) -> type | None:
-    from amplint.compare.spec import SPEC_MODULE_PREFIX
-
+def _imported_class(name: str, spec_module: Any) -> type | None:
     module_name, _, qualname = name.partition(":")
-    if module_name == _THE_SPEC:  # the spec loaded in this run, wherever its file now is
-        specs = [m for key, m in sys.modules.items() if key.startswith(SPEC_MODULE_PREFIX)]
-        found = specs[-1] if specs else None
-    else:
-        found = sys.modules.get(module_name)
+    # A class of the spec is looked up in the spec compared now, wherever its file has moved.
+    found: Any = spec_module if module_name == _THE_SPEC else sys.modules.get(module_name)
     for attribute in qualname.split("."):
         found = getattr(found, attribute, None)
     return found if isinstance(found, type) else None

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from amplint.compare.criteria import Criteria, parse_criteria
+from amplint.compare.errors import CompareError, describe_exception
+
 # The spec is imported under this prefix and a digest of its path; a stored baseline names the
 # spec's own classes without it, so that a spec moved to another folder or machine still finds them.
 SPEC_MODULE_PREFIX = "amplint_compare_spec_"
-
-from amplint.compare.criteria import Criteria, parse_criteria
-from amplint.compare.errors import CompareError, describe_exception
 
 # Autocast lower-precision dtypes amplint can try, with the spellings accepted for them.
 TRIAL_DTYPES = {
@@ -180,14 +180,18 @@ def _defined_in(value: object, module_name: str) -> bool:
     return owner == module_name if callable(value) else True
 
 
+def spec_module_name(path: str) -> str:
+    """The name the spec at `path` is imported under: its own, whatever other specs are loaded."""
+    return SPEC_MODULE_PREFIX + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
+
+
 def _import_spec(path: str):
     if not os.path.exists(path):
         raise CompareError("no such file")
     if os.path.isdir(path):
         raise CompareError("is a directory, not a spec file")
     absolute = os.path.abspath(path)
-    digest = hashlib.sha1(absolute.encode()).hexdigest()[:12]
-    module_spec = importlib.util.spec_from_file_location(f"{SPEC_MODULE_PREFIX}{digest}", absolute)
+    module_spec = importlib.util.spec_from_file_location(spec_module_name(path), absolute)
     if module_spec is None or module_spec.loader is None:
         raise CompareError("cannot be imported as a Python file")
     module = importlib.util.module_from_spec(module_spec)

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 
 import torch
 
 from amplint.compare import outputs as out
 from amplint.compare.errors import CompareError, describe_exception
 from amplint.compare.run import Baseline, Prepared
+from amplint.compare.spec import spec_module_name
 
 FORMAT = "amplint-compare-baseline"
 VERSION = 1
@@ -99,7 +101,7 @@ def load_baseline(path: str, prepared: Prepared) -> Baseline:
     if len(payload["outputs"]) != len(ids):
         raise CompareError(f"baseline file {path} is damaged: {len(payload['outputs'])} outputs for {len(ids)} cases")
     return Baseline(
-        outputs=[out.restore(output) for output in payload["outputs"]],
+        outputs=[out.restore(output, sys.modules.get(spec_module_name(prepared.spec.path))) for output in payload["outputs"]],
         source=path,
         criteria_at_save=payload.get("criteria"),
         torch_at_save=payload.get("torch"),
