@@ -58,19 +58,15 @@ def opens_autocast_that_can_be_on(facts: AmpFacts) -> bool:
 def literal_dtype(facts: AmpFacts, region: Autocast, call: CallSite) -> str | None:
     """The qualified dtype of an autocast region, following a name bound once to a literal."""
     if region.dtype is not None:
-        return "torch.float16" if region.dtype == "torch.half" else region.dtype
-    positions = names.AUTOCAST_POSITIONAL["deprecated" if region.deprecated else "new"]
-    from amplint.static.semantics import argument
-
-    expr = argument(call.node, positions.index("dtype"), "dtype")
-    key = dotted_name(expr)
+        return _canonical(region.dtype)
+    key = dotted_name(_dtype_argument(region, call))
     if key is None:
         return None
     values = {facts.qualname(v, s) for v, s in facts.bindings(key, call.scope)}
     if len(values) == 1:
         (value,) = values
         if value is not None and value.startswith("torch."):
-            return "torch.float16" if value == "torch.half" else value
+            return _canonical(value)
     return None
 
 
@@ -81,10 +77,7 @@ def possible_dtypes(facts: AmpFacts, region: Autocast, call: CallSite) -> set[st
     literal = literal_dtype(facts, region, call)
     if literal is not None:
         return {literal}
-    from amplint.static.semantics import argument
-
-    positions = names.AUTOCAST_POSITIONAL["deprecated" if region.deprecated else "new"]
-    expr = argument(call.node, positions.index("dtype"), "dtype")
+    expr = _dtype_argument(region, call)
     bound = facts.bindings(dotted_name(expr), call.scope) if isinstance(expr, (cst.Name, cst.Attribute)) else [(expr, call.scope)]
     if len(bound) != 1 or not isinstance(bound[0][0], cst.IfExp):
         return None
@@ -92,14 +85,22 @@ def possible_dtypes(facts: AmpFacts, region: Autocast, call: CallSite) -> set[st
     arms = {facts.qualname(arm, scope) for arm in (choice.body, choice.orelse)}
     if not all(arm and arm.startswith("torch.") for arm in arms):
         return None
-    return {"torch.float16" if arm == "torch.half" else arm for arm in arms}
+    return {_canonical(arm) for arm in arms}
 
 
 def has_dtype_argument(region: Autocast, call: CallSite) -> bool:
+    return _dtype_argument(region, call) is not None
+
+
+def _dtype_argument(region: Autocast, call: CallSite) -> cst.BaseExpression | None:
     from amplint.static.semantics import argument
 
     positions = names.AUTOCAST_POSITIONAL["deprecated" if region.deprecated else "new"]
-    return argument(call.node, positions.index("dtype"), "dtype") is not None
+    return argument(call.node, positions.index("dtype"), "dtype")
+
+
+def _canonical(dtype: str) -> str:
+    return "torch.float16" if dtype == "torch.half" else dtype
 
 
 def in_no_grad(facts: AmpFacts, call: CallSite) -> bool:
