@@ -127,10 +127,21 @@ def _saved_objects(facts: AmpFacts, save: CallSite) -> Iterator[tuple[CallSite, 
         return
     function = save.scope.function_scope
     name = obj.value if isinstance(obj, cst.Name) else None
+    if name is not None and _gathers_keywords(function, name) and not facts.bindings(name, save.scope):
+        # `def save_checkpoint(path, **state): torch.save(state, path)`: each call's keywords are
+        # the checkpoint.
+        for caller in facts.callers(function):
+            yield caller, caller.node
+        return
     if name is None or name not in function.params or facts.bindings(name, save.scope):
         yield save, obj
         return
     yield from _passed_for(facts, function, name)
+
+
+def _gathers_keywords(function: Scope, name: str) -> bool:
+    star = function.node.params.star_kwarg if isinstance(function.node, cst.FunctionDef) else None
+    return isinstance(star, cst.Param) and star.name.value == name
 
 
 def _passed_for(facts: AmpFacts, function: Scope, param: str) -> Iterator[tuple[CallSite, cst.BaseExpression | None]]:
