@@ -10,7 +10,7 @@ import libcst as cst
 
 from amplint.static.checks import Hit
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, Assignment, Autocast, Context, mutually_exclusive
+from amplint.static.semantics import AmpFacts, Assignment, Autocast, Context, dotted_name, identifiers, mutually_exclusive
 
 CODE = "AMP014"
 
@@ -169,6 +169,48 @@ def _rebound_before(rebound: list[Assignment], name: str, read: Context) -> bool
     )
 
 
+# Calls that hand a loop the elements of what they are given.
+_ITERATION_WRAPPERS = {"zip", "enumerate", "reversed"}
+
+
+def _loop_target_over(parents: dict, node: cst.CSTNode) -> cst.BaseExpression | None:
+    """The target of a loop or comprehension that iterates over `node` (`for r, f in zip(real,
+    fake)`): the names its elements get."""
+    parent = parents.get(id(node))
+    numbered = False  # `enumerate(...)`: the target's first name is the index
+    while isinstance(parent, cst.Arg):
+        call = parents.get(id(parent))
+        if not (isinstance(call, cst.Call) and dotted_name(call.func) in _ITERATION_WRAPPERS):
+            return None
+        numbered = numbered or dotted_name(call.func) == "enumerate"
+        node, parent = call, parents.get(id(call))
+    if not (isinstance(parent, (cst.CompFor, cst.For)) and parent.iter is node):
+        return None
+    target = parent.target
+    if numbered and isinstance(target, cst.Tuple) and len(target.elements) == 2:
+        return target.elements[1].value
+    return target
+
+
+def _only_cast(facts: AmpFacts, function, block: _Block, target: cst.BaseExpression) -> bool:
+    """Every use of the loop's element names in the block casts them first (a discriminator's
+    per-scale outputs: `sum(torch.mean((1 - r.float()) ** 2) for r in real)`)."""
+    elements = set(identifiers(target).split())
+    rebound = [a for a in (*facts.assignments, *facts.unpackings) if a.key in elements and block.holds(a.where)]
+    uses = [
+        c for c in facts.calls
+        if c.scope.function_scope is function and block.holds(c.where) and (c.receiver_key or "").split(".")[0] in elements
+    ]
+    reads = [
+        r for r in facts.references
+        if r.dotted.split(".")[0] in elements and r.where.scope.function_scope is function and block.holds(r.where)
+    ]
+    # `for r in real: r = r.float()`, then `r` is the block's own value.
+    return bool(uses) and all(
+        c.method in _CASTS or _rebound_before(rebound, c.receiver_key.split(".")[0], c.where) for c in uses
+    ) and all(_rebound_before(rebound, r.dotted.split(".")[0], r.where) for r in reads)
+
+
 def _uncast_reads(facts: AmpFacts, function, block: _Block, produced: set[str]) -> list[str]:
     parents = ts.parents(facts)
     found: list[str] = []
@@ -183,6 +225,9 @@ def _uncast_reads(facts: AmpFacts, function, block: _Block, produced: set[str]) 
         if isinstance(parents.get(id(ref.node)), (cst.AssignTarget,)) or _starts_a_scaled_backward(parents, ref.node):
             continue
         if "." in ref.dotted and ref.dotted.split(".")[1] in _NOT_AN_INPUT:
+            continue
+        target = _loop_target_over(parents, ref.node)
+        if target is not None and _only_cast(facts, function, block, target):
             continue
         found.append(head)
     for call in facts.calls:
