@@ -312,6 +312,8 @@ def test_an_if_that_may_fall_through_excludes_nothing() -> None:
         ("if (last := i % 4 == 0):\n    a()", "if not last:\n    b()"),
         ("if use_amp and warm:\n    a()", "if use_amp and warm:\n    pass\nelse:\n    b()"),
         ("if fp16:\n    if amp == 'pt':\n        a()", "if fp16 and amp == 'pt':\n    pass\nelse:\n    b()"),
+        ("if fp16:\n    if amp == 'pt':\n        a()", "if not (fp16 and amp == 'pt'):\n    b()"),
+        ("if fp16:\n    if not apex:\n        a()", "if fp16 and not apex:\n    pass\nelse:\n    b()"),
     ],
 )
 def test_two_ifs_on_opposite_outcomes_of_one_condition_contradict(first: str, second: str) -> None:
@@ -325,6 +327,7 @@ def test_two_ifs_on_opposite_outcomes_of_one_condition_contradict(first: str, se
         ("if args.fp16:\n    a()", "if args.fp16:\n    b()"),
         ("if args.fp16:\n    a()", "if args.bf16:\n    pass\nelse:\n    b()"),
         ("if use_amp:\n    a()", "if use_amp and warm:\n    pass\nelse:\n    b()"),
+        ("if use_amp:\n    a()", "if not (use_amp and warm):\n    b()"),
         ("if use_amp or debug:\n    a()", "if not use_amp:\n    b()"),
     ],
 )

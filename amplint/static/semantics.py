@@ -941,20 +941,29 @@ class AmpFacts:
         and that of `if scaler is not None:`. The condition is taken not to change in between."""
         held_a, failed_a = self._outcomes_at(a)
         held_b, failed_b = self._outcomes_at(b)
-        return bool(held_a & failed_b or failed_a & held_b) or self._one_fails(a, held_b) or self._one_fails(b, held_a)
+        return (
+            bool(held_a & failed_b or failed_a & held_b)
+            or self._one_fails(a, held_b, failed_b)
+            or self._one_fails(b, held_a, failed_a)
+        )
 
-    def _one_fails(self, places: Iterable[Context], held: frozenset[str]) -> bool:
-        """Whether code at `places` is in the `else` of `if a and b:` (one of them fails) while
-        every one of them holds elsewhere (Transformer-XL: the scaled backward under `if
-        args.fp16:` then `if args.amp == "pytorch":`, the plain step in the `else` of `if args.fp16
-        and args.amp == "pytorch":`)."""
+    def _one_fails(self, places: Iterable[Context], held: frozenset[str], failed: frozenset[str]) -> bool:
+        """Whether code at `places` is where one of `a and b` fails (the `else` of `if a and b:`, the
+        body of `if not (a and b):`) while every one of them holds elsewhere (Transformer-XL: the
+        scaled backward under `if args.fp16:` then `if args.amp == "pytorch":`, the plain step in
+        the `else` of `if args.fp16 and args.amp == "pytorch":`)."""
         for where in places:
             for node_id, label in where.branches:
                 test = self.if_tests.get(node_id)
-                if label != "else" or test is None:
+                if test is None:
+                    continue
+                test = _bare(test)
+                if label == "body" and isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+                    test = test.expression
+                elif label != "else":
                     continue
                 parts = _and_operands(test)
-                if len(parts) > 1 and all(p and t in held for t, p in map(self._condition, parts)):
+                if len(parts) > 1 and all(t in (held if p else failed) for t, p in map(self._condition, parts)):
                     return True
         return False
 
