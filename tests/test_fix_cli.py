@@ -158,6 +158,13 @@ def test_diff_of_a_path_through_a_parent_folder_names_it_plainly(tree: Path) -> 
     assert diff.startswith("--- a/from_imports.py\n"), diff[:80]
 
 
+def test_diff_of_an_absolute_path_is_written_as_git_writes_one(tree: Path) -> None:
+    """`a/tmp/x.py`, not `a//tmp/x.py`, which `git apply` refuses."""
+    target = (tree / "from_imports.py").resolve()
+    diff = amplint(str(target), "--diff", cwd=tree).stdout
+    assert diff.startswith(f"--- a{target.as_posix()}\n"), diff[:80]
+
+
 def test_diff_of_a_file_with_a_space_in_its_name_applies_with_patch(tree: Path, tmp_path: Path) -> None:
     """The name ends at a tab, as git writes it; patch(1) otherwise stops at the space."""
     (tree / "from_imports.py").rename(tree / "from imports.py")

@@ -306,6 +306,8 @@ def _module_alias_uses(bound: str | None, facts: AmpFacts) -> list[Replacement] 
             if kind in ("custom_fwd", "custom_bwd") and _is_bare_decorator(ref.node, facts):
                 device = names.DEPRECATED_AMP[qualname][0]
                 replacements.append(Replacement(ref.node, f'{ref.dotted}(device_type="{device}")'))
+            elif kind in ("autocast", "GradScaler") and _in_a_type_test(ref.node, facts):
+                continue  # `isinstance(s, amp.GradScaler)` then names the torch.amp class, as it should
             else:
                 return None
     return replacements

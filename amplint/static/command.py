@@ -251,8 +251,9 @@ def _unified_diff(display: str, before: bytes, after: bytes) -> str:
     # feeds, U+2028 and a lone "\r", which makes hunks no tool can apply.
     old = _PATCH_LINE.findall(_decoded(before))
     new = _PATCH_LINE.findall(_decoded(after))
-    # `git apply` refuses `.` and `..` in a path: `./src/a.py` is `src/a.py`, `sub/../a.py` is `a.py`.
-    name = Path(os.path.normpath(display)).as_posix()
+    # `git apply` refuses `.` and `..` in a path: `./src/a.py` is `src/a.py`, `sub/../a.py` is `a.py`;
+    # an absolute path is written as git writes one, `a/tmp/x.py`, not `a//tmp/x.py`.
+    name = Path(os.path.normpath(display)).as_posix().lstrip("/")
     # A name with a space ends at a tab, as git writes it: patch(1) would stop at the space.
     end = "\t" if " " in name else ""
     lines = []
