@@ -55,6 +55,10 @@ class Finding:
     # The line a noqa comment must sit on: the first line of the reported statement.
     noqa_line: int | None = field(default=None, compare=False)
 
+    def fixable(self, unsafe: bool) -> bool:
+        """Whether `--fix` applies this finding's fix (an unsafe one only with `--unsafe-fixes`)."""
+        return self.fix is not None and (unsafe or self.fix.applicability is Applicability.SAFE)
+
     def to_json(self) -> dict:
         return {
             "code": self.code,

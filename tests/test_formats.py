@@ -302,6 +302,27 @@ def test_github_annotations_name_a_linked_file_where_the_pull_request_shows_it(p
     assert [line.split(",")[0] for line in result.stdout.splitlines()] == ["::error file=linked/train.py"] * 3
 
 
+UNSAFE_ONLY = """\
+import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for x in loader:
+    with torch.autocast("cuda"):
+        loss = model(x)
+    scaler.scale(loss).backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("flags,marked", [((), False), (("--unsafe-fixes",), True)])
+def test_concise_marks_a_fix_only_where_fix_would_apply_it(tmp_path: Path, flags: tuple, marked: bool) -> None:
+    """As ruff: `[*]` means `amplint --fix` (with the flags given) fixes it; an unsafe fix needs `--unsafe-fixes`."""
+    (tmp_path / "step.py").write_text(UNSAFE_ONLY)
+    result = amplint("step.py", "--format", "concise", "--select", "AMP006", *flags, cwd=tmp_path)
+    (line,) = [line for line in result.stdout.splitlines() if "AMP006" in line]
+    assert ("AMP006 [*]" in line) is marked
+
+
 def test_github_escapes_properties_and_data() -> None:
     finding = Finding("AMP003", "backward-in-autocast", Severity.ERROR, "a,b:c%.py", 3, 1, 3, 2, "50% of\nit: x, y\r")
     out = io.StringIO()

@@ -9,5 +9,5 @@ from amplint.model import Finding
 
 def render(findings: list[Finding], out: TextIO, context: dict) -> None:
     for f in findings:
-        marker = " [*]" if f.fix is not None else ""
+        marker = " [*]" if f.fixable(context.get("unsafe_fixes", False)) else ""
         out.write(f"{f.path}:{f.line}:{f.column}: {f.code}{marker} {f.message}\n")

@@ -56,7 +56,7 @@ def render(findings: list[Finding], out: TextIO, context: dict) -> None:
     color = context.get("color")
     if color is None:
         color = wants_color(out)
-    lines = _lines(findings, dict(context.get("sources_text") or {}))
+    lines = _lines(findings, dict(context.get("sources_text") or {}), context.get("unsafe_fixes", False))
     if not color:
         out.write("".join("".join(text for text, _style in line).expandtabs(8) + "\n" for line in lines))
         return
@@ -78,11 +78,11 @@ def _display_width(text: str) -> int:
     return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
-def _lines(findings: list[Finding], sources: dict[str, list[str]]) -> list[_Line]:
+def _lines(findings: list[Finding], sources: dict[str, list[str]], unsafe: bool) -> list[_Line]:
     lines: list[_Line] = []
     for f in findings:
         style = _STYLE[f.severity]
-        fixable = [(" ", None), ("[*]", "cyan")] if f.fix is not None else []
+        fixable = [(" ", None), ("[*]", "cyan")] if f.fixable(unsafe) else []
         lines.append([(f.path, "bold"), (f":{f.line}:{f.column}: ", None), (f.code, style), *fixable, (f" {f.message}", None)])
         text = _source_line(f.path, f.line, sources) if f.code != "AMP000" else None
         if text is not None:

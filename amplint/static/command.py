@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 from amplint.config import ConfigError, Settings, discover, load_config_file, parse_codes_option, with_overrides
-from amplint.model import Applicability, Finding
+from amplint.model import Finding
 from amplint.report import renderer
 from amplint.static.runner import RunResult, all_codes, check_paths, check_stdin
 from amplint.static.source import physical_lines
@@ -118,10 +118,6 @@ def run_check_command(paths: tuple[str, ...], **o) -> int:
     return EXIT_FINDINGS if outcome.findings and not o["exit_zero"] else EXIT_CLEAN
 
 
-def _wanted(finding: Finding, unsafe: bool) -> bool:
-    return finding.fix is not None and (unsafe or finding.fix.applicability is Applicability.SAFE)
-
-
 def _excluded_stdin(settings: Settings, name: str | None) -> bool:
     if not name:
         return False
@@ -195,7 +191,7 @@ def _fix_files(result: RunResult, settings: Settings, o) -> _Outcome:
     outcome = _Outcome([])
     for display, findings in by_file.items():
         source_file = result.sources.get(display)
-        if source_file is None or not any(_wanted(f, unsafe) for f in findings):
+        if source_file is None or not any(f.fixable(unsafe) for f in findings):
             outcome.findings.extend(findings)
             continue
         try:
@@ -268,9 +264,9 @@ def _render(findings: list[Finding], out: TextIO, o, output_format: str, sources
     from amplint.report.text import wants_color
 
     color = wants_color(to_terminal) if to_terminal is not None else False
-    context = {"color": color, "sources_text": sources or {}}
+    context = {"color": color, "sources_text": sources or {}, "unsafe_fixes": o["unsafe_fixes"]}
     if o["statistics"]:
-        _statistics(findings, out, output_format)
+        _statistics(findings, out, output_format, o["unsafe_fixes"])
     else:
         renderer(output_format)(findings, out, context)
 
@@ -317,7 +313,7 @@ def summary_line(findings: list[Finding], files_checked: int, unsafe: bool = Fal
     if not findings:
         return f"All checks passed ({_plural(files_checked, 'file')} checked)."
     files = len({f.path for f in findings})
-    safe = sum(1 for f in findings if _wanted(f, False))
+    safe = sum(1 for f in findings if f.fixable(False))
     only_unsafe = sum(1 for f in findings if f.fix is not None) - safe
     hints = []
     if safe or (only_unsafe and unsafe):
@@ -328,12 +324,12 @@ def summary_line(findings: list[Finding], files_checked: int, unsafe: bool = Fal
     return f"Found {_plural(len(findings), 'finding')} in {_plural(files, 'file')}{hint}."
 
 
-def _statistics(findings: list[Finding], out, output_format: str) -> None:
+def _statistics(findings: list[Finding], out, output_format: str, unsafe: bool) -> None:
     import json
 
     counts = Counter(f.code for f in findings)
     names = {f.code: f.name for f in findings}
-    fixable = Counter(f.code for f in findings if f.fix is not None)
+    fixable = Counter(f.code for f in findings if f.fixable(unsafe))
     rows = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     if output_format == "json":
         json.dump([{"code": c, "name": names[c], "count": n, "fixable": fixable[c]} for c, n in rows], out, indent=2)
