@@ -192,9 +192,10 @@ def _loop_target_over(parents: dict, node: cst.CSTNode) -> cst.BaseExpression | 
     return target
 
 
-def _only_cast(facts: AmpFacts, function, block: _Block, target: cst.BaseExpression) -> bool:
+def _only_cast(facts: AmpFacts, function, block: _Block, target: cst.BaseExpression, depth: int = 0) -> bool:
     """Every use of the loop's element names in the block casts them first (a discriminator's
-    per-scale outputs: `sum(torch.mean((1 - r.float()) ** 2) for r in real)`)."""
+    per-scale outputs: `sum(torch.mean((1 - r.float()) ** 2) for r in real)`), or iterates over
+    them casting theirs (feature maps per scale: `[[f.float() for f in fr] for fr in fmap_r]`)."""
     elements = set(identifiers(target).split())
     rebound = [a for a in (*facts.assignments, *facts.unpackings) if a.key in elements and block.holds(a.where)]
     uses = [
@@ -205,10 +206,16 @@ def _only_cast(facts: AmpFacts, function, block: _Block, target: cst.BaseExpress
         r for r in facts.references
         if r.dotted.split(".")[0] in elements and r.where.scope.function_scope is function and block.holds(r.where)
     ]
+    parents = ts.parents(facts)
+
+    def iterated_cast(read) -> bool:
+        inner = _loop_target_over(parents, read.node) if depth < 3 else None
+        return inner is not None and _only_cast(facts, function, block, inner, depth + 1)
+
     # `for r in real: r = r.float()`, then `r` is the block's own value.
-    return bool(uses) and all(
+    return bool(uses or reads) and all(
         c.method in _CASTS or _rebound_before(rebound, c.receiver_key.split(".")[0], c.where) for c in uses
-    ) and all(_rebound_before(rebound, r.dotted.split(".")[0], r.where) for r in reads)
+    ) and all(_rebound_before(rebound, r.dotted.split(".")[0], r.where) or iterated_cast(r) for r in reads)
 
 
 def _uncast_reads(facts: AmpFacts, function, block: _Block, produced: set[str]) -> list[str]:
