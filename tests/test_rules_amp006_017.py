@@ -1113,3 +1113,32 @@ def main(model, loader, args):
 def test_amp010_advice_for_a_bf16_only_scaler_follows_the_other_dtype_of_the_run(other: str, advice: str) -> None:
     (finding,) = [f for f in lint_source(SCALER_ONLY_FOR_BF16.replace("OTHER", other), "t.py") if f.code == "AMP010"]
     assert advice in finding.message
+
+
+def test_amp011_advice_names_a_scaler_the_schedulers_code_can_reach() -> None:
+    """The scaler steps inside a helper class's `__call__` (timm's NativeScaler, defined here): the
+    scheduler's function has no `self._scaler` to test."""
+    src = """\
+import torch
+
+
+class NativeScaler:
+    def __init__(self):
+        self._scaler = torch.amp.GradScaler("cuda")
+
+    def __call__(self, loss, optimizer):
+        self._scaler.scale(loss).backward()
+        self._scaler.step(optimizer)
+        self._scaler.update()
+
+
+def main(model, loader, optimizer, lr_scheduler):
+    loss_scaler = NativeScaler()
+    for step, (x, y) in enumerate(loader):
+        with torch.autocast("cuda"):
+            loss = model(x, y)
+        loss_scaler(loss, optimizer)
+        lr_scheduler.step_update(step)
+"""
+    (finding,) = [f for f in lint_source(src, "t.py") if f.code == "AMP011"]
+    assert "`if scaler.get_scale() >= scale_before:`" in finding.message

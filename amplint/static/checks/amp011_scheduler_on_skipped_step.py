@@ -36,10 +36,20 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 f"`{event.target}.{event.call.method}()` runs after `{scaler_step.scaler}.{scaler_step.call.method}()` (line {{0}}) whether or "
                 f"not the scaler skipped the optimizer step for inf/NaN gradients, so the learning rate "
                 f"advances on steps that did nothing; step the scheduler only when the scale did not "
-                f"drop (`if {scaler_step.scaler}.get_scale() >= scale_before:`)",
+                f"drop (`if {_scaler_seen_from(event, scaler_step)}.get_scale() >= scale_before:`)",
                 event.call.where.statement,
                 related=(scaler_step.call.node,),
             )
+
+
+def _scaler_seen_from(sched: ts.Event, scaler_step: ts.Event) -> str:
+    """The scaler as the scheduler's code can name it: not `self._scaler` of a helper class whose
+    method the scheduler's function only calls (a local `NativeScaler()` instance)."""
+    name = scaler_step.scaler
+    owner = scaler_step.call.scope.function_scope.class_name
+    if name.startswith("self.") and owner != sched.call.scope.function_scope.class_name:
+        return "scaler"
+    return name
 
 
 # A validation metric handed to the scheduler (`scheduler.step(val_loss)`, `metrics=`): a word of
