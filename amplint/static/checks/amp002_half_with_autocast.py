@@ -456,6 +456,21 @@ def _frozen(call: CallSite, facts: AmpFacts) -> bool:
     )
 
 
+def _used_only_without_gradients(call: CallSite, facts: AmpFacts) -> bool:
+    """A model bound here whose every use in the function is under `torch.no_grad()` or
+    `inference_mode()` (a DPO reference model next to the policy it is compared with): no gradient
+    ever reaches its low-precision weights."""
+    chain = _same_object_chain(call, facts)
+    subjects = {a.key for a in facts.assignments if a.value is chain[-1]}
+    if not subjects:
+        return False
+    uses = [
+        c for c in call.scope.function_scope.calls
+        if c.callee in subjects or c.receiver_key in subjects or any(dotted_name(a.value) in subjects for a in c.node.args)
+    ]
+    return bool(uses) and all(rg.in_no_grad(facts, c) for c in uses)
+
+
 def _same_object_chain(call: CallSite, facts: AmpFacts) -> list[cst.Call]:
     """The calls of `x.to(device).half().eval()` around a cast, innermost first, outermost last."""
     return [*_chain_below(call)[0], call.node, *_methods_called_on(call.node, facts, _SAME_OBJECT)]
@@ -518,6 +533,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _fresh_model_for_evaluation(call, facts)
             or _outside_training(call, facts)
             or _frozen(call, facts)
+            or _used_only_without_gradients(call, facts)
             or _upstream_gradient(call, facts)
             or _stored_in_a_buffer(call, facts)
             or _test_without_amp(call, facts)
