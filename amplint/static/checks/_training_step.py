@@ -204,7 +204,53 @@ def _feature_scaler(facts: AmpFacts, assignment: Assignment) -> bool:
 
 
 def enabled_scaler_use(facts: AmpFacts, call: CallSite) -> bool:
-    return facts.is_scaler(call.receiver_key, call.scope) and not facts.scaler_disabled(call.receiver_key, call.scope)
+    return (
+        facts.is_scaler(call.receiver_key, call.scope)
+        and not facts.scaler_disabled(call.receiver_key, call.scope)
+        and not _element_of_another_collection(facts, call)
+    )
+
+
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
+
+
+def _element_of_another_collection(facts: AmpFacts, call: CallSite) -> bool:
+    """`[s.step() for s in lr_schedulers]`: a comprehension's element is what its collection holds,
+    whatever another comprehension of the function calls its own `s` (vjepa2 names the elements of
+    both its scheduler list and its scaler list `s`)."""
+    head = call.receiver_key
+    if head is None or "." in head:
+        return False
+    for node in facts.ancestors(call.node):
+        if isinstance(node, cst.BaseStatement):
+            return False
+        if isinstance(node, _COMPREHENSIONS):
+            source = _collection_of(node.for_in, head)
+            if source is not None:
+                return not (facts.is_scaler(source, call.scope) or names.SCALER_WORD.search(source))
+    return False
+
+
+def in_a_comprehension(facts: AmpFacts, call: CallSite) -> bool:
+    """The call sits in a comprehension of its statement, whose names end with it."""
+    for node in facts.ancestors(call.node):
+        if isinstance(node, cst.BaseStatement):
+            return False
+        if isinstance(node, _COMPREHENSIONS):
+            return True
+    return False
+
+
+def _collection_of(loop: cst.CompFor, name: str) -> str | None:
+    """The collection whose elements `for name in ...` (or `for name, o in zip(a, b)`) binds."""
+    target, source = loop.target, loop.iter
+    if isinstance(target, cst.Name):
+        return dotted_name(source) if target.value == name else None
+    if isinstance(target, cst.Tuple) and isinstance(source, cst.Call) and dotted_name(source.func) == "zip":
+        for element, arg in zip(target.elements, source.args):
+            if isinstance(element.value, cst.Name) and element.value.value == name:
+                return dotted_name(arg.value)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -67,10 +67,11 @@ def _missing_update(facts: AmpFacts, steps: list[ts.Event], scaler: str) -> Iter
         block = ts.parents(facts).get(id(step.anchor.statement))
         by_block[id(block)] = step  # program order: the last one wins
     for step in by_block.values():
-        # In a helper the scaler's name may not be bound; after a compound statement, nowhere to
+        # In a helper the scaler's name may not be bound, nor a comprehension's element after it
+        # (`[s.step(o) for s, o in zip(scalers, opts)]`); after a compound statement, nowhere to
         # add it; in a loop over the optimizers, the update belongs after the loop, not per optimizer.
         in_optimizer_loop = any(ts.over_optimizers(loop) for loop in step.anchor.statement_loops)
-        fixable = step.anchor is step.call.where and not in_optimizer_loop
+        fixable = step.anchor is step.call.where and not in_optimizer_loop and not ts.in_a_comprehension(facts, step.call)
         update = ts.insert_after(facts, step.call.where.statement, f"{scaler}.update()") if fixable else None
         fix = FixPlan(Applicability.SAFE, (update,)) if update else None
         yield Hit(
