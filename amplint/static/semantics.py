@@ -1414,8 +1414,8 @@ class AmpFacts:
     def _switched_off(self, region: Autocast, where: Context) -> bool:
         """Whether the condition that enables a region fails where the code runs: the `else` of
         `if args.amp:` inside `autocast(enabled=args.amp)` (MONAI's tutorials keep a plain backward
-        there) runs with autocast off. Only for a region written in a `with` around the code, so
-        that the condition's names are this function's (a factory's `enabled=use_amp` is not the
+        there) runs with autocast off. Only for a region written in this function (`_written_here`),
+        so that the condition's names are this function's (a factory's `enabled=use_amp` is not the
         caller's `use_amp`); the condition is taken not to change in between."""
         if region.enabled_when is None or not self._written_here(region, where):
             return False
