@@ -28,6 +28,13 @@ def fixture_findings(name: str, code: str) -> list:
     return [f for f in lint_source(path.read_text(encoding="utf-8"), str(path)) if f.code == code]
 
 
+def fixture_with(name: str, old: str, new: str) -> str:
+    """A fixture's source with one passage changed: the variant a test is about."""
+    source = (STATIC_FIXTURES / name).read_text(encoding="utf-8")
+    assert old in source, f"{name} has no {old!r}"
+    return source.replace(old, new)
+
+
 def assert_fix(source: str, code: str, expected: str, unsafe: bool = False) -> None:
     """The fix re-parses, equals the expected text, removes the finding and is idempotent."""
     out = fixed(source, code, unsafe)
@@ -1048,15 +1055,17 @@ def test_amp013_a_forward_casting_an_input_is_reported_for_its_matmuls_not_its_i
     assert "the matmuls, convolutions or extension calls in its forward" in finding.message
 
 
+PASS_THROUGH = "AMP013/good_forward_passes_an_input_through.py"
+RETURN_X = "        return x\n"
+
+
 def test_amp013_a_forward_returning_an_argument_it_rebound_does_not_pass_it_through() -> None:
-    src = (STATIC_FIXTURES / "AMP013/good_forward_passes_an_input_through.py").read_text(encoding="utf-8")
-    src = src.replace("        return x\n", "        x = torch.addcmul(x, penalty, coef)\n        return x\n")
+    src = fixture_with(PASS_THROUGH, RETURN_X, "        x = torch.addcmul(x, penalty, coef)\n        return x\n")
     assert lines(src, "AMP013") == [5]
 
 
 def test_amp013_a_pass_through_forward_calling_an_extension_is_reported_for_the_call() -> None:
-    src = (STATIC_FIXTURES / "AMP013/good_forward_passes_an_input_through.py").read_text(encoding="utf-8")
-    src = src.replace("        return x\n", "        _C.record_stats(x)\n        return x\n")
+    src = fixture_with(PASS_THROUGH, RETURN_X, "        _C.record_stats(x)\n        return x\n")
     (finding,) = [f for f in lint_source(src, "t.py") if f.code == "AMP013"]
     assert "the matmuls, convolutions or extension calls in its forward" in finding.message
 
@@ -1069,26 +1078,22 @@ def test_amp007_update_before_a_step_under_the_opposite_condition_is_not_between
 
 
 def test_amp007_update_before_a_step_under_an_unrelated_condition_is_between_two_steps() -> None:
-    src = (STATIC_FIXTURES / GAN_UNDER_OPPOSITE_FLAGS).read_text(encoding="utf-8")
-    src = src.replace("        if not train_critic:\n", "        if it >= 0:\n")
+    src = fixture_with(GAN_UNDER_OPPOSITE_FLAGS, "        if not train_critic:\n", "        if it >= 0:\n")
     assert lines(src, "AMP007") == [16]
 
 
 def test_amp008_an_update_before_the_unscale_does_not_commit_it() -> None:
-    src = (STATIC_FIXTURES / GAN_UNDER_OPPOSITE_FLAGS).read_text(encoding="utf-8")
-    src = src.replace("        if not train_critic:\n", "        if it >= 0:\n")
+    src = fixture_with(GAN_UNDER_OPPOSITE_FLAGS, "        if not train_critic:\n", "        if it >= 0:\n")
     assert lines(src, "AMP008") == []
 
 
 def test_amp013_a_forward_adding_into_the_argument_it_returns_does_not_pass_it_through() -> None:
-    src = (STATIC_FIXTURES / "AMP013/good_forward_passes_an_input_through.py").read_text(encoding="utf-8")
-    src = src.replace("        return x\n", "        x += penalty\n        return x\n")
+    src = fixture_with(PASS_THROUGH, RETURN_X, "        x += penalty\n        return x\n")
     assert lines(src, "AMP013") == [5]
 
 
 def test_amp013_a_forward_changing_the_argument_it_returns_in_place_does_not_pass_it_through() -> None:
-    src = (STATIC_FIXTURES / "AMP013/good_forward_passes_an_input_through.py").read_text(encoding="utf-8")
-    src = src.replace("        return x\n", "        x.mul_(coef)\n        return x\n")
+    src = fixture_with(PASS_THROUGH, RETURN_X, "        x.mul_(coef)\n        return x\n")
     assert lines(src, "AMP013") == [5]
 
 
