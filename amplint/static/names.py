@@ -152,4 +152,6 @@ def imports_a_framework(qualname: str) -> bool:
 SCALER_WORD = re.compile(
     r"(?<!standard)(?<!standard_)(?<!minmax)(?<!min_max)(?<!robust)(?<!maxabs)(?<!max_abs)scaler", re.IGNORECASE
 )
+# A loop over epochs, by what it is written with (`for epoch in range(args.epochs)`).
+EPOCH = re.compile(r"epoch")
 FEATURE_SCALER = re.compile(r"(?:standard|min_?max|robust|max_?abs)_?scaler|^sklearn\.", re.IGNORECASE)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import libcst as cst
@@ -214,6 +215,15 @@ def enabled_scaler_use(facts: AmpFacts, call: CallSite) -> bool:
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 
 
+def _comprehensions_around(facts: AmpFacts, call: CallSite) -> Iterator[cst.BaseComp]:
+    """The comprehensions of its statement the call sits in, innermost first."""
+    for node in facts.ancestors(call.node):
+        if isinstance(node, cst.BaseStatement):
+            return
+        if isinstance(node, _COMPREHENSIONS):
+            yield node
+
+
 def _element_of_another_collection(facts: AmpFacts, call: CallSite) -> bool:
     """`[s.step() for s in lr_schedulers]`: a comprehension's element is what its collection holds,
     whatever another comprehension of the function calls its own `s` (vjepa2 names the elements of
@@ -221,24 +231,18 @@ def _element_of_another_collection(facts: AmpFacts, call: CallSite) -> bool:
     head = call.receiver_key
     if head is None or "." in head:
         return False
-    for node in facts.ancestors(call.node):
-        if isinstance(node, cst.BaseStatement):
-            return False
-        if isinstance(node, _COMPREHENSIONS):
-            source = _collection_of(node.for_in, head)
-            if source is not None:
-                return not (facts.is_scaler(source, call.scope) or names.SCALER_WORD.search(source))
+    for comprehension in _comprehensions_around(facts, call):
+        source = _collection_of(comprehension.for_in, head)
+        if source is not None:
+            return not (facts.is_scaler(source, call.scope) or names.SCALER_WORD.search(source))
     return False
 
 
 def in_a_comprehension(facts: AmpFacts, call: CallSite) -> bool:
-    """The call sits in a comprehension of its statement, whose names end with it."""
-    for node in facts.ancestors(call.node):
-        if isinstance(node, cst.BaseStatement):
-            return False
-        if isinstance(node, _COMPREHENSIONS):
-            return True
-    return False
+    """The call sits in a comprehension of its statement, which runs it once per element, and
+    whose names end with it."""
+    return next(_comprehensions_around(facts, call), None) is not None
+
 
 
 def _collection_of(loop: cst.CompFor, name: str) -> str | None:

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.semantics import AmpFacts, CallSite, Loop, dotted_name, is_per_step_function
 
 CODE = "AMP004"
 
-_EPOCH = re.compile(r"epoch")
 # A loop over folds, trials, seeds or configurations starts a new training run each iteration.
 _RUN = re.compile(r"fold|trial|seed|run|split|config|experiment|repeat|sweep|task|cfg|hparam|model|lrs?\b")
 _SCALER_USE = {"step", "update", "scale", "unscale_"}
@@ -69,7 +69,7 @@ def _passes_on_in_an_inner_epoch_loop(loop: Loop, key: str | None, facts: AmpFac
         if not any(name is not None and (name == key or facts.is_scaler(name, call.scope)) for name in passed):
             continue
         chain = facts.loop_chain(call.where)  # outermost first
-        if loop in chain and any(_EPOCH.search(inner.text) for inner in chain[chain.index(loop) + 1:]):
+        if loop in chain and any(names.EPOCH.search(inner.text) for inner in chain[chain.index(loop) + 1:]):
             return True
     return False
 
@@ -92,7 +92,7 @@ def _period(innermost: tuple[Loop, CallSite | None], key: str | None, facts: Amp
     per run is right."""
     loop, via = innermost
     depths = _loop_depth_of_uses(loop, key, facts)
-    epoch_loop = bool(_EPOCH.search(loop.text))
+    epoch_loop = bool(names.EPOCH.search(loop.text))
     if 0 in depths:
         return loop, via, "epoch" if epoch_loop else "iteration"
     run_loop = (

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.checks import _training_step as ts
 from amplint.static.semantics import AmpFacts, dotted_name
@@ -83,26 +84,15 @@ def _last_scaler_event(facts: AmpFacts, before: list[ts.Event], sched: ts.Event)
     return None
 
 
-_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
-_EPOCH = re.compile(r"epoch")
-
-
 def _per_element(facts: AmpFacts, event: ts.Event, sched: ts.Event) -> bool:
     """A helper called in a comprehension (`losses = [self.train_step(b) for b in loader]`) in an
     epoch loop runs once per batch: its steps belong to that inner loop, and a scheduler after it
     is per epoch (not in a batch loop over micro-batches: `[step(c) for c in batch.chunk(4)]`)."""
     loop = ts.iteration_loop(sched)
-    if event.anchor is event.call.where or loop is None or not _EPOCH.search(loop.text):
+    if event.anchor is event.call.where or loop is None or not names.EPOCH.search(loop.text):
         return False
     site = next((c for c in event.anchor.scope.calls if c.where is event.anchor), None)
-    if site is None:
-        return False
-    for ancestor in facts.ancestors(site.node):
-        if ancestor is event.anchor.statement:
-            return False
-        if isinstance(ancestor, _COMPREHENSIONS):
-            return True
-    return False
+    return site is not None and ts.in_a_comprehension(facts, site)
 
 
 def _skip_flags(facts: AmpFacts, function) -> set[str]:
