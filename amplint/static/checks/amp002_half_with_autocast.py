@@ -176,7 +176,7 @@ def _upstream_gradient(call: CallSite, facts: AmpFacts) -> bool:
     function = call.scope.function_scope
     if not any(c.method == "backward" or c.qualname in _GRADIENT_PARAMETER for c in function.calls):
         return False  # spares the walk over the function's names below
-    keys = {a.key for a in facts.assignments if a.value is value}
+    keys = _names_bound_to(value, facts)
     if len(keys) != 1:
         return False
     (key,) = keys
@@ -437,7 +437,7 @@ def _frozen(call: CallSite, facts: AmpFacts) -> bool:
     chain = _same_object_chain(call, facts)
     if any(_freezes(node) for node in chain):
         return True
-    subjects = {_converted(call)} | {a.key for a in facts.assignments if a.value is chain[-1]}
+    subjects = {_converted(call)} | _names_bound_to(chain[-1], facts)
     subjects.discard(None)
     function = call.scope.function_scope
     for other in function.calls:
@@ -460,8 +460,7 @@ def _used_only_without_gradients(call: CallSite, facts: AmpFacts) -> bool:
     """A model bound here whose every use in the function is under `torch.no_grad()` or
     `inference_mode()` (a DPO reference model next to the policy it is compared with): no gradient
     ever reaches its low-precision weights."""
-    chain = _same_object_chain(call, facts)
-    subjects = {a.key for a in facts.assignments if a.value is chain[-1]}
+    subjects = _names_bound_to(_same_object_chain(call, facts)[-1], facts)
     if not subjects:
         return False
     uses = [
@@ -469,6 +468,11 @@ def _used_only_without_gradients(call: CallSite, facts: AmpFacts) -> bool:
         if c.callee in subjects or c.receiver_key in subjects or any(dotted_name(a.value) in subjects for a in c.node.args)
     ]
     return bool(uses) and all(rg.in_no_grad(facts, c) for c in uses)
+
+
+def _names_bound_to(node: cst.CSTNode, facts: AmpFacts) -> set[str]:
+    """The names and attributes assigned the value of `node` (`teacher = Net().half()`)."""
+    return {a.key for a in facts.assignments if a.value is node}
 
 
 def _same_object_chain(call: CallSite, facts: AmpFacts) -> list[cst.Call]:
