@@ -1461,11 +1461,28 @@ class AmpFacts:
 
     @cached_property
     def has_autocast(self) -> bool:
-        if any(c.qualname in names.AUTOCAST or self.opens_framework_autocast(c.node, c.scope) for c in self.calls):
-            return True
-        return any(
-            self.decorator_autocast(d, f.parent or f) for f in self.functions for d in f.decorators
-        )
+        return next(self._openings(), False) is not False
+
+    @cached_property
+    def has_enabled_autocast(self) -> bool:
+        """Whether the file opens a region that is or may be enabled. Regions that are only ever
+        `autocast(enabled=False)` step out of a caller's region (vall-e's scaling.py computes its
+        kernels in float32 that way) and open none of their own."""
+        return any(region is None or region.enabled != "no" for region in self._openings())
+
+    def _openings(self) -> Iterator[Autocast | None]:
+        """What each autocast the file opens says about itself: a torch autocast call's region, a
+        decorator's, or None where it is not read (a framework's own `accelerator.autocast()`)."""
+        for call in self.calls:
+            if call.qualname in names.AUTOCAST:
+                yield self.autocast_of(call.node, call.scope)
+            elif self.opens_framework_autocast(call.node, call.scope):
+                yield None
+        for function in self.functions:
+            for decorator in function.decorators:
+                region = self.decorator_autocast(decorator, function.parent or function)
+                if region is not None:
+                    yield region
 
     @cached_property
     def has_scaler(self) -> bool:

@@ -36,25 +36,6 @@ def autocasts(facts: AmpFacts) -> list[tuple[CallSite, Autocast]]:
     return ts.cached(facts, "autocasts", build)
 
 
-def opens_autocast_that_can_be_on(facts: AmpFacts) -> bool:
-    """Whether the file opens an autocast region that is or may be enabled. Regions that are only
-    ever `autocast(enabled=False)` step out of a caller's region (vall-e's scaling.py computes its
-    kernels in float32 that way) and open none of their own."""
-    if not facts.has_autocast:
-        return False
-    disabled = {id(call) for call, region in autocasts(facts) if not enabled(region)}
-    if any(
-        (call.qualname in names.AUTOCAST and id(call) not in disabled) or facts.opens_framework_autocast(call.node, call.scope)
-        for call in facts.calls
-    ):
-        return True
-    return any(
-        (region := facts.decorator_autocast(d, f.parent or f)) is not None and enabled(region)
-        for f in facts.functions
-        for d in f.decorators
-    )
-
-
 def literal_dtype(facts: AmpFacts, region: Autocast, call: CallSite) -> str | None:
     """The qualified dtype of an autocast region, following a name bound once to a literal."""
     if region.dtype is not None:

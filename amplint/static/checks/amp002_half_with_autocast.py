@@ -519,7 +519,7 @@ def _may_scale(facts: AmpFacts) -> bool:
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
-    opens_autocast = rg.opens_autocast_that_can_be_on(facts)
+    opens_autocast = facts.has_enabled_autocast
     if not (opens_autocast or _may_scale(facts)) or not rg.trains(facts):
         return
     uses = "autocast" if opens_autocast else "a GradScaler"
