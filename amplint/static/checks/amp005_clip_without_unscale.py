@@ -64,6 +64,8 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
         elif call.method in _ACCELERATOR_EVENTS and _scaling_accelerator(facts, call):
             kind = _ACCELERATOR_EVENTS[call.method]
             events.append(_Event(kind, call.node, key, None, call.where, accelerate=True))
+        elif (handed := _scaler_handed_to_a_stepping_helper(call, facts)) is not None:
+            events.append(_Event("step", call.node, handed, None, call.where))
         elif call.qualname in names.CLIP_GRAD or _clips_its_own_gradients(call):
             events.append(_Event("clip", call.node, None, None, call.where))
         elif _GRAD_NORM_HELPER.search(call.callee or "") and facts.called_function(call) is None:
@@ -102,6 +104,21 @@ def _may_run_in_fp16(accelerator: cst.Call) -> bool:
 # from utils_simmim, DINO's and iBOT's `utils.clip_gradients(model, clip)`): it reads `.grad`. One
 # defined here is followed into instead.
 _GRAD_NORM_HELPER = re.compile(r"(?:^|\.|_)grad_?norm$|(?:^|\.)clip_gradients$", re.IGNORECASE)
+
+
+# A function of another file that is handed the scaler and named for stepping or unscaling
+# (nerfstudio's `optimizers.optimizer_scaler_step_some(grad_scaler, groups)`, which calls
+# `unscale_` and `step` on each optimizer): it has unscaled the gradients of every optimizer it
+# steps, since `scaler.step(opt)` unscales them in place. One of this file is followed into instead.
+_STEPS_OR_UNSCALES = re.compile(r"step|unscale", re.IGNORECASE)
+
+
+def _scaler_handed_to_a_stepping_helper(call: CallSite, facts: AmpFacts) -> str | None:
+    """The scaler handed to such a call, if any."""
+    if not _STEPS_OR_UNSCALES.search(call.name) or facts.called_function(call) is not None:
+        return None
+    handed = (dotted_name(arg.value) for arg in call.node.args)
+    return next((key for key in handed if facts.is_scaler(key, call.scope) and not facts.scaler_disabled(key, call.scope)), None)
 
 
 def _clips_its_own_gradients(call: CallSite) -> bool:
