@@ -119,6 +119,19 @@ def _runs_its_own_batch_loop(function, key: str | None) -> bool:
     )
 
 
+def _remedy(facts: AmpFacts, call: CallSite, key: str | None, via: CallSite | None) -> str:
+    """Where the one scaler goes. Reached through a call, the function the loop calls builds it:
+    a factory (`return GradScaler()`) is called once before the loop; a step or epoch function
+    gets the scaler from its caller; a method keeps it on `self`, built in `__init__`."""
+    if via is None:
+        return "build it once before the loop"
+    if isinstance(facts.parent_of.get(id(call.node)), cst.Return):
+        return f"call `{via.name}()` once before the loop"
+    if key is not None and key.startswith("self."):
+        return f"build `{key}` once, in `__init__`"
+    return f"build it once before the loop and pass it to `{via.name}()`"
+
+
 def check(facts: AmpFacts) -> Iterator[Hit]:
     for call in facts.scalers_in():
         if _lazy_init(call, facts):
@@ -145,11 +158,17 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         if period is None:
             continue
         reached = " (through the call on line {1})" if via is not None else ""
+        # Rebuilt per epoch, the scale does calibrate, then starts over: the loss is the
+        # re-calibration's skipped steps, once per epoch. Rebuilt per step, it never calibrates.
+        cost = (
+            "its loss scale starts over every epoch and the steps that overflow while it re-calibrates are skipped again each time"
+            if period == "epoch"
+            else "its loss scale never calibrates and overflowing steps are skipped again and again"
+        )
         yield Hit(
             call.node,
-            f"a new GradScaler is built every {period} of the loop on line {{0}}{reached}, so its "
-            f"loss scale never calibrates and overflowing steps are skipped again and again; build "
-            f"it once before the loop",
+            f"a new GradScaler is built every {period} of the loop on line {{0}}{reached}, so {cost}; "
+            f"{_remedy(facts, call, key, via)}",
             call.where.statement,
             related=(loop.node, via.node) if via is not None else (loop.node,),
         )

@@ -96,20 +96,14 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     if not scalers:
         return
     dtypes = _region_dtypes(facts)
-    # Where no region computes in float16, a bfloat16-only scaler is dead weight, not a gap.
-    float16_runs = (
-        "float16 runs, which do, get no scaler; build it for float16 (`enabled=(amp_dtype == torch.float16)`)"
-        if dtypes & (rg.FLOAT16 | {"unknown"})
-        else "it only adds a sync per step; drop it"
-    )
     flags = [(call, _built_only_for_bf16(facts, call)) for call in scalers]
     for call, flag in flags:
         if flag is not None and not _flag_enables_float16(facts, flag):
             built = "enabled" if flag is _enabled_expression(call) else "built"
             yield Hit(
                 call.node,
-                f"this GradScaler is {built} only when `{facts.module.code_for_node(flag)}` is true, that "
-                f"is for bfloat16, which needs no loss scaling; {float16_runs}",
+                f"this GradScaler is {built} only when `{facts.module.code_for_node(flag)}` is true, "
+                f"{_bf16_flag_verdict(facts, dtypes)}",
                 call.where.statement,
             )
     scalers = [call for call, flag in flags if flag is None]
@@ -130,6 +124,25 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             f"gradients); build it with `enabled=(amp_dtype == torch.float16)`",
             call.where.statement,
         )
+
+
+def _bf16_flag_verdict(facts: AmpFacts, dtypes: set[str]) -> str:
+    """What a scaler built for a bfloat16 flag costs. A file with no autocast of its own (I-JEPA's
+    optimizer factory, given the flag by its training script) has only the flag's name to go on,
+    and the message says so: a flag named for bfloat16 has been seen to turn on float16 autocast."""
+    if not facts.has_autocast:
+        return (
+            "which its name says is for bfloat16 (this file opens no autocast to confirm it); "
+            "bfloat16 needs no loss scaling, so the scaler only adds a sync per step: drop it, or "
+            "rename the flag if it turns on float16 autocast"
+        )
+    if dtypes & (rg.FLOAT16 | {"unknown"}):
+        return (
+            "that is for bfloat16, which needs no loss scaling; float16 runs, which do, get no scaler; "
+            "build it for float16 (`enabled=(amp_dtype == torch.float16)`)"
+        )
+    # Where no region computes in float16, a bfloat16-only scaler is dead weight, not a gap.
+    return "that is for bfloat16, which needs no loss scaling; it only adds a sync per step; drop it"
 
 
 def _region_dtypes(facts: AmpFacts) -> set[str]:

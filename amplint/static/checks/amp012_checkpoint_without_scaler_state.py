@@ -70,7 +70,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         hits = list(_saves_without_scaler(facts, call, scalers, scaler_state_saved, reported)) if saves else []
         if not hits and hands_over:  # `saver.save_checkpoint(model, optimizer, epoch)` saves no dict of ours
             handed.add(call.name)
-            hits.append(_optimizer_handed_to_a_helper(call))
+            hits.append(_optimizer_handed_to_a_helper(facts, call))
         yield from hits
     yield from _load_without_scaler(facts)
 
@@ -185,14 +185,65 @@ def _saves_a_scaler_state(facts: AmpFacts) -> bool:
 
 
 def _optimizer_state_alone(facts: AmpFacts, save: CallSite, scalers: list[str]) -> Hit:
-    scaler = _scaler_for(facts, save, scalers) or "scaler"
+    scaler = _scaler_for(facts, save.scope, scalers) or "scaler"
     return Hit(
         save.node,
-        "the optimizer state is saved on its own and this file never saves the GradScaler's; a "
-        "resumed run restarts at the initial scale (65536) and skips steps while it re-calibrates; "
-        f"save `{scaler}.state_dict()` next to it and restore it with `load_state_dict`",
+        f"the optimizer state is saved on its own and this file never saves the GradScaler's"
+        f"{_when_on(facts)}; {_resumed_run(facts)}; save `{scaler}.state_dict()` next to it and "
+        f"restore it with `load_state_dict`",
         save.where.statement,
     )
+
+
+def _resumed_run(facts: AmpFacts) -> str:
+    return f"a resumed run restarts at {_initial_scale(facts)} and skips steps while it re-calibrates"
+
+
+def _initial_scale(facts: AmpFacts) -> str:
+    """GradScaler's default initial scale, or the `init_scale=` the file passes (OpenPCDet reads
+    it from its config, so 65536 would be a guess)."""
+    given = {
+        facts.module.code_for_node(value)
+        for call in facts.scalers_in()
+        if (value := argument(call.node, None, "init_scale")) is not None
+    }
+    if not given:
+        return "the initial scale (65536)"
+    return f"its initial scale (`{given.pop()}`)" if len(given) == 1 else "its initial scale"
+
+
+def _when_on(facts: AmpFacts) -> str:
+    """`, which is on when `dtype == 'float16'``: the one condition every scaler of the file is
+    built or enabled under (nanoGPT's `enabled=(dtype == 'float16')`), so that the reader sees
+    which runs lose the scale; nothing when a scaler is on unconditionally."""
+    conditions = {_condition_of(facts, call) for call in facts.scalers_in() if not _literally_disabled(call)}
+    if len(conditions) != 1 or None in conditions:
+        return ""
+    return f", which is on when `{conditions.pop()}`"
+
+
+def _condition_of(facts: AmpFacts, call: CallSite) -> str | None:
+    """The `enabled=` expression of a scaler construction, or the test it is built under:
+    `GradScaler() if args.amp else None`, `if self.config.use_amp: self.scaler = GradScaler()`."""
+    enabled = argument(call.node, None, "enabled")
+    parent = facts.parent_of.get(id(call.node))
+    if enabled is not None:
+        condition = None if isinstance(enabled, cst.Name) and enabled.value == "True" else enabled
+    elif isinstance(parent, cst.IfExp) and parent.body is call.node:
+        condition = parent.test
+    else:
+        guard = _guarding_if(call.where)
+        condition = guard.test if guard is not None else None
+    # `enabled=(dtype == 'float16')`: the condition without its parentheses.
+    return facts.module.code_for_node(condition.with_changes(lpar=[], rpar=[])) if condition is not None else None
+
+
+def _guarding_if(where: Context) -> cst.If | None:
+    """The innermost `if` whose body (not its `else`) holds the statement."""
+    if not where.ifs:
+        return None
+    innermost = where.ifs[-1]
+    return innermost if (id(innermost), "body") in where.branches else None
 
 
 # Calls that save or restore a checkpoint; a scaler handed to one is checkpointed there.
@@ -227,12 +278,11 @@ def _given_an_optimizer(facts: AmpFacts, call: CallSite, optimizers: set[str]) -
     return any(dotted_name(arg.value) in optimizers for arg in call.node.args)
 
 
-def _optimizer_handed_to_a_helper(call: CallSite) -> Hit:
+def _optimizer_handed_to_a_helper(facts: AmpFacts, call: CallSite) -> Hit:
     return Hit(
         call.node,
         f"`{call.name}(...)` is given the optimizer but not the GradScaler, and this file never "
-        "saves the scaler's state; a resumed run restarts at the initial scale (65536) and skips "
-        "steps while it re-calibrates; pass the scaler too, so that its `state_dict()` is saved "
+        f"saves the scaler's state; {_resumed_run(facts)}; pass the scaler too, so that its `state_dict()` is saved "
         "and restored with the optimizer's",
         call.where.statement,
     )
@@ -275,10 +325,17 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
         return None  # `**extra`: the scaler may be in there
     reported.add(id(dict_node))
     fix = None
-    scaler = _scaler_for(facts, call, scalers)
+    # The entry goes where the dict is built: a helper that returns it (OpenPCDet's
+    # `checkpoint_state(model, optimizer, ...)`) may not see the scaler of the function that saves.
+    builder = _function_holding(facts, dict_node)
+    scaler = _scaler_for(facts, builder, scalers)
+    unseen = scaler is None and builder is not call.scope.function_scope and _scaler_for(facts, call.scope, scalers) is not None
+    built_under = _built_only_under(facts, scaler, builder) if scaler is not None else None
     if call.qualname in _SAVES_OBJECTS:
         saved = scaler or "scaler"
-    elif scaler is not None and _may_be_none(facts, scaler, call.scope):
+    elif built_under is not None:
+        saved = f"{scaler}.state_dict() if {built_under} else None"
+    elif scaler is not None and _may_be_none(facts, scaler, builder):
         saved = f"{scaler}.state_dict() if {scaler} is not None else None"
     else:
         saved = f"{scaler or 'scaler'}.state_dict()"
@@ -286,15 +343,47 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
         statement = _statement_of(facts, dict_node)
         replacements = _with_scaler_entry(facts, dict_node, saved, statement) if statement is not None else None
         fix = FixPlan(Applicability.UNSAFE, replacements) if replacements else None
+    add = f"add `\"scaler\": {saved}`"
+    if unseen:
+        add = f"`{builder.name}()`, which builds the checkpoint, does not see the scaler: pass it in, {add}"
     restore = "restore it with `load_state_dict`" if call.qualname not in _SAVES_OBJECTS else "`Checkpoint.load_objects` then restores it"
     return Hit(
         call.node,
-        "this checkpoint saves the optimizer state but not the GradScaler's; a resumed run restarts "
-        f"at the initial scale (65536) and skips steps while it re-calibrates; add `\"scaler\": {saved}` "
-        f"and {restore}",
+        f"this checkpoint saves the optimizer state but not the GradScaler's{_when_on(facts)}; "
+        f"{_resumed_run(facts)}; {add} and {restore}",
         call.where.statement,
         fix,
     )
+
+
+def _function_holding(facts: AmpFacts, node: cst.CSTNode) -> Scope:
+    """The function (or the module) whose code holds `node`."""
+    for parent in facts.ancestors(node):
+        if isinstance(parent, cst.FunctionDef):
+            return next(scope for scope in facts.scopes if scope.node is parent)
+    return facts.module_scope
+
+
+def _built_only_under(facts: AmpFacts, scaler: str, scope: Scope) -> str | None:
+    """The flag a scaler is built under when nothing else binds it (minGPT-ddp's `if
+    self.config.use_amp: self.scaler = GradScaler(...)`): without the flag the name does not
+    exist, so its state is saved as `scaler.state_dict() if <flag> else None`. Only a flag that
+    can be read where the checkpoint is built (`self.` in the same class, or a name bound there)."""
+    assignments = [
+        a for a in facts.assignments
+        if a.key == scaler and any(value is a.value for value, _ in facts.bindings(scaler, scope))
+    ]
+    guards = {_guarding_if(a.where) for a in assignments}
+    if not assignments or len(guards) != 1 or None in guards:
+        return None
+    flag = dotted_name(guards.pop().test)
+    if flag is None:
+        return None
+    root = flag.split(".")[0]
+    same_class = root == "self" and all(
+        a.where.scope.function_scope.class_name == scope.function_scope.class_name for a in assignments
+    )
+    return flag if same_class or (root != "self" and (facts.bindings(root, scope) or root in scope.function_scope.params)) else None
 
 
 def _scaler_state_variables(facts: AmpFacts, node: cst.CSTNode) -> set[str]:
@@ -404,12 +493,12 @@ def _later_fills(facts: AmpFacts, key: str, scope: Scope, after: int = -1) -> li
     return texts
 
 
-def _scaler_for(facts: AmpFacts, call: CallSite, scalers: list[str]) -> str | None:
-    """The one scaler name that is bound where the checkpoint is saved."""
-    function = call.scope.function_scope
+def _scaler_for(facts: AmpFacts, scope: Scope, scalers: list[str]) -> str | None:
+    """The one scaler name that is bound in `scope`."""
+    function = scope.function_scope
     visible = {
         key for key in scalers
-        if facts.bindings(key, call.scope) and (key.startswith("self.") == (function.class_name is not None))
+        if facts.bindings(key, scope) and (key.startswith("self.") == (function.class_name is not None))
     }
     visible |= {p for p in function.params if "scaler" in p.lower()}
     return visible.pop() if len(visible) == 1 else None
@@ -486,7 +575,6 @@ def _load_without_scaler(facts: AmpFacts) -> Iterator[Hit]:
             yield Hit(
                 call.node,
                 f"the checkpoint restores `{call.receiver_key}` but this file never restores the "
-                f"GradScaler (`scaler.load_state_dict(...)`); a resumed run restarts at the initial "
-                f"scale and skips steps while it re-calibrates",
+                f"GradScaler (`scaler.load_state_dict(...)`){_when_on(facts)}; {_resumed_run(facts)}",
                 call.where.statement,
             )
