@@ -438,6 +438,8 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
     module_level = "".join(code_lines[i - 1] for i in sorted(skeleton.kept_lines) if i <= len(lines))
     graph = _CallGraph(skeleton, module_level, is_function_base)
     codes -= {code for code in codes & _REGION_RULES if not _called_in_regions(graph, screen, code)}
+    if not codes - {"AMP000"}:
+        return codes, None  # what autocast reaches makes none of the calls those rules report
     # Each rule keeps what its own trigger words reach; the slice is the union, so one rule's
     # broad words (AMP017's `backward`) do not drag in another's call graph.
     kept: set[_Unit] = set()
