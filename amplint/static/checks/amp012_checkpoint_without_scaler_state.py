@@ -12,7 +12,16 @@ import libcst as cst
 from amplint.model import Applicability
 from amplint.static.checks import FixPlan, Hit, Replacement
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, CallSite, Context, Scope, argument, dotted_name, is_none
+from amplint.static.semantics import (
+    AmpFacts,
+    Assignment,
+    CallSite,
+    Context,
+    Scope,
+    argument,
+    dotted_name,
+    is_none,
+)
 
 CODE = "AMP012"
 
@@ -65,7 +74,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     for call in facts.calls:
         saves = _saves(facts, call)
         hands_over = not scaler_state_saved and call.name not in handed and _given_an_optimizer(facts, call, optimizers)
-        if not (saves or hands_over) or _away_from_every_scaler(facts, call) or _in_an_if_false_body(facts, call.where):
+        if not (saves or hands_over) or _away_from_every_scaler(facts, call.scope) or _in_an_if_false_body(facts, call.where):
             continue
         hits = list(_saves_without_scaler(facts, call, scalers, scaler_state_saved, reported)) if saves else []
         if not hits and hands_over:  # `saver.save_checkpoint(model, optimizer, epoch)` saves no dict of ours
@@ -295,11 +304,11 @@ def _passes_a_state_dict(call: CallSite) -> bool:
     )
 
 
-def _away_from_every_scaler(facts: AmpFacts, call: CallSite) -> bool:
+def _away_from_every_scaler(facts: AmpFacts, scope: Scope) -> bool:
     """The save or load is in a test function and every GradScaler is a local of other functions:
     tests run on their own, so apex's scaler test and its fp32 checkpoint test share nothing.
     (Library functions apart from the scaler's, `train` and `resume`, are run together elsewhere.)"""
-    function = call.scope.function_scope
+    function = scope.function_scope
     if not function.name.startswith("test") or any("scaler" in p.lower() for p in function.params):
         return False
     for assignment in facts.assignments:
@@ -570,11 +579,50 @@ def _load_without_scaler(facts: AmpFacts) -> Iterator[Hit]:
         return
     if not any(c.qualname == "torch.load" for c in facts.calls):
         return
-    for call in loads:
-        if facts.is_optimizer(call.receiver_key, call.scope) and not _away_from_every_scaler(facts, call):
+    entries_taken = list(_entries_taken_from_a_loaded_checkpoint(facts))
+    if any(_SCALER.search(key) for key, _ in entries_taken):
+        return  # `scaler_state = checkpoint["scaler"]`, handed to whatever restores it
+    restores = [c for c in loads if facts.is_optimizer(c.receiver_key, c.scope)]
+    for call in restores:
+        if not _away_from_every_scaler(facts, call.scope):
             yield Hit(
                 call.node,
                 f"the checkpoint restores `{call.receiver_key}` but this file never restores the "
                 f"GradScaler (`scaler.load_state_dict(...)`){_when_on(facts)}; {_resumed_run(facts)}",
                 call.where.statement,
             )
+    if restores:
+        return  # the entry read here is the state the restore above loads: one finding
+    # No optimizer is restored here, but its state is taken out of the checkpoint for code
+    # elsewhere to restore (NVIDIA's ConvNets: `optimizer_state = checkpoint["optimizer"]`, then
+    # `get_optimizer(..., state=optimizer_state)`): the optimizer resumes, the scaler does not.
+    for key, assignment in entries_taken:
+        if _OPTIMIZER_ENTRY.search(key) and not _away_from_every_scaler(facts, assignment.where.scope):
+            yield Hit(
+                assignment.value,
+                f"the optimizer state is taken from the loaded checkpoint (`{key}`) but this file never "
+                f"restores the GradScaler (`scaler.load_state_dict(...)`){_when_on(facts)}; {_resumed_run(facts)}",
+                assignment.where.statement,
+            )
+
+
+_OPTIMIZER_ENTRY = re.compile(r"^optim", re.IGNORECASE)
+
+
+def _entries_taken_from_a_loaded_checkpoint(facts: AmpFacts) -> Iterator[tuple[str, Assignment]]:
+    """`state = checkpoint["optimizer"]` where `checkpoint = torch.load(...)`: each key read into
+    a name, with its assignment."""
+    for assignment in facts.assignments:
+        value = assignment.value
+        if not (isinstance(value, cst.Subscript) and len(value.slice) == 1):
+            continue
+        index = value.slice[0].slice
+        key = index.value if isinstance(index, cst.Index) else None
+        if not (isinstance(key, cst.SimpleString) and isinstance(key.evaluated_value, str)):
+            continue
+        checkpoint = dotted_name(value.value)
+        if checkpoint is not None and any(
+            isinstance(bound, cst.Call) and facts.qualname(bound.func, scope) == "torch.load"
+            for bound, scope in facts.bindings(checkpoint, assignment.where.scope)
+        ):
+            yield key.evaluated_value, assignment
