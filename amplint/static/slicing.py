@@ -85,8 +85,9 @@ TRIGGERS: dict[str, str] = {
     "AMP013": r"custom_fwd|custom_bwd|autocast|\.apply(?!\w)|" + _SCALER,
     "AMP014": r"autocast",
     "AMP015": r"autocast|Thread|submit|Executor|Pool|\.map\(|apply_async|imap|starmap",
-    # What says the module trains (its bfloat16 hint then mentions a GradScaler), as AMP002's.
-    "AMP016": r"autocast|bf16_supported|capability|is_ampere|sm_?8\d|binary_cross_entropy|BCELoss|float\d+|half|GradScaler|training_step",
+    # What says the module trains (its bfloat16 hint then mentions a GradScaler), as AMP002's,
+    # and an FP8 library imported in a function (the GPU then has bfloat16).
+    "AMP016": r"autocast|bf16_supported|capability|is_ampere|sm_?8\d|binary_cross_entropy|BCELoss|float\d+|half|GradScaler|training_step|transformer_engine|msamp",
     "AMP017": r"autocast|compile|backward",
 }
 

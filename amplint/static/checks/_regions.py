@@ -17,7 +17,7 @@ LOW = FLOAT16 | BFLOAT16
 # anything in a file that reads like such a check (AMP016).
 BF16_SUPPORT_CALL = re.compile(r"is_bf16_supported|bf16_supported|get_device_capability|compute_capability")
 BF16_SUPPORT_CHECK = re.compile(BF16_SUPPORT_CALL.pattern + r"|is_ampere|sm_?8\d|\bcapability\b")
-_EVAL_FUNCTION = re.compile(r"eval|valid|test|infer|predict|generat|sampl|inference|benchmark|export|trace|profil|serve|serving")
+_EVAL_FUNCTION = re.compile(r"eval|valid|test|infer|predict(?!or)|generat|sampl|inference|benchmark|export|trace|profil|serve|serving")
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad"}
 
 

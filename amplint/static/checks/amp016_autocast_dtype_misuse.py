@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import libcst as cst
@@ -9,12 +10,18 @@ import libcst as cst
 from amplint.model import Severity
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
-from amplint.static.semantics import AmpFacts, CallSite, constructor_of, dotted_name
+from amplint.static.semantics import AmpFacts, Autocast, CallSite, constructor_of, dotted_name
 
 CODE = "AMP016"
 
 _BCE_FUNCTIONS = {"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"}
 _BCE_MODULES = {"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"}
+# FP8 training libraries: their kernels need an Ada or Hopper GPU (Transformer Engine and MS-AMP
+# at least an Ampere one), all of which have bfloat16, so a module built on them never runs on a
+# V100 or T4. Not `torch.float8_*` dtypes alone: any GPU stores float8 weights and upcasts them.
+_NEEDS_BF16_HARDWARE = ("transformer_engine", "msamp", "torchao.float8")
+# A setting that asks for bfloat16 by name (`use_bfloat16`, `args.bf16`, `precision == "bf16"`).
+_NAMES_BFLOAT16 = re.compile(r"bf16|bfloat16", re.IGNORECASE)
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
@@ -43,9 +50,9 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
                 f"if that is the intent, else use torch.bfloat16 or torch.float16",
                 call.where.statement,
             )
-        elif dtype in rg.BFLOAT16 and device == "cuda":
+        elif dtype in rg.BFLOAT16 and device == "cuda" and not _opted_into_bfloat16(facts, region):
             if guarded is None:
-                guarded = bool(rg.BF16_SUPPORT_CHECK.search(facts.text))
+                guarded = bool(rg.BF16_SUPPORT_CHECK.search(facts.text)) or _needs_bf16_hardware(facts)
             if not guarded:
                 # A GradScaler matters only where float16 gradients are computed.
                 fallback = "float16 with a GradScaler" if rg.trains(facts) and not rg.inference_only(facts, call) else "float16"
@@ -57,6 +64,21 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
                     call.where.statement,
                     severity=Severity.INFO,  # right on Ampere and newer: a hint, as research §5 says
                 )
+
+
+def _needs_bf16_hardware(facts: AmpFacts) -> bool:
+    """The module imports a library that runs only on GPUs with bfloat16 (see _NEEDS_BF16_HARDWARE)."""
+    return any(
+        ref.qualname == library or ref.qualname.startswith(library + ".")
+        for ref in facts.imports
+        for library in _NEEDS_BF16_HARDWARE
+    )
+
+
+def _opted_into_bfloat16(facts: AmpFacts, region: Autocast) -> bool:
+    """`enabled=use_bfloat16`: the region runs only when a setting asks for bfloat16, so the user
+    chose it for their GPU, and turning the setting off is the fallback."""
+    return region.enabled_when is not None and bool(_NAMES_BFLOAT16.search(facts.module.code_for_node(region.enabled_when)))
 
 
 def _cuda_region(facts: AmpFacts, call: CallSite):

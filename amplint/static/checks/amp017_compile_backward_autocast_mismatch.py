@@ -105,7 +105,9 @@ def _opens_autocast_inside(facts: AmpFacts, function_node) -> bool:
 
 def _calls_under_autocast(facts: AmpFacts, name: str | None) -> list[CallSite]:
     """The training calls of the compiled object (`model(x)`, `model.forward(x)`) made in an
-    autocast region."""
+    autocast region: not under no_grad, in a region that is not an evaluation's. The name of a
+    helper the region reaches the call through (`_step_predictor`) says what it calls, not that
+    it evaluates, so only the region's function is read for that."""
     if name is None:
         return []
     last = name.split(".")[-1]
@@ -116,7 +118,7 @@ def _calls_under_autocast(facts: AmpFacts, name: str | None) -> list[CallSite]:
         parts = call.callee.split(".")
         if parts[-1] == last or (len(parts) >= 2 and parts[-2] == last and parts[-1] in ("forward", "__call__")):
             region = facts.region_of(call.where)
-            if region is not None and not rg.inference_only(facts, call) and not _region_inference_only(facts, region):
+            if region is not None and not rg.in_no_grad(facts, call) and not _region_inference_only(facts, region):
                 found.append(call)
     return found
 
