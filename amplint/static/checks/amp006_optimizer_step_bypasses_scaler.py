@@ -130,14 +130,23 @@ def _plain_backward_inside(facts: AmpFacts, call) -> bool:
 def _own_plain_backward(facts: AmpFacts, scaled: ts.Event, step: ts.Event, events: list[ts.Event]) -> bool:
     """The step's loop back-propagates a plain loss before the step, and the scaled backward runs
     outside that loop: an AMP loop, then a float32 one in the same scope (MONAI's tutorial
-    notebooks train a diffusion model with a scaler, then a classifier in fp32, at module level)."""
-    loop = ts.innermost_loop(step.anchor)
-    if loop is None or loop in scaled.anchor.loops:
-        return False
+    notebooks train a diffusion model with a scaler, then a classifier in fp32, at module level),
+    or in two functions called one after the other (a benchmark's GradScaler baseline, then the
+    same loop through `accelerator.backward(loss)`). The loop is the step's own, in a helper too,
+    or the caller's loop around the helper's call."""
+    loops = {ts.innermost_loop(step.call.where), ts.innermost_loop(step.anchor)} - {None}
     return any(
-        e.kind == "backward" and loop in e.anchor.loops and e.order < step.order and _same_condition(e, step)
-        for e in events
+        not _inside(loop, scaled) and any(
+            e.kind == "backward" and _inside(loop, e) and e.order < step.order and _same_condition(e, step)
+            for e in events
+        )
+        for loop in loops
     )
+
+
+def _inside(loop, event: ts.Event) -> bool:
+    """Whether the event runs in the loop, written in its own function or around a helper's call."""
+    return loop in event.call.where.loops or loop in event.anchor.loops
 
 
 def _share_a_loop(a: ts.Event, b: ts.Event) -> bool:

@@ -29,18 +29,43 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             if event.kind != "sched_step" or id(event.call.node) in reported or _steps_on_a_metric(facts, event):
                 continue
             scaler_step = _last_scaler_event(facts, events[:index], event)
-            if scaler_step is None or _gated(facts, event, skip_flags | {scaler_step.scaler.split(".")[-1]}):
+            scaler_event = scaler_step or _next_scaler_step(facts, function, events[index + 1:], event)
+            if scaler_event is None or _gated(facts, event, skip_flags | {scaler_event.scaler.split(".")[-1]}):
                 continue
             reported.add(id(event.call.node))
             yield Hit(
                 event.call.node,
-                f"`{event.target}.{event.call.method}()` runs after `{scaler_step.scaler}.{scaler_step.call.method}()` (line {{0}}) whether or "
-                f"not the scaler skipped the optimizer step for inf/NaN gradients, so the learning rate "
-                f"advances on steps that did nothing; step the scheduler only when the scale did not "
-                f"drop (`if {_scaler_seen_from(event, scaler_step)}.get_scale() >= scale_before:`)",
+                _message(facts, event, scaler_event, after=scaler_step is not None),
                 event.call.where.statement,
-                related=(scaler_step.call.node,),
+                related=(scaler_event.call.node,),
             )
+
+
+def _message(facts: AmpFacts, sched: ts.Event, scaler_event: ts.Event, *, after: bool) -> str:
+    scaler = _scaler_seen_from(sched, scaler_event)
+    if after:
+        when = f"runs after `{scaler_event.scaler}.{scaler_event.call.method}()` (line {{0}}) whether or not the scaler skipped the optimizer step"
+    else:
+        when = (
+            f"runs in every iteration before `{scaler_event.scaler}.step()` (line {{0}}), whether or not the "
+            f"scaler skipped the previous iteration's optimizer step"
+        )
+    # A scheduler handed its position (`scheduler.step(train_step)`, timm's
+    # `step_update(num_updates)`) jumps to it: skipping the call changes nothing while the count
+    # still includes the skipped steps.
+    position = ", ".join(
+        (f"{arg.keyword.value}=" if arg.keyword else "") + facts.module.code_for_node(arg.value) for arg in sched.call.node.args
+    )
+    if position:
+        fix = f"advance the count it is given (`{position}`) only when the scale did not drop"
+    elif after:
+        fix = "step the scheduler only when the scale did not drop"
+    else:
+        fix = f"step the scheduler after `{scaler}.update()`, only when the scale did not drop"
+    return (
+        f"`{sched.target}.{sched.call.method}()` {when} for inf/NaN gradients, so what it schedules (a learning rate, a weight decay) "
+        f"advances on steps that did nothing; {fix} (`if {scaler}.get_scale() >= scale_before:`)"
+    )
 
 
 def _scaler_seen_from(sched: ts.Event, scaler_step: ts.Event) -> str:
@@ -81,6 +106,28 @@ def _last_scaler_event(facts: AmpFacts, before: list[ts.Event], sched: ts.Event)
         if ts.iteration_loop(event) is not loop or ts.exclusive(facts, event, sched) or _per_element(facts, event, sched):
             continue
         return event
+    return None
+
+
+def _next_scaler_step(facts: AmpFacts, function, after: list[ts.Event], sched: ts.Event) -> ts.Event | None:
+    """A `scaler.step(optimizer)` later in the same training iteration (NVIDIA's BERT:
+    `lr_scheduler.step()` then `grad_scaler.step(optimizer)`): the next iteration's scheduler step
+    follows it, skipped or not. Only where the body runs again: in the iteration loop, or in a
+    function without one (a `take_optimizer_step()` called once per batch); a module-level script
+    without a loop steps once. And only when the scaler is updated after it in that iteration: a
+    scaler never updated raises on its second step (AMP007), no step is skipped quietly."""
+    loop = ts.iteration_loop(sched)
+    if loop is None and function is facts.module_scope:
+        return None
+    in_iteration = [
+        e for e in after
+        if ts.iteration_loop(e) is loop and not ts.exclusive(facts, e, sched) and not _per_element(facts, e, sched)
+    ]
+    for index, event in enumerate(in_iteration):
+        if event.kind == "step" and any(
+            later.kind == "update" and ts.same_object(later.scaler, event.scaler) for later in in_iteration[index + 1:]
+        ):
+            return event
     return None
 
 
