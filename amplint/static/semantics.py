@@ -767,7 +767,7 @@ class AmpFacts:
 
     def callee_qualname(self, call: CallSite) -> str | None:
         qualified = self.qualname(call.node.func, call.scope)
-        if qualified is not None:
+        if qualified is not None and qualified not in names.NO_OP_CONTEXTS:
             return qualified
         bound = self.bindings(call.callee, call.scope)
         # `amp_ctx = functools.partial(torch.autocast, "cuda")` and later `amp_ctx()`.
@@ -775,7 +775,14 @@ class AmpFacts:
             if isinstance(value, cst.Call) and self.qualname(value.func, value_scope) in names.FUNCTOOLS_PARTIAL:
                 if value.args:
                     return self.qualname(value.args[0].value, value_scope)
-        return self._conditional_autocast(bound)
+        return self._conditional_autocast(bound) or self._aliased_autocast(bound) or qualified
+
+    def _aliased_autocast(self, bound: list[tuple[cst.BaseExpression, Scope]]) -> str | None:
+        """`ctx = suppress` on one path and `ctx = torch.autocast` on another: the autocast."""
+        for value, value_scope in bound:
+            if isinstance(value, (cst.Name, cst.Attribute)) and (aliased := self.qualname(value, value_scope)) in names.AUTOCAST:
+                return aliased
+        return None
 
     def conditional_autocast(self, key: str | None, scope: Scope) -> str | None:
         """`autocast = torch.cuda.amp.autocast if amp else suppress`, later `with autocast():`:
@@ -1027,6 +1034,11 @@ class AmpFacts:
             return None
         if isinstance(expr, cst.Call):
             qualified = self.qualname(expr.func, scope)
+            if qualified in names.NO_OP_CONTEXTS:
+                # `self.amp_ctx = partial(torch.autocast, ...)` if a precision is set, else
+                # `suppress` (timm's benchmark): a region that is on where that path ran.
+                region = self._autocast_on_another_path(expr, scope)
+                return replace(region, enabled="no" if region.enabled == "no" else "maybe") if region else None
             conditional = self.conditional_autocast(dotted_name(expr.func), scope) if qualified is None else None
             if conditional is not None:  # opened on one arm of the alias only
                 region = _autocast_from_call(expr, conditional, scope)
@@ -1095,6 +1107,14 @@ class AmpFacts:
         if owner.rsplit(".", 1)[-1] in names.FRAMEWORK_AUTOCAST_OWNERS:
             return True
         return any(built in names.FRAMEWORK_AUTOCAST_CLASSES for _, built in self.constructed(owner, scope))
+
+    def _autocast_on_another_path(self, call: cst.Call, scope: Scope) -> Autocast | None:
+        """The region a call opens through another binding of its name than the no-op context
+        `qualname` found: a `partial` of autocast, or autocast itself under another name."""
+        aliased = self._aliased_autocast(self.bindings(dotted_name(call.func), scope))
+        if aliased is not None:
+            return _autocast_from_call(call, aliased, scope)
+        return self._partial_autocast(call.func, scope)
 
     def _partial_autocast(self, func: cst.BaseExpression, scope: Scope) -> Autocast | None:
         for value, value_scope in self.bindings(dotted_name(func), scope):
