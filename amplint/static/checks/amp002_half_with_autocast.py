@@ -136,6 +136,26 @@ def _off_graph(call: CallSite, facts: AmpFacts) -> bool:
     return call.receiver is not None and bool(_OFF_GRAPH_RECEIVER.search(facts.module.code_for_node(call.receiver)))
 
 
+# Calls that read a checkpoint's tensors from a file or a URL.
+_CHECKPOINT_READS = {"torch.load", "torch.hub.load_state_dict_from_url", "safetensors.torch.load_file"}
+
+
+def _checkpoint_surgery(call: CallSite, facts: AmpFacts) -> bool:
+    """A tensor indexed or computed by a function and cast in a function that reads a checkpoint
+    and reaches no AMP (a position embedding interpolated in float32 and cast back with `.half()`
+    before `load_state_dict`): the load copies it into the parameters in their own dtype, so
+    neither the model nor its inputs change precision. A module cast there (`model.half()`,
+    `Net().half()`) stays reported, and so does a batch in a training loop that resumes from one."""
+    function = call.scope.function_scope
+    if _amp_anchors(facts)[id(function)] or not any(c.qualname in _CHECKPOINT_READS for c in function.calls):
+        return False
+    computed = _chain_below(call)[1]
+    if isinstance(computed, cst.Subscript):  # `checkpoint["pos_embed"].half()`
+        return True
+    function_name = (dotted_name(computed.func) or "").rsplit(".", 1)[-1] if isinstance(computed, cst.Call) else ""
+    return function_name[:1].islower() and facts.value_kind(computed, call.scope) != "model"
+
+
 # Tests comparing results: a reference cast to the dtype of the output it is checked against.
 _COMPARISONS = {"allclose", "isclose", "assert_close", "assert_allclose", "assertEqual", "assertAlmostEqual", "assert_equal"}
 
@@ -344,6 +364,110 @@ def _cast_to_the_dtype_of(value: cst.BaseExpression, name: str) -> bool:
     return method in ("to", "type") and dotted_name(argument(value, 0, "dtype")) == f"{name}.dtype"
 
 
+# Factories that make a tensor from nothing but a shape or literal values: `torch.randn(...).half()`
+# is `torch.randn(..., dtype=torch.half)`, a constant or random tensor created in low precision.
+_TENSOR_FACTORIES = {
+    f"torch.{name}" for name in (
+        "randn", "rand", "randint", "zeros", "ones", "empty", "full", "arange", "linspace", "eye",
+        "randn_like", "rand_like", "randint_like", "zeros_like", "ones_like", "empty_like", "full_like",
+    )
+}
+
+
+def _created_in_low_precision(call: CallSite, facts: AmpFacts) -> bool:
+    """A tensor made on the spot and converted (`torch.randn(1, c, 1, 1).half().cuda()`, a frozen
+    scale in apex's kernel tests; `torch.tensor([2.0]).cuda().half()`): creation with a dtype, which
+    the rule leaves alone when it is written `dtype=torch.float16`, not a conversion of the model
+    or of its data. `torch.tensor(batch).half()` converts data and stays reported."""
+    created = _chain_below(call)[1]
+    if not isinstance(created, cst.Call):
+        return False
+    factory = facts.qualname(created.func, call.scope)
+    if factory == "torch.tensor":
+        return _literal(argument(created, 0, "data"))
+    return factory in _TENSOR_FACTORIES
+
+
+def _literal(node: cst.BaseExpression | None) -> bool:
+    """A number, or a list or tuple of literals (`[2.0]`, `[[1, 0], [0, 1]]`)."""
+    if isinstance(node, cst.UnaryOperation):
+        node = node.expression
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    return isinstance(node, (cst.List, cst.Tuple)) and all(_literal(element.value) for element in node.elements)
+
+
+def _optimizer_arithmetic(call: CallSite, facts: AmpFacts) -> bool:
+    """A cast in the methods of a torch.optim.Optimizer subclass, or in a function only they use
+    (Muon's Newton-Schulz iteration, which `step()` reaches through a module-level table of
+    backends): arithmetic on gradients and updates, written into the float32 parameters by the
+    step. Neither the model nor its inputs change precision."""
+    function = call.scope.function_scope
+    if function.class_name is not None:
+        return function.class_name in _optimizer_classes(facts)
+    return function.kind == "function" and _used_only_by_optimizers(function.name, facts)
+
+
+def _used_only_by_optimizers(name: str, facts: AmpFacts, depth: int = 0) -> bool:
+    """Whether every in-file use of a name (a call, or a reference to it as a value) is in an
+    Optimizer subclass, or in a module-level binding that holds it (`backends = dict(ns=ns_step)`)
+    and is itself used only there."""
+    uses = [r.where for r in facts.references if r.dotted == name] + [c.where for c in facts.calls if c.callee == name]
+    if not uses:
+        return False
+    for where in uses:
+        if where.scope.function_scope.class_name in _optimizer_classes(facts):
+            continue
+        holder = _module_level_binding(where, facts)
+        if holder is None or depth >= names.CALL_DEPTH or not _used_only_by_optimizers(holder, facts, depth + 1):
+            return False
+    return True
+
+
+def _module_level_binding(where: Context, facts: AmpFacts) -> str | None:
+    """The one name a module-level statement binds (`BACKENDS` for `BACKENDS = dict(...)`)."""
+    if where.scope is not facts.module_scope:
+        return None
+    bound = [a.key for a in facts.assignments if a.where.statement is where.statement and a.where.scope is facts.module_scope]
+    return bound[0] if len(bound) == 1 else None
+
+
+def _optimizer_classes(facts: AmpFacts) -> set[str]:
+    """The classes of the file that subclass torch.optim.Optimizer, directly or through one another."""
+
+    def build():
+        found: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for scope, bases in facts.classes:
+                parent = scope.parent or facts.module_scope
+                if scope.name not in found and any(
+                    base is not None and (base in found or (parent.resolve(base) or "").startswith("torch.optim."))
+                    for base in bases
+                ):
+                    found.add(scope.name)
+                    changed = True
+        return found
+
+    return cached(facts, "AMP002 optimizer classes", build)
+
+
+# apex's distributed optimizers, which keep float32 master shards of float16 parameters.
+_MASTER_WEIGHT_OPTIMIZERS = ("apex.contrib.optimizers.distributed_fused_",)
+
+
+def _master_weights_in_the_optimizer(call: CallSite, facts: AmpFacts) -> bool:
+    """A cast in a function that builds an optimizer keeping float32 master weights
+    (`FusedAdam(params, master_weights=True)`, apex's `DistributedFusedLAMB`): pure float16
+    training by design, where the optimizer, not autocast, keeps the precision of the updates and
+    takes the loss scale itself."""
+    return any(
+        (c.qualname or "").startswith(_MASTER_WEIGHT_OPTIMIZERS) or _is_true(c.arg(None, "master_weights"))
+        for c in call.scope.function_scope.calls
+    )
+
+
 def _in_an_autograd_function(call: CallSite, facts: AmpFacts) -> bool:
     """A custom autograd.Function casting its own output (icefall's SwooshL, its softmax): kernel
     code, like a model's own casts."""
@@ -433,15 +557,23 @@ def _frozen(call: CallSite, facts: AmpFacts) -> bool:
     """A module frozen in the same function before or after its cast (`vae.requires_grad_(False)`,
     `vae = AutoencoderKL.from_pretrained(...).requires_grad_(False).half()`, `p.requires_grad =
     False` for its parameters): no gradient, no optimizer state, nothing for a GradScaler to
-    unscale. The module is named by the chain the cast is in, or by the name it is assigned to."""
+    unscale. The module is named by the chain the cast is in, or by the name it is assigned to.
+    A module frozen by a flag (`.requires_grad_(args.train_text_encoder)`) counts where the cast
+    runs only when that flag fails (`if not args.train_text_encoder:`)."""
     chain = _same_object_chain(call, facts)
-    if any(_freezes(node) for node in chain):
+    if any(_freezes(node, call.where, facts) for node in chain):
         return True
     subjects = {_converted(call)} | _names_bound_to(chain[-1], facts)
     subjects.discard(None)
-    function = call.scope.function_scope
+    return _frozen_module(subjects, call.where, facts)
+
+
+def _frozen_module(subjects: set[str], where: Context, facts: AmpFacts) -> bool:
+    """Whether the function of `where` freezes a module known by one of `subjects`, for the runs
+    that reach `where`."""
+    function = where.scope.function_scope
     for other in function.calls:
-        if not _freezes(other.node):
+        if not _freezes(other.node, where, facts):
             continue
         if _converted(other) in subjects:  # `teacher.requires_grad_(False)`, `teacher.eval().requires_grad_(False)`
             return True
@@ -454,6 +586,18 @@ def _frozen(call: CallSite, facts: AmpFacts) -> bool:
         and any(re.search(rf"(?<![\w.]){re.escape(subject)}\.parameters\(\)", loop.iterable) for subject in subjects for loop in a.where.loops)
         for a in facts.assignments
     )
+
+
+def _input_of_a_frozen_module(call: CallSite, facts: AmpFacts) -> bool:
+    """A tensor cast and handed straight to a module frozen in the same function
+    (`vae.encode(batch["pixel_values"].to(weight_dtype))`, diffusers' frozen VAE kept in the
+    weight dtype): the cast matches the frozen module's weights, and no gradient flows into it."""
+    argument_node = facts.parent_of.get(id(_outermost_method_call(call.node, facts)))
+    consumer = facts.parent_of.get(id(argument_node)) if isinstance(argument_node, cst.Arg) else None
+    if not isinstance(consumer, cst.Call):
+        return False
+    module = dotted_name(consumer.func.value if isinstance(consumer.func, cst.Attribute) else consumer.func)
+    return module is not None and _frozen_module({module}, call.where, facts)
 
 
 def _used_only_without_gradients(call: CallSite, facts: AmpFacts) -> bool:
@@ -480,12 +624,12 @@ def _same_object_chain(call: CallSite, facts: AmpFacts) -> list[cst.Call]:
     return [*_chain_below(call)[0], call.node, *_methods_called_on(call.node, facts, _SAME_OBJECT)]
 
 
-def _freezes(node: cst.Call) -> bool:
-    return (
-        isinstance(node.func, cst.Attribute)
-        and node.func.attr.value == "requires_grad_"
-        and _is_false(argument(node, 0, "requires_grad"))
-    )
+def _freezes(node: cst.Call, where: Context, facts: AmpFacts) -> bool:
+    """`requires_grad_(False)`, or `requires_grad_(flag)` seen from code that runs only when `flag` fails."""
+    if not (isinstance(node.func, cst.Attribute) and node.func.attr.value == "requires_grad_"):
+        return False
+    flag = argument(node, 0, "requires_grad")
+    return _is_false(flag) or dotted_name(flag) in facts.failed_conditions(where)
 
 
 # Methods that return the module or tensor they are called on, moved, cast or switched.
@@ -511,6 +655,10 @@ def _is_false(node: cst.BaseExpression | None) -> bool:
     return isinstance(node, cst.Name) and node.value == "False"
 
 
+def _is_true(node: cst.BaseExpression | None) -> bool:
+    return isinstance(node, cst.Name) and node.value == "True"
+
+
 def _may_scale(facts: AmpFacts) -> bool:
     """A GradScaler that can be on: one built with `enabled=False` scales nothing, and a file
     whose only one is off (a fairseq-style fp16 optimizer keeps float32 master weights) is not
@@ -529,14 +677,19 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             dtype is None
             or _is_export(call, facts)
             or _off_graph(call, facts)
+            or _checkpoint_surgery(call, facts)
             or _compared(call, facts)
             or _kernel_cast_in_model(call, facts)
             or _in_an_autograd_function(call, facts)
+            or _optimizer_arithmetic(call, facts)
+            or _master_weights_in_the_optimizer(call, facts)
+            or _created_in_low_precision(call, facts)
             or _cast_back_on_return(call, facts)
             or _input_for_a_frozen_model(call, facts)
             or _fresh_model_for_evaluation(call, facts)
             or _outside_training(call, facts)
             or _frozen(call, facts)
+            or _input_of_a_frozen_module(call, facts)
             or _used_only_without_gradients(call, facts)
             or _upstream_gradient(call, facts)
             or _stored_in_a_buffer(call, facts)
