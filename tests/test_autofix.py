@@ -62,6 +62,15 @@ def test_unfixable_cases_are_reported_and_left_byte_identical(tmp_path: Path) ->
     assert codes == ["AMP001", "AMP001", "AMP001", "AMP005", "AMP007"]
 
 
+def test_autocast_fix_that_cannot_name_the_dtype_waits_for_unsafe_fixes(tmp_path: Path) -> None:
+    """With no name for torch in the file, `autocast("cuda")` would take an enclosing region's dtype."""
+    target = tmp_path / "unsafe_no_torch_name.py"
+    shutil.copy(FIXTURES / "unsafe_no_torch_name.py", target)
+    result = amplint("--fix", "--no-cache", "--format", "concise", target.name, cwd=tmp_path)
+    assert target.read_bytes() == (FIXTURES / "unsafe_no_torch_name.py").read_bytes()
+    assert "4 more with `--unsafe-fixes`" in result.stdout.decode()
+
+
 def test_diff_prints_the_change_and_writes_nothing(tmp_path: Path) -> None:
     target = tmp_path / "rooted_calls.py"
     shutil.copy(FIXTURES / "rooted_calls.py", target)
@@ -88,10 +97,10 @@ def test_fix_keeps_bom_crlf_and_latin1_bytes_outside_the_edit(tmp_path: Path) ->
     (tmp_path / "latin.py").write_bytes(latin1)
     amplint("--fix", "--no-cache", "bom.py", "latin.py", cwd=tmp_path)
     assert (tmp_path / "bom.py").read_bytes() == bom_crlf.replace(
-        b"torch.cuda.amp.autocast()", b'torch.amp.autocast("cuda")'
+        b"torch.cuda.amp.autocast()", b'torch.amp.autocast("cuda", dtype=torch.float16)'
     )
     assert (tmp_path / "latin.py").read_bytes() == latin1.replace(
-        b"torch.cpu.amp.autocast(True)", b'torch.amp.autocast("cpu", enabled=True)'
+        b"torch.cpu.amp.autocast(True)", b'torch.amp.autocast("cpu", dtype=torch.bfloat16, enabled=True)'
     )
 
 
@@ -115,5 +124,23 @@ def test_fixed_cpu_autocast_still_runs_in_the_same_dtype(tmp_path: Path) -> None
     )
     amplint("--fix", "--no-cache", script.name, cwd=tmp_path)
     assert "torch.amp.autocast" in script.read_text()
+    run = subprocess.run([sys.executable, "-W", "error::FutureWarning", str(script)], capture_output=True, timeout=120)
+    assert run.stdout.decode().strip() == "True", run.stderr.decode()
+
+
+def test_fixed_autocast_keeps_its_dtype_inside_an_enclosing_region(tmp_path: Path) -> None:
+    """`torch.cpu.amp.autocast()` computes in bfloat16 even inside a float16 region; the fixed call
+    must too, where `torch.amp.autocast("cpu")` alone would take the enclosing float16."""
+    pytest.importorskip("torch")
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import torch\n"
+        "with torch.autocast('cpu', dtype=torch.float16):\n"
+        "    with torch.cpu.amp.autocast():\n"
+        "        inside = torch.get_autocast_dtype('cpu')\n"
+        "print(inside == torch.bfloat16)\n"
+    )
+    amplint("--fix", "--no-cache", script.name, cwd=tmp_path)
+    assert 'torch.amp.autocast("cpu", dtype=torch.bfloat16)' in script.read_text()
     run = subprocess.run([sys.executable, "-W", "error::FutureWarning", str(script)], capture_output=True, timeout=120)
     assert run.stdout.decode().strip() == "True", run.stderr.decode()

@@ -299,7 +299,7 @@ def test_fix_honours_the_selection(tree: Path) -> None:
     assert "Fixed" not in result.stderr
 
 
-# --- --unsafe-fixes: no rule ships an unsafe fix yet, so AMP001's fixes are marked unsafe here ---
+# --- --unsafe-fixes: every AMP001 fix of the fixture tree is marked unsafe here ---
 
 @pytest.fixture
 def unsafe_amp001(monkeypatch: pytest.MonkeyPatch) -> None:

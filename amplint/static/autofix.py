@@ -14,7 +14,7 @@ from amplint.model import Applicability
 from amplint.static import names
 from amplint.static.checks import FixPlan, Insertion, Replacement
 from amplint.static.checks._training_step import code_in_place
-from amplint.static.semantics import AmpFacts, CallSite, ImportRef, Reference, Scope, dotted_name, has_star_args
+from amplint.static.semantics import AmpFacts, CallSite, ImportRef, Reference, Scope, argument, dotted_name, has_star_args
 
 # The first torch release that has each replacement (research/amp-rules.md §1).
 _REPLACEMENT_SINCE = {"autocast": (1, 10), "GradScaler": (2, 3), "custom_fwd": (2, 4), "custom_bwd": (2, 4)}
@@ -46,19 +46,52 @@ def _with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
     return fixed
 
 
-def _device_first(call: cst.Call, device: str) -> cst.Arg:
-    """The device argument put in front; on a line of its own when the arguments are one per line."""
-    device_arg = cst.Arg(_string(device))
+def _in_front(call: cst.Call, leading: list[cst.Arg]) -> list[cst.Arg]:
+    """Arguments put in front of the call's own; each on a line of its own when the arguments are one per line."""
     opening = call.whitespace_before_args
     if call.args and isinstance(opening, cst.ParenthesizedWhitespace):
         # The same line break and indentation as before the first argument, without its comment.
         after = opening.with_changes(first_line=cst.TrailingWhitespace(), empty_lines=[])
-        device_arg = device_arg.with_changes(comma=cst.Comma(whitespace_after=after))
-    return device_arg
+        return [arg.with_changes(comma=cst.Comma(whitespace_after=after)) for arg in leading]
+    return leading
 
 
-def migrated_arguments(call: cst.Call, kind: str, device: str) -> list[cst.Arg] | None:
-    """The argument list of the torch.amp call that replaces a deprecated one, or None if unsafe."""
+# The dtype each deprecated autocast computes in when given none. `torch.amp.autocast(device)`
+# without a dtype takes the one currently set (`torch.get_autocast_dtype`), which inside an
+# enclosing region, maybe opened in another file (a trainer's bfloat16 autocast around a model
+# whose code says `autocast(enabled=True)`), is that region's: the fix writes the old default out.
+_DEPRECATED_AUTOCAST_DTYPE = {"cuda": "float16", "cpu": "bfloat16"}
+
+
+def _takes_default_dtype(call: cst.Call) -> bool:
+    """A deprecated autocast call that computes in its class's default dtype: it passes none, and
+    is not turned off outright (`enabled=False` computes in no dtype at all)."""
+    positions = names.AUTOCAST_POSITIONAL["deprecated"]
+    enabled = argument(call, positions.index("enabled"), "enabled")
+    turned_off = isinstance(enabled, cst.Name) and enabled.value == "False"
+    return argument(call, positions.index("dtype"), "dtype") is None and not turned_off
+
+
+def _torch_module_name(scope: Scope) -> str | None:
+    """A name an import binds to the torch module and that `scope` sees (`torch`, `th`), or None
+    (a file with only `from torch.cuda.amp import autocast`)."""
+    current: Scope | None = scope
+    while current is not None:
+        for name, module in current.imports.items():
+            if module == "torch" and scope.resolve_head(name) == "torch":
+                return name
+        current = current.parent
+    return None
+
+
+def _autocast_fix_safety(call: cst.Call, torch_name: str | None) -> Applicability:
+    """Exact only if the old default dtype can be written out, which needs a name for torch."""
+    return Applicability.UNSAFE if torch_name is None and _takes_default_dtype(call) else Applicability.SAFE
+
+
+def migrated_arguments(call: cst.Call, kind: str, device: str, torch_name: str | None) -> list[cst.Arg] | None:
+    """The argument list of the torch.amp call that replaces a deprecated one, or None if unsafe.
+    `torch_name`, the name the torch module has there, spells out an autocast's default dtype."""
     if has_star_args(call):
         return None  # positions behind *args / **kwargs are unknown
     args = list(call.args)
@@ -73,11 +106,15 @@ def migrated_arguments(call: cst.Call, kind: str, device: str) -> list[cst.Arg] 
                 arg = arg.with_changes(keyword=cst.Name(positional_names[position]), equal=cst.AssignEqual(_NO_SPACE, _NO_SPACE))
                 position += 1
             converted.append(arg)
-        return _with_commas([_device_first(call, device), *converted])
+        leading = [cst.Arg(_string(device))]
+        if torch_name is not None and _takes_default_dtype(call):
+            dtype = cst.parse_expression(f"{torch_name}.{_DEPRECATED_AUTOCAST_DTYPE[device]}")
+            leading.append(_keyword("dtype", dtype))
+        return _with_commas([*_in_front(call, leading), *converted])
     if kind == "GradScaler":
         if any(a.keyword is not None and a.keyword.value == "device" for a in args):
             return None
-        return _with_commas([_device_first(call, device), *args])
+        return _with_commas([*_in_front(call, [cst.Arg(_string(device))]), *args])
     # custom_fwd / custom_bwd: device_type is keyword-only and required.
     if any(a.keyword is not None and a.keyword.value == "device_type" for a in args):
         return None
@@ -100,7 +137,7 @@ def _new_callee(head: str, kind: str, facts: AmpFacts) -> str:
 
 
 def deprecated_call(call: CallSite, facts: AmpFacts) -> FixPlan | None:
-    """`torch.cuda.amp.autocast(True)` -> `torch.amp.autocast("cuda", enabled=True)`."""
+    """`torch.cuda.amp.autocast(True)` -> `torch.amp.autocast("cuda", dtype=torch.float16, enabled=True)`."""
     qualname = call.qualname
     if qualname in names.DEPRECATED_AUTOCAST_STATE:
         return _state_function_fix(call, facts)
@@ -110,7 +147,7 @@ def deprecated_call(call: CallSite, facts: AmpFacts) -> FixPlan | None:
     device, kind = names.DEPRECATED_AMP[qualname]
     if not _supported(kind, facts):
         return None
-    args = migrated_arguments(call.node, kind, device)
+    args = migrated_arguments(call.node, kind, device, head)
     if args is None:
         return None
     new = call.node.with_changes(func=cst.parse_expression(_new_callee(head, kind, facts)), args=args)
@@ -207,7 +244,7 @@ def _module_import_fix(alias: cst.ImportAlias, facts: AmpFacts) -> FixPlan | Non
     uses = _module_alias_uses(_bound_name(alias), facts)
     if uses is None or not all(_supported(kind, facts) for kind in ("autocast", "GradScaler")):
         return None
-    return FixPlan(Applicability.SAFE, (*uses, Replacement(alias.name, "torch.amp")))
+    return _together([*uses, _safe(Replacement(alias.name, "torch.amp"))])
 
 
 def _aliases(node: cst.ImportFrom) -> list[cst.ImportAlias]:
@@ -239,7 +276,7 @@ def _from_import_fix(node: cst.ImportFrom, facts: AmpFacts) -> FixPlan | None:
     new_module = _NEW_MODULE.get(module)
     if new_module is None:
         return None
-    replacements: list[Replacement] = []
+    plans: list[FixPlan] = []
     for alias in _aliases(node):
         name = dotted_name(alias.name)
         bound = _bound_name(alias)
@@ -254,11 +291,10 @@ def _from_import_fix(node: cst.ImportFrom, facts: AmpFacts) -> FixPlan | None:
             uses = _name_uses(bound, kind, facts)
         if uses is None:
             return None
-        replacements.extend(uses)
+        plans.extend(uses)
     if not all(_supported(kind, facts) for kind in _kinds_in(node, module)):
         return None
-    replacements.append(Replacement(node.module, new_module))
-    return FixPlan(Applicability.SAFE, tuple(replacements))
+    return _together([*plans, _safe(Replacement(node.module, new_module))])
 
 
 def _kinds_in(node: cst.ImportFrom, module: str) -> set[str]:
@@ -267,58 +303,74 @@ def _kinds_in(node: cst.ImportFrom, module: str) -> set[str]:
     return {names.DEPRECATED_AMP[f"{module}.{dotted_name(a.name)}"][1] for a in _aliases(node)}
 
 
-def _name_uses(bound: str | None, kind: str, facts: AmpFacts) -> list[Replacement] | None:
+def _name_uses(bound: str | None, kind: str, facts: AmpFacts) -> list[FixPlan] | None:
     """Rewrites for every use of a name imported from the deprecated module, or None if one can't be."""
-    replacements = []
+    plans = []
     for call in facts.calls:
         if call.callee == bound and call.method is None and call.scope.resolve_head(bound) is not None:
-            replacement = _use_call(call, kind, facts)
-            if replacement is None:
+            plan = _use_call(call, kind, facts)
+            if plan is None:
                 return None
-            replacements.append(replacement)
+            plans.append(plan)
     for ref in facts.references:
         if ref.dotted == bound and ref.where.scope.resolve_head(bound) is not None:
             if kind in ("custom_fwd", "custom_bwd") and _is_bare_decorator(ref.node, facts):
                 device = names.DEPRECATED_AMP[ref.where.scope.resolve(bound)][0]
-                replacements.append(Replacement(ref.node, f'{bound}(device_type="{device}")'))
+                plans.append(_safe(Replacement(ref.node, f'{bound}(device_type="{device}")')))
             elif not (kind in ("autocast", "GradScaler") and _in_a_type_test(ref.node, facts)):
                 return None  # used as another value: a base class, stored in a variable
             # A type test keeps its name, which now means the wider torch.amp class.
-    return replacements
+    return plans
 
 
-def _module_alias_uses(bound: str | None, facts: AmpFacts) -> list[Replacement] | None:
+def _module_alias_uses(bound: str | None, facts: AmpFacts) -> list[FixPlan] | None:
     """Rewrites for every `amp.X(...)` after `from torch.cuda import amp`."""
-    replacements = []
+    plans = []
     for call in facts.calls:
         if call.receiver_key == bound and call.scope.resolve_head(bound) is not None:
             kind = names.DEPRECATED_AMP.get(call.qualname or "", (None, None))[1]
             if kind is None:
                 return None
-            replacement = _use_call(call, kind, facts)
-            if replacement is None:
+            plan = _use_call(call, kind, facts)
+            if plan is None:
                 return None
-            replacements.append(replacement)
+            plans.append(plan)
     for ref in facts.references:
         if ref.dotted.split(".")[0] == bound and ref.where.scope.resolve_head(bound) is not None:
             qualname = ref.where.scope.resolve(ref.dotted)
             kind = names.DEPRECATED_AMP.get(qualname or "", (None, None))[1]
             if kind in ("custom_fwd", "custom_bwd") and _is_bare_decorator(ref.node, facts):
                 device = names.DEPRECATED_AMP[qualname][0]
-                replacements.append(Replacement(ref.node, f'{ref.dotted}(device_type="{device}")'))
+                plans.append(_safe(Replacement(ref.node, f'{ref.dotted}(device_type="{device}")')))
             elif kind in ("autocast", "GradScaler") and _in_a_type_test(ref.node, facts):
                 continue  # `isinstance(s, amp.GradScaler)` then names the torch.amp class, as it should
             else:
                 return None
-    return replacements
+    return plans
 
 
-def _use_call(call: CallSite, kind: str, facts: AmpFacts) -> Replacement | None:
+def _use_call(call: CallSite, kind: str, facts: AmpFacts) -> FixPlan | None:
     device = names.DEPRECATED_AMP.get(call.qualname or "", ("cuda", kind))[0]
-    args = migrated_arguments(call.node, kind, device)
+    torch_name = _torch_module_name(call.scope)
+    args = migrated_arguments(call.node, kind, device, torch_name)
     if args is None:
         return None
-    return Replacement(call.node, code_in_place(facts, call.node, call.node.with_changes(args=args)))
+    replacement = Replacement(call.node, code_in_place(facts, call.node, call.node.with_changes(args=args)))
+    if kind == "autocast":
+        return FixPlan(_autocast_fix_safety(call.node, torch_name), (replacement,))
+    return _safe(replacement)
+
+
+def _safe(replacement: Replacement) -> FixPlan:
+    return FixPlan(Applicability.SAFE, (replacement,))
+
+
+def _together(plans: list[FixPlan]) -> FixPlan:
+    """One plan making every edit of `plans`: unsafe if any of them is."""
+    unsafe = any(plan.applicability is Applicability.UNSAFE for plan in plans)
+    return FixPlan(
+        Applicability.UNSAFE if unsafe else Applicability.SAFE, tuple(r for plan in plans for r in plan.replacements)
+    )
 
 
 def unscale_before(event, scaler: str | None, owner: str | None, events, facts: AmpFacts) -> FixPlan | None:
