@@ -487,7 +487,8 @@ def test_an_input_tensor_cast_by_hand_is_unchecked_not_refuted(tmp_path: Path) -
         model = torch.nn.Linear(4, 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         scaler = torch.amp.GradScaler("cpu")
-        x = torch.randn(8, 4).half()
+        batch = torch.randn(8, 4)
+        x = batch.half()
         with torch.autocast("cpu", dtype=torch.float16):
             loss = model(x).float().mean()
         scaler.scale(loss).backward()
@@ -499,7 +500,7 @@ def test_an_input_tensor_cast_by_hand_is_unchecked_not_refuted(tmp_path: Path) -
     report = json.loads((tmp_path / "trace.json").read_text())
     assert not [f for f in report["findings"] if f["code"] == "AMP002"]
     [unchecked] = report["unchecked_findings"]
-    assert unchecked["code"] == "AMP002" and unchecked["line"] == 7 and "tensor" in unchecked["reason"]
+    assert unchecked["code"] == "AMP002" and unchecked["line"] == 8 and "tensor" in unchecked["reason"]
 
 
 def test_a_thread_started_with_autocast_off_is_refuted_not_unreached(tmp_path: Path) -> None:
