@@ -1044,7 +1044,10 @@ class AmpFacts:
                 region = _autocast_from_call(expr, conditional, scope)
                 return replace(region, enabled="no" if region.enabled == "no" else "maybe")
             if qualified in names.AUTOCAST:
-                return _autocast_from_call(expr, qualified, scope)
+                region = _autocast_from_call(expr, qualified, scope)
+                if self._bound_to_a_no_op(expr.func, scope):  # `ctx = torch.autocast` if amp else `suppress`
+                    region = replace(region, enabled="no" if region.enabled == "no" else "maybe")
+                return region
             if self.opens_framework_autocast(expr, scope):
                 # Enabled, on its device and dtype, as the framework's precision setting says.
                 return Autocast(expr, "maybe", None, None, deprecated=False)
@@ -1107,6 +1110,13 @@ class AmpFacts:
         if owner.rsplit(".", 1)[-1] in names.FRAMEWORK_AUTOCAST_OWNERS:
             return True
         return any(built in names.FRAMEWORK_AUTOCAST_CLASSES for _, built in self.constructed(owner, scope))
+
+    def _bound_to_a_no_op(self, func: cst.BaseExpression, scope: Scope) -> bool:
+        """Whether one of the values a callee's name is bound to is suppress or nullcontext."""
+        return any(
+            isinstance(value, (cst.Name, cst.Attribute)) and self.qualname(value, value_scope) in names.NO_OP_CONTEXTS
+            for value, value_scope in self.bindings(dotted_name(func), scope)
+        )
 
     def _autocast_on_another_path(self, call: cst.Call, scope: Scope) -> Autocast | None:
         """The region a call opens through another binding of its name than the no-op context

@@ -443,7 +443,7 @@ def _optimizer_classes(facts: AmpFacts) -> set[str]:
             for scope, bases in facts.classes:
                 parent = scope.parent or facts.module_scope
                 if scope.name not in found and any(
-                    base is not None and (base in found or (parent.resolve(base) or "").startswith("torch.optim."))
+                    base is not None and (base in found or _an_optimizer_class(parent.resolve(base)))
                     for base in bases
                 ):
                     found.add(scope.name)
@@ -451,6 +451,11 @@ def _optimizer_classes(facts: AmpFacts) -> set[str]:
         return found
 
     return cached(facts, "AMP002 optimizer classes", build)
+
+
+def _an_optimizer_class(qualified: str | None) -> bool:
+    """torch's, apex's, timm's or bitsandbytes' optimizer classes; not their schedulers."""
+    return qualified is not None and qualified.startswith(names.TORCH_OPTIMIZER_PREFIXES) and "lr_scheduler" not in qualified
 
 
 # apex's distributed optimizers, which keep float32 master shards of float16 parameters.
@@ -596,8 +601,12 @@ def _input_of_a_frozen_module(call: CallSite, facts: AmpFacts) -> bool:
     consumer = facts.parent_of.get(id(argument_node)) if isinstance(argument_node, cst.Arg) else None
     if not isinstance(consumer, cst.Call):
         return False
-    module = dotted_name(consumer.func.value if isinstance(consumer.func, cst.Attribute) else consumer.func)
-    return module is not None and _frozen_module({module}, call.where, facts)
+    # `vae.encode(x)` or `self.text_encoder(x)`: the module is the callee or what it is a method of.
+    called = {dotted_name(consumer.func)}
+    if isinstance(consumer.func, cst.Attribute):
+        called.add(dotted_name(consumer.func.value))
+    called.discard(None)
+    return bool(called) and _frozen_module(called, call.where, facts)
 
 
 def _used_only_without_gradients(call: CallSite, facts: AmpFacts) -> bool:

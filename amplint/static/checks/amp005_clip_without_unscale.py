@@ -110,12 +110,15 @@ _GRAD_NORM_HELPER = re.compile(r"(?:^|\.|_)grad_?norm$|(?:^|\.)clip_gradients$",
 # (nerfstudio's `optimizers.optimizer_scaler_step_some(grad_scaler, groups)`, which calls
 # `unscale_` and `step` on each optimizer): it has unscaled the gradients of every optimizer it
 # steps, since `scaler.step(opt)` unscales them in place. One of this file is followed into instead.
-_STEPS_OR_UNSCALES = re.compile(r"step|unscale", re.IGNORECASE)
+# Whole parts of the name (`optimizer_scaler_step_some`, `unscale_and_step`), not `steps_per_epoch`,
+# and not a helper that only reports (`log_step_stats(writer, step, scaler)`).
+_STEPS_OR_UNSCALES = re.compile(r"(?:^|_)(?:step|unscale)(?:_|$)", re.IGNORECASE)
+_REPORTS = re.compile(r"log|print|record|report|track", re.IGNORECASE)
 
 
 def _scaler_handed_to_a_stepping_helper(call: CallSite, facts: AmpFacts) -> str | None:
     """The scaler handed to such a call, if any."""
-    if not _STEPS_OR_UNSCALES.search(call.name) or facts.called_function(call) is not None:
+    if not _STEPS_OR_UNSCALES.search(call.name) or _REPORTS.search(call.name) or facts.called_function(call) is not None:
         return None
     handed = (dotted_name(arg.value) for arg in call.node.args)
     return next((key for key in handed if facts.is_scaler(key, call.scope) and not facts.scaler_disabled(key, call.scope)), None)

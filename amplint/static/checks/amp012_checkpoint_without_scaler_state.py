@@ -241,18 +241,20 @@ def _condition_of(facts: AmpFacts, call: CallSite) -> str | None:
     elif isinstance(parent, cst.IfExp) and parent.body is call.node:
         condition = parent.test
     else:
-        guard = _guarding_if(call.where)
-        condition = guard.test if guard is not None else None
+        guards = _guarding_ifs(call.where)
+        if not guards:
+            return None
+        return " and ".join(facts.module.code_for_node(guard.test) for guard in guards)
     # `enabled=(dtype == 'float16')`: the condition without its parentheses.
     return facts.module.code_for_node(condition.with_changes(lpar=[], rpar=[])) if condition is not None else None
 
 
-def _guarding_if(where: Context) -> cst.If | None:
-    """The innermost `if` whose body (not its `else`) holds the statement."""
-    if not where.ifs:
-        return None
-    innermost = where.ifs[-1]
-    return innermost if (id(innermost), "body") in where.branches else None
+def _guarding_ifs(where: Context) -> tuple[cst.If, ...]:
+    """The `if`s around the statement, outermost first, when the body of each (not an `else`)
+    holds it: all their tests hold where it runs (`if cfg.use_amp:` then `if cfg.fp16:`)."""
+    if any((id(guard), "body") not in where.branches for guard in where.ifs):
+        return ()
+    return where.ifs
 
 
 # Calls that save or restore a checkpoint; a scaler handed to one is checkpointed there.
@@ -382,17 +384,19 @@ def _built_only_under(facts: AmpFacts, scaler: str, scope: Scope) -> str | None:
         a for a in facts.assignments
         if a.key == scaler and any(value is a.value for value, _ in facts.bindings(scaler, scope))
     ]
-    guards = {_guarding_if(a.where) for a in assignments}
-    if not assignments or len(guards) != 1 or None in guards:
+    guards = {_guarding_ifs(a.where) for a in assignments}
+    if not assignments or len(guards) != 1 or () in guards:
         return None
-    flag = dotted_name(guards.pop().test)
-    if flag is None:
-        return None
-    root = flag.split(".")[0]
-    same_class = root == "self" and all(
-        a.where.scope.function_scope.class_name == scope.function_scope.class_name for a in assignments
-    )
-    return flag if same_class or (root != "self" and (facts.bindings(root, scope) or root in scope.function_scope.params)) else None
+    flags = [dotted_name(guard.test) for guard in guards.pop()]
+    same_class = all(a.where.scope.function_scope.class_name == scope.function_scope.class_name for a in assignments)
+
+    def readable(flag: str | None) -> bool:
+        root = (flag or "").split(".")[0]
+        if root == "self":
+            return same_class
+        return bool(root) and bool(facts.bindings(root, scope) or root in scope.function_scope.params)
+
+    return " and ".join(flags) if all(readable(flag) for flag in flags) else None
 
 
 def _scaler_state_variables(facts: AmpFacts, node: cst.CSTNode) -> set[str]:

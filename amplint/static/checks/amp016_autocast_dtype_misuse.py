@@ -67,12 +67,19 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
 
 
 def _needs_bf16_hardware(facts: AmpFacts) -> bool:
-    """The module imports a library that runs only on GPUs with bfloat16 (see _NEEDS_BF16_HARDWARE)."""
+    """The module imports a library that runs only on GPUs with bfloat16 (see _NEEDS_BF16_HARDWARE),
+    and not as an option (`try: import transformer_engine` / `except ImportError:`), which says
+    nothing of the GPU the rest of the module runs on."""
     return any(
-        ref.qualname == library or ref.qualname.startswith(library + ".")
+        (ref.qualname == library or ref.qualname.startswith(library + ".")) and not _optional(facts, ref.statement)
         for ref in facts.imports
         for library in _NEEDS_BF16_HARDWARE
     )
+
+
+def _optional(facts: AmpFacts, statement: cst.CSTNode) -> bool:
+    """The statement is in the body of a `try` with a handler (an import that may fail)."""
+    return any(isinstance(node, cst.Try) and node.handlers for node in facts.ancestors(statement))
 
 
 def _opted_into_bfloat16(facts: AmpFacts, region: Autocast) -> bool:
