@@ -14,7 +14,7 @@ from amplint.model import Applicability
 from amplint.static import names
 from amplint.static.checks import FixPlan, Insertion, Replacement
 from amplint.static.checks._training_step import code_in_place
-from amplint.static.semantics import AmpFacts, CallSite, ImportRef, Reference, Scope, argument, dotted_name, has_star_args
+from amplint.static.semantics import AmpFacts, CallSite, ImportRef, Reference, Scope, argument, dotted_name, has_star_args, is_false
 
 # The first torch release that has each replacement (research/amp-rules.md §1).
 _REPLACEMENT_SINCE = {"autocast": (1, 10), "GradScaler": (2, 3), "custom_fwd": (2, 4), "custom_bwd": (2, 4)}
@@ -68,7 +68,7 @@ def _takes_default_dtype(call: cst.Call) -> bool:
     is not turned off outright (`enabled=False` computes in no dtype at all)."""
     positions = names.AUTOCAST_POSITIONAL["deprecated"]
     enabled = argument(call, positions.index("enabled"), "enabled")
-    turned_off = isinstance(enabled, cst.Name) and enabled.value == "False"
+    turned_off = is_false(enabled)
     return argument(call, positions.index("dtype"), "dtype") is None and not turned_off
 
 

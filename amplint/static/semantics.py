@@ -1185,8 +1185,9 @@ class AmpFacts:
                     return kind
         return None
 
-    @cached_property
-    def _module_classes(self) -> set[str]:
+    def subclasses(self, is_root: Callable[[str, str | None], bool]) -> set[str]:
+        """The classes of the file that subclass, directly or through one another, a base for
+        which `is_root(base as written, base resolved through imports)` holds."""
         found: set[str] = set()
         changed = True
         while changed:
@@ -1194,17 +1195,17 @@ class AmpFacts:
             for scope, bases in self.classes:
                 if scope.name in found:
                     continue
-                for base in bases:
-                    qualified = scope.parent.resolve(base) if base and scope.parent else None
-                    if (
-                        (qualified and (qualified.startswith("torch.nn.") or qualified.startswith("transformers.") or qualified.startswith("lightning") or qualified.startswith("pytorch_lightning")))
-                        or (base in found)
-                        or (base and base.split(".")[-1] in ("Module", "LightningModule", "PreTrainedModel"))
-                    ):
-                        found.add(scope.name)
-                        changed = True
-                        break
+                if any(
+                    base is not None and (base in found or is_root(base, scope.parent.resolve(base) if scope.parent else None))
+                    for base in bases
+                ):
+                    found.add(scope.name)
+                    changed = True
         return found
+
+    @cached_property
+    def _module_classes(self) -> set[str]:
+        return self.subclasses(_a_module_base)
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         """The nodes holding `node`, innermost first, as the facts pass recorded them."""
@@ -1289,7 +1290,7 @@ class AmpFacts:
             if constructor is None:
                 return False
             enabled = argument(constructor, None, "enabled")
-            if not (isinstance(enabled, cst.Name) and enabled.value == "False"):
+            if not is_false(enabled):
                 return False
         return True
 
@@ -1635,9 +1636,26 @@ def _with_expressions(item: cst.WithItem) -> tuple[cst.BaseExpression, ...]:
     return (item.item,)
 
 
+def _a_module_base(base: str, qualified: str | None) -> bool:
+    """torch.nn's, transformers' or Lightning's modules, or a base named like one of them."""
+    return bool(qualified and qualified.startswith(("torch.nn.", "transformers.", "lightning", "pytorch_lightning"))) or (
+        base.split(".")[-1] in ("Module", "LightningModule", "PreTrainedModel")
+    )
+
+
 def is_none(expr: cst.BaseExpression | None) -> bool:
     """The literal `None`."""
     return isinstance(expr, cst.Name) and expr.value == "None"
+
+
+def is_false(expr: cst.BaseExpression | None) -> bool:
+    """The literal `False`."""
+    return isinstance(expr, cst.Name) and expr.value == "False"
+
+
+def is_true(expr: cst.BaseExpression | None) -> bool:
+    """The literal `True`."""
+    return isinstance(expr, cst.Name) and expr.value == "True"
 
 
 def _string_literal(expr: cst.BaseExpression | None) -> str | None:

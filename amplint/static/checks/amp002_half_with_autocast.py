@@ -19,6 +19,8 @@ from amplint.static.semantics import (
     Scope,
     argument,
     dotted_name,
+    is_false,
+    is_true,
     mutually_exclusive,
     statement_code,
 )
@@ -433,24 +435,8 @@ def _module_level_binding(where: Context, facts: AmpFacts) -> str | None:
 
 
 def _optimizer_classes(facts: AmpFacts) -> set[str]:
-    """The classes of the file that subclass torch.optim.Optimizer, directly or through one another."""
-
-    def build():
-        found: set[str] = set()
-        changed = True
-        while changed:
-            changed = False
-            for scope, bases in facts.classes:
-                parent = scope.parent or facts.module_scope
-                if scope.name not in found and any(
-                    base is not None and (base in found or _an_optimizer_class(parent.resolve(base)))
-                    for base in bases
-                ):
-                    found.add(scope.name)
-                    changed = True
-        return found
-
-    return cached(facts, "AMP002 optimizer classes", build)
+    """The classes of the file that subclass an optimizer class, directly or through one another."""
+    return cached(facts, "AMP002 optimizer classes", lambda: facts.subclasses(lambda _base, qualified: _an_optimizer_class(qualified)))
 
 
 def _an_optimizer_class(qualified: str | None) -> bool:
@@ -468,7 +454,7 @@ def _master_weights_in_the_optimizer(call: CallSite, facts: AmpFacts) -> bool:
     training by design, where the optimizer, not autocast, keeps the precision of the updates and
     takes the loss scale itself."""
     return any(
-        (c.qualname or "").startswith(_MASTER_WEIGHT_OPTIMIZERS) or _is_true(c.arg(None, "master_weights"))
+        (c.qualname or "").startswith(_MASTER_WEIGHT_OPTIMIZERS) or is_true(c.arg(None, "master_weights"))
         for c in call.scope.function_scope.calls
     )
 
@@ -586,7 +572,7 @@ def _frozen_module(subjects: set[str], where: Context, facts: AmpFacts) -> bool:
             return True
     return any(
         a.key.endswith(".requires_grad")
-        and _is_false(a.value)
+        and is_false(a.value)
         and a.where.scope.function_scope is function
         and any(re.search(rf"(?<![\w.]){re.escape(subject)}\.parameters\(\)", loop.iterable) for subject in subjects for loop in a.where.loops)
         for a in facts.assignments
@@ -638,7 +624,7 @@ def _freezes(node: cst.Call, where: Context, facts: AmpFacts) -> bool:
     if not (isinstance(node.func, cst.Attribute) and node.func.attr.value == "requires_grad_"):
         return False
     flag = argument(node, 0, "requires_grad")
-    return _is_false(flag) or dotted_name(flag) in facts.failed_conditions(where)
+    return is_false(flag) or dotted_name(flag) in facts.failed_conditions(where)
 
 
 # Methods that return the module or tensor they are called on, moved, cast or switched.
@@ -660,19 +646,11 @@ def _converted(call: CallSite) -> str | None:
     return dotted_name(_chain_below(call)[1])
 
 
-def _is_false(node: cst.BaseExpression | None) -> bool:
-    return isinstance(node, cst.Name) and node.value == "False"
-
-
-def _is_true(node: cst.BaseExpression | None) -> bool:
-    return isinstance(node, cst.Name) and node.value == "True"
-
-
 def _may_scale(facts: AmpFacts) -> bool:
     """A GradScaler that can be on: one built with `enabled=False` scales nothing, and a file
     whose only one is off (a fairseq-style fp16 optimizer keeps float32 master weights) is not
     mixed-precision code."""
-    return any(c.qualname in names.GRAD_SCALER and not _is_false(c.arg(None, "enabled")) for c in facts.calls)
+    return any(c.qualname in names.GRAD_SCALER and not is_false(c.arg(None, "enabled")) for c in facts.calls)
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:

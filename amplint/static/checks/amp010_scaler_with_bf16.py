@@ -10,7 +10,7 @@ import libcst as cst
 from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
-from amplint.static.semantics import AmpFacts, CallSite, argument, dotted_name
+from amplint.static.semantics import AmpFacts, CallSite, argument, dotted_name, is_false, is_true
 
 CODE = "AMP010"
 
@@ -24,9 +24,9 @@ def _enabled_expression(call: CallSite) -> cst.BaseExpression | None:
 
 def _scaler_on_fp16_path(facts: AmpFacts, call: CallSite) -> bool:
     enabled = _enabled_expression(call)
-    if isinstance(enabled, cst.Name) and enabled.value == "False":
+    if is_false(enabled):
         return True
-    if enabled is not None and not (isinstance(enabled, cst.Name) and enabled.value == "True"):
+    if enabled is not None and not is_true(enabled):
         if _FP16_CONDITION.search(facts.module.code_for_node(enabled)):
             return True  # nanoGPT: GradScaler(enabled=(dtype == torch.float16))
         # `need_scaling = amp_dtype == torch.float16`, then `enabled=need_scaling`

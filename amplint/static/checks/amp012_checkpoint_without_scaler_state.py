@@ -20,7 +20,9 @@ from amplint.static.semantics import (
     Scope,
     argument,
     dotted_name,
+    is_false,
     is_none,
+    is_true,
 )
 
 CODE = "AMP012"
@@ -38,7 +40,7 @@ _OPTIMIZER_STATE = re.compile(
 
 def _literally_disabled(call: CallSite) -> bool:
     enabled = argument(call.node, None, "enabled")
-    return isinstance(enabled, cst.Name) and enabled.value == "False"
+    return is_false(enabled)
 
 
 def _handed_to_the_caller(facts: AmpFacts, call: CallSite) -> bool:
@@ -237,7 +239,7 @@ def _condition_of(facts: AmpFacts, call: CallSite) -> str | None:
     enabled = argument(call.node, None, "enabled")
     parent = facts.parent_of.get(id(call.node))
     if enabled is not None:
-        condition = None if isinstance(enabled, cst.Name) and enabled.value == "True" else enabled
+        condition = None if is_true(enabled) else enabled
     elif isinstance(parent, cst.IfExp) and parent.body is call.node:
         condition = parent.test
     else:

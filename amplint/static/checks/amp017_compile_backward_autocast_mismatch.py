@@ -9,7 +9,7 @@ import libcst as cst
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, CallSite, argument, constructor_of, dotted_name
+from amplint.static.semantics import AmpFacts, CallSite, argument, constructor_of, dotted_name, is_true
 
 CODE = "AMP017"
 
@@ -75,7 +75,7 @@ def _builds_a_backward_graph(call: cst.Call) -> bool:
     backend = argument(call, None, "backend")
     disable = argument(call, None, "disable")
     eager = isinstance(backend, cst.SimpleString) and backend.evaluated_value == "eager"
-    return not eager and not (isinstance(disable, cst.Name) and disable.value == "True")
+    return not eager and not is_true(disable)
 
 
 def _instances_of(facts: AmpFacts, class_name: str) -> set[str]:
