@@ -1185,6 +1185,21 @@ class AmpFacts:
                     return kind
         return None
 
+    def scope_of_function(self, function: cst.CSTNode | None) -> Scope | None:
+        """The scope of one of the file's `def`s."""
+        return self._function_scopes.get(id(function))
+
+    @cached_property
+    def _function_scopes(self) -> dict[int, Scope]:
+        return {id(scope.node): scope for scope in self.functions}
+
+    def function_holding(self, node: cst.CSTNode) -> Scope:
+        """The innermost function (or the module) whose code holds `node`."""
+        for parent in self.ancestors(node):
+            if isinstance(parent, cst.FunctionDef):
+                return self.scope_of_function(parent) or self.module_scope
+        return self.module_scope
+
     def subclasses(self, is_root: Callable[[str, str | None], bool]) -> set[str]:
         """The classes of the file that subclass, directly or through one another, a base for
         which `is_root(base as written, base resolved through imports)` holds."""

@@ -340,7 +340,7 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
     fix = None
     # The entry goes where the dict is built: a helper that returns it (OpenPCDet's
     # `checkpoint_state(model, optimizer, ...)`) may not see the scaler of the function that saves.
-    builder = _function_holding(facts, dict_node)
+    builder = facts.function_holding(dict_node)
     scaler = _scaler_for(facts, builder, scalers)
     unseen = scaler is None and builder is not call.scope.function_scope and _scaler_for(facts, call.scope, scalers) is not None
     built_under = _built_only_under(facts, scaler, builder) if scaler is not None else None
@@ -367,14 +367,6 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
         call.where.statement,
         fix,
     )
-
-
-def _function_holding(facts: AmpFacts, node: cst.CSTNode) -> Scope:
-    """The function (or the module) whose code holds `node`."""
-    for parent in facts.ancestors(node):
-        if isinstance(parent, cst.FunctionDef):
-            return next(scope for scope in facts.scopes if scope.node is parent)
-    return facts.module_scope
 
 
 def _built_only_under(facts: AmpFacts, scaler: str, scope: Scope) -> str | None:

@@ -191,7 +191,7 @@ def _takes_tensors(facts: AmpFacts, forward: cst.FunctionDef) -> int:
 def _kept_on_ctx(facts: AmpFacts, forward: cst.FunctionDef) -> set[str]:
     """Arguments forward stores as attributes of ctx (`ctx.temperature = temperature`) and never
     hands to `save_for_backward`: settings for backward, since tensors go through save_for_backward."""
-    function = _scope_of(facts, forward)
+    function = facts.scope_of_function(forward)
     if function is None:
         return set()
     ctx = _first_argument(forward)
@@ -225,7 +225,7 @@ def _passes_an_input_through(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
     """Forward returns one of its arguments as it came and does no arithmetic on any (icefall's
     activation balancers and `WithLoss`, which only shape the gradient in backward): no op of
     forward combines the inputs, so their mix of dtypes meets no kernel."""
-    function = _scope_of(facts, forward)
+    function = facts.scope_of_function(forward)
     params = {p.name.value for p in _arguments(forward)}
     tensors = {p.name.value for p in _arguments(forward) if _may_be_a_tensor(facts, p)}
     if function is None or not function.returns or _operands(forward) & tensors or _combines(function, tensors, _first_argument(forward)):
@@ -253,7 +253,7 @@ def _casts_an_input(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
     """Forward rebinds an argument to a cast of it (Transformer Engine's fused RoPE: `if freqs.dtype
     != torch.float32: freqs = freqs.float()`, next to activations of any dtype): it chooses the
     dtypes of its inputs by hand, and a mix is what its kernel expects."""
-    function = _scope_of(facts, forward)
+    function = facts.scope_of_function(forward)
     if function is None:
         return False
     params = {p.name.value for p in _arguments(forward)}
@@ -301,7 +301,7 @@ def _may_be_a_tensor(facts: AmpFacts, param: cst.Param) -> bool:
 
 def _recomputes_in_backward(facts: AmpFacts, backward: cst.FunctionDef | None) -> bool:
     """Backward calls a function kept on ctx (`ctx.run_function(*inputs)`): activation checkpointing."""
-    function = _scope_of(facts, backward)
+    function = facts.scope_of_function(backward)
     if function is None:
         return False
     ctx = _first_argument(backward)
@@ -313,10 +313,10 @@ def _restores_autocast_by_hand(
 ) -> bool:
     """Forward (or setup_context) reads the autocast state and backward re-enters autocast from
     what ctx holds: what custom_fwd/custom_bwd do, written out (the LDM/SGM CheckpointFunction)."""
-    recorders = (_scope_of(facts, forward), _scope_of(facts, _method(scope, "setup_context")))
+    recorders = (facts.scope_of_function(forward), facts.scope_of_function(_method(scope, "setup_context")))
     if not any(_reads_autocast_state(facts, call) for function in recorders if function for call in function.calls):
         return False
-    function = _scope_of(facts, backward)
+    function = facts.scope_of_function(backward)
     if function is None:
         return False
     ctx = _first_argument(backward)
@@ -431,12 +431,6 @@ def _is_setting(expr: cst.BaseExpression) -> bool:
         return False
     last = name.rsplit(".", 1)[-1]
     return last in ("True", "False", "None") or bool(_SETTING_NAME.search(last.lower()))
-
-
-def _scope_of(facts: AmpFacts, function: cst.FunctionDef | None) -> Scope | None:
-    if function is None:
-        return None
-    return next((s for s in facts.functions if s.node is function), None)
 
 
 def _first_argument(function: cst.FunctionDef) -> str:
