@@ -1147,3 +1147,51 @@ def main(model, loader, optimizer, lr_scheduler):
 """
     (finding,) = [f for f in lint_source(src, "t.py") if f.code == "AMP011"]
     assert "`if scaler.get_scale() >= scale_before:`" in finding.message
+
+
+# -- what the messages say (the .expected files pin lines, not words) ----------------------------
+
+
+def test_amp004_per_epoch_message_says_the_scale_starts_over_each_epoch() -> None:
+    [finding] = fixture_findings("AMP004/bad_scaler_per_epoch.py", "AMP004")
+    assert "starts over every epoch" in finding.message and "never calibrates" not in finding.message
+
+
+def test_amp004_per_batch_message_says_the_scale_never_calibrates() -> None:
+    [finding] = fixture_findings("AMP004/bad_scaler_per_batch.py", "AMP004")
+    assert "never calibrates" in finding.message and "build it once before the loop" in finding.message
+
+
+def test_amp011_scheduler_before_the_scaler_step_is_told_to_step_after_the_update() -> None:
+    [finding] = fixture_findings("AMP011/bad_scheduler_stepped_before_the_scaler_step.py", "AMP011")
+    assert "in every iteration before" in finding.message and "after `" in finding.message
+
+
+def test_amp011_scheduler_given_its_position_is_told_to_advance_that_count() -> None:
+    [finding] = fixture_findings("AMP011/bad_scheduler_stepped_on_a_counter.py", "AMP011")
+    assert "advance the count it is given" in finding.message
+
+
+def test_amp012_message_names_the_condition_the_scaler_is_on_under() -> None:
+    [finding] = fixture_findings("AMP012/bad_checkpoint_name_reused_for_load_and_save.py", "AMP012")[:1]
+    assert "which is on when `dtype == \"float16\"`" in finding.message
+
+
+def test_amp012_message_quotes_the_files_own_init_scale() -> None:
+    [finding] = fixture_findings("AMP012/bad_checkpoint_built_by_a_helper_that_does_not_see_the_scaler.py", "AMP012")
+    assert "`cfg.loss_scale`" in finding.message and "65536" not in finding.message
+
+
+def test_amp012_no_fix_where_the_dict_is_built_by_a_helper_that_cannot_see_the_scaler() -> None:
+    [finding] = fixture_findings("AMP012/bad_checkpoint_built_by_a_helper_that_does_not_see_the_scaler.py", "AMP012")
+    assert finding.fix is None and "does not see the scaler: pass it in" in finding.message
+
+
+def test_amp010_flag_named_for_bf16_in_a_file_without_autocast_says_the_name_is_the_only_evidence() -> None:
+    findings = fixture_findings("AMP010/bad_scaler_built_only_for_bf16.py", "AMP010")
+    assert findings and all("this file opens no autocast to confirm it" in f.message for f in findings)
+
+
+def test_amp010_flag_confirmed_by_the_files_bf16_region_says_drop_the_scaler() -> None:
+    [finding] = fixture_findings("AMP010/bad_scaler_enabled_by_a_bf16_flag.py", "AMP010")
+    assert "that is for bfloat16" in finding.message and "drop it" in finding.message
