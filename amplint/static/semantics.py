@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -775,14 +775,8 @@ class AmpFacts:
             if isinstance(value, cst.Call) and self.qualname(value.func, value_scope) in names.FUNCTOOLS_PARTIAL:
                 if value.args:
                     return self.qualname(value.args[0].value, value_scope)
-        return self._conditional_autocast(bound) or self._aliased_autocast(bound) or qualified
-
-    def _aliased_autocast(self, bound: list[tuple[cst.BaseExpression, Scope]]) -> str | None:
-        """`ctx = suppress` on one path and `ctx = torch.autocast` on another: the autocast."""
-        for value, value_scope in bound:
-            if isinstance(value, (cst.Name, cst.Attribute)) and (aliased := self.qualname(value, value_scope)) in names.AUTOCAST:
-                return aliased
-        return None
+        # `ctx = suppress` on one path and `ctx = torch.autocast` on another: the autocast.
+        return self._conditional_autocast(bound) or self._bound_among(bound, names.AUTOCAST) or qualified
 
     def conditional_autocast(self, key: str | None, scope: Scope) -> str | None:
         """`autocast = torch.cuda.amp.autocast if amp else suppress`, later `with autocast():`:
@@ -1038,15 +1032,15 @@ class AmpFacts:
                 # `self.amp_ctx = partial(torch.autocast, ...)` if a precision is set, else
                 # `suppress` (timm's benchmark): a region that is on where that path ran.
                 region = self._autocast_on_another_path(expr, scope)
-                return replace(region, enabled="no" if region.enabled == "no" else "maybe") if region else None
+                return _on_one_path(region) if region else None
             conditional = self.conditional_autocast(dotted_name(expr.func), scope) if qualified is None else None
             if conditional is not None:  # opened on one arm of the alias only
-                region = _autocast_from_call(expr, conditional, scope)
-                return replace(region, enabled="no" if region.enabled == "no" else "maybe")
+                return _on_one_path(_autocast_from_call(expr, conditional, scope))
             if qualified in names.AUTOCAST:
                 region = _autocast_from_call(expr, qualified, scope)
-                if self._bound_to_a_no_op(expr.func, scope):  # `ctx = torch.autocast` if amp else `suppress`
-                    region = replace(region, enabled="no" if region.enabled == "no" else "maybe")
+                bound = self.bindings(dotted_name(expr.func), scope)
+                if self._bound_among(bound, names.NO_OP_CONTEXTS):  # `ctx = torch.autocast` if amp else `suppress`
+                    return _on_one_path(region)
                 return region
             if self.opens_framework_autocast(expr, scope):
                 # Enabled, on its device and dtype, as the framework's precision setting says.
@@ -1111,17 +1105,17 @@ class AmpFacts:
             return True
         return any(built in names.FRAMEWORK_AUTOCAST_CLASSES for _, built in self.constructed(owner, scope))
 
-    def _bound_to_a_no_op(self, func: cst.BaseExpression, scope: Scope) -> bool:
-        """Whether one of the values a callee's name is bound to is suppress or nullcontext."""
-        return any(
-            isinstance(value, (cst.Name, cst.Attribute)) and self.qualname(value, value_scope) in names.NO_OP_CONTEXTS
-            for value, value_scope in self.bindings(dotted_name(func), scope)
-        )
+    def _bound_among(self, bound: list[tuple[cst.BaseExpression, Scope]], qualnames: Container[str]) -> str | None:
+        """The first of `qualnames` that one of the values a name is bound to names (`ctx = suppress`)."""
+        for value, value_scope in bound:
+            if isinstance(value, (cst.Name, cst.Attribute)) and (named := self.qualname(value, value_scope)) in qualnames:
+                return named
+        return None
 
     def _autocast_on_another_path(self, call: cst.Call, scope: Scope) -> Autocast | None:
         """The region a call opens through another binding of its name than the no-op context
         `qualname` found: a `partial` of autocast, or autocast itself under another name."""
-        aliased = self._aliased_autocast(self.bindings(dotted_name(call.func), scope))
+        aliased = self._bound_among(self.bindings(dotted_name(call.func), scope), names.AUTOCAST)
         if aliased is not None:
             return _autocast_from_call(call, aliased, scope)
         return self._partial_autocast(call.func, scope)
@@ -1611,7 +1605,7 @@ def _autocast_from_call(call: cst.Call, qualified: str, scope: Scope) -> Autocas
         device = names.DEPRECATED_AMP[qualified][0]
         positions = names.AUTOCAST_POSITIONAL["deprecated"]
     else:
-        device = _string_literal(argument(call, 0, "device_type"))
+        device = string_literal(argument(call, 0, "device_type"))
         positions = names.AUTOCAST_POSITIONAL["new"]
     enabled_expr = argument(call, positions.index("enabled"), "enabled")
     if enabled_expr is None:
@@ -1651,6 +1645,12 @@ def _with_expressions(item: cst.WithItem) -> tuple[cst.BaseExpression, ...]:
     return (item.item,)
 
 
+def _on_one_path(region: Autocast) -> Autocast:
+    """A region opened on one path of a choice only (the other a no-op context): maybe on,
+    unless it is switched off anyway."""
+    return replace(region, enabled="no" if region.enabled == "no" else "maybe")
+
+
 def _a_module_base(base: str, qualified: str | None) -> bool:
     """torch.nn's, transformers' or Lightning's modules, or a base named like one of them."""
     return bool(qualified and qualified.startswith(("torch.nn.", "transformers.", "lightning", "pytorch_lightning"))) or (
@@ -1673,7 +1673,8 @@ def is_true(expr: cst.BaseExpression | None) -> bool:
     return isinstance(expr, cst.Name) and expr.value == "True"
 
 
-def _string_literal(expr: cst.BaseExpression | None) -> str | None:
+def string_literal(expr: cst.BaseExpression | None) -> str | None:
+    """The text of a plain string literal (not a bytes or f-string one)."""
     if isinstance(expr, cst.SimpleString):
         return expr.evaluated_value if isinstance(expr.evaluated_value, str) else None
     return None

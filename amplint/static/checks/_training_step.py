@@ -212,15 +212,12 @@ def enabled_scaler_use(facts: AmpFacts, call: CallSite) -> bool:
     )
 
 
-_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
-
-
 def _comprehensions_around(facts: AmpFacts, call: CallSite) -> Iterator[cst.BaseComp]:
     """The comprehensions of its statement the call sits in, innermost first."""
     for node in facts.ancestors(call.node):
         if isinstance(node, cst.BaseStatement):
             return
-        if isinstance(node, _COMPREHENSIONS):
+        if isinstance(node, cst.BaseComp):
             yield node
 
 
@@ -242,7 +239,6 @@ def in_a_comprehension(facts: AmpFacts, call: CallSite) -> bool:
     """The call sits in a comprehension of its statement, which runs it once per element, and
     whose names end with it."""
     return next(_comprehensions_around(facts, call), None) is not None
-
 
 
 def _collection_of(loop: cst.CompFor, name: str) -> str | None:

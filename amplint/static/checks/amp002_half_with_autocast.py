@@ -271,9 +271,8 @@ def _fresh_model_for_evaluation(call: CallSite, facts: AmpFacts) -> bool:
     and stays reported."""
     if not isinstance(call.receiver, cst.Call):
         return False
-    argument_node = facts.parent_of.get(id(call.node))
-    outer = facts.parent_of.get(id(argument_node)) if isinstance(argument_node, cst.Arg) else None
-    if not isinstance(outer, cst.Call):
+    outer = _handed_to(call.node, facts)
+    if outer is None:
         return False
     callee = dotted_name(outer.func) or ""
     return any(_EVALUATION.search(part) for part in callee.lower().split("."))
@@ -583,9 +582,8 @@ def _input_of_a_frozen_module(call: CallSite, facts: AmpFacts) -> bool:
     """A tensor cast and handed straight to a module frozen in the same function
     (`vae.encode(batch["pixel_values"].to(weight_dtype))`, diffusers' frozen VAE kept in the
     weight dtype): the cast matches the frozen module's weights, and no gradient flows into it."""
-    argument_node = facts.parent_of.get(id(_outermost_method_call(call.node, facts)))
-    consumer = facts.parent_of.get(id(argument_node)) if isinstance(argument_node, cst.Arg) else None
-    if not isinstance(consumer, cst.Call):
+    consumer = _handed_to(_outermost_method_call(call.node, facts), facts)
+    if consumer is None:
         return False
     # `vae.encode(x)` or `self.text_encoder(x)`: the module is the callee or what it is a method of.
     called = {dotted_name(consumer.func)}
@@ -593,6 +591,13 @@ def _input_of_a_frozen_module(call: CallSite, facts: AmpFacts) -> bool:
         called.add(dotted_name(consumer.func.value))
     called.discard(None)
     return bool(called) and _frozen_module(called, call.where, facts)
+
+
+def _handed_to(node: cst.CSTNode, facts: AmpFacts) -> cst.Call | None:
+    """The call `node` is an argument of (`val.run(model=node)`), if any."""
+    argument_node = facts.parent_of.get(id(node))
+    consumer = facts.parent_of.get(id(argument_node)) if isinstance(argument_node, cst.Arg) else None
+    return consumer if isinstance(consumer, cst.Call) else None
 
 
 def _used_only_without_gradients(call: CallSite, facts: AmpFacts) -> bool:

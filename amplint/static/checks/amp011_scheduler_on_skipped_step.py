@@ -10,7 +10,7 @@ import libcst as cst
 from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, dotted_name
+from amplint.static.semantics import AmpFacts, dotted_name, is_false, is_true
 
 CODE = "AMP011"
 
@@ -99,14 +99,19 @@ def _steps_on_a_metric(facts: AmpFacts, sched: ts.Event) -> bool:
 
 
 def _last_scaler_event(facts: AmpFacts, before: list[ts.Event], sched: ts.Event) -> ts.Event | None:
-    loop = ts.iteration_loop(sched)
     for event in reversed(before):
-        if event.kind not in ("step", "update"):
-            continue
-        if ts.iteration_loop(event) is not loop or ts.exclusive(facts, event, sched) or _per_element(facts, event, sched):
-            continue
-        return event
+        if event.kind in ("step", "update") and _same_iteration(facts, event, sched):
+            return event
     return None
+
+
+def _same_iteration(facts: AmpFacts, event: ts.Event, sched: ts.Event) -> bool:
+    """The event runs in the scheduler's iteration, on the same runs, once per iteration."""
+    return (
+        ts.iteration_loop(event) is ts.iteration_loop(sched)
+        and not ts.exclusive(facts, event, sched)
+        and not _per_element(facts, event, sched)
+    )
 
 
 def _next_scaler_step(facts: AmpFacts, function, after: list[ts.Event], sched: ts.Event) -> ts.Event | None:
@@ -119,10 +124,7 @@ def _next_scaler_step(facts: AmpFacts, function, after: list[ts.Event], sched: t
     loop = ts.iteration_loop(sched)
     if loop is None and function is facts.module_scope:
         return None
-    in_iteration = [
-        e for e in after
-        if ts.iteration_loop(e) is loop and not ts.exclusive(facts, e, sched) and not _per_element(facts, e, sched)
-    ]
+    in_iteration = [e for e in after if _same_iteration(facts, e, sched)]
     for index, event in enumerate(in_iteration):
         if event.kind == "step" and any(
             later.kind == "update" and ts.same_object(later.scaler, event.scaler) for later in in_iteration[index + 1:]
@@ -169,7 +171,7 @@ def _returns_a_skip_test(facts: AmpFacts, helper) -> bool:
         return isinstance(value, (cst.Comparison, cst.UnaryOperation)) and bool(_SKIP_CHECK.search(facts.module.code_for_node(value)))
 
     def is_constant(value) -> bool:  # an early `return False` before any step
-        return isinstance(value, cst.Name) and value.value in ("True", "False")
+        return is_true(value) or is_false(value)
 
     tests = [value for value in helper.returns if not is_constant(value)]
     return bool(tests) and all(is_test(value) for value in tests)

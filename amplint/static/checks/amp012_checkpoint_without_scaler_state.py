@@ -23,6 +23,7 @@ from amplint.static.semantics import (
     is_false,
     is_none,
     is_true,
+    string_literal,
 )
 
 CODE = "AMP012"
@@ -615,12 +616,12 @@ def _entries_taken_from_a_loaded_checkpoint(facts: AmpFacts) -> Iterator[tuple[s
         if not (isinstance(value, cst.Subscript) and len(value.slice) == 1):
             continue
         index = value.slice[0].slice
-        key = index.value if isinstance(index, cst.Index) else None
-        if not (isinstance(key, cst.SimpleString) and isinstance(key.evaluated_value, str)):
+        key = string_literal(index.value) if isinstance(index, cst.Index) else None
+        if key is None:
             continue
         checkpoint = dotted_name(value.value)
         if checkpoint is not None and any(
             isinstance(bound, cst.Call) and facts.qualname(bound.func, scope) == "torch.load"
             for bound, scope in facts.bindings(checkpoint, assignment.where.scope)
         ):
-            yield key.evaluated_value, assignment
+            yield key, assignment
