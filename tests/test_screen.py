@@ -64,6 +64,10 @@ def test_a_rule_example_passes_its_rules_screen(code: str, source: str) -> None:
         "@autocast\ndef f():\n    pass\n",
         "def amp_ctx():\n    return torch.autocast('cuda')\n",
         "first = torch.autocast\nsecond = first\nwith second('cuda'):\n    pass\n",
+        "def step(ctx):\n    with ctx():\n        pass\nstep(ctx=functools.partial(torch.autocast, 'cuda'))\n",
+        "def step(batch, ctx):\n    with ctx():\n        pass\nstep(x, torch.autocast)\n",
+        "class T:\n    def step(self, ctx):\n        with ctx():\n            pass\n    def fit(self):\n        self.step(torch.autocast)\n",
+        "def step(ctx=torch.autocast):\n    with ctx('cuda'):\n        pass\n",
     ],
 )
 def test_every_way_of_opening_autocast_opens_autocast(source: str) -> None:
@@ -77,6 +81,7 @@ def test_every_way_of_opening_autocast_opens_autocast(source: str) -> None:
         "SUPPORTED = {torch.autocast, torch.cuda.amp.autocast}\n",
         "torch._C._autocast_increment_nesting()\n",
         "# with torch.autocast('cuda'):\nmessage = 'use torch.autocast(...)'\n",
+        "def step(ctx=contextlib.suppress):\n    with ctx():\n        pass\nstep(ctx=contextlib.nullcontext)\n",
     ],
 )
 def test_naming_autocast_without_entering_it_opens_nothing(source: str) -> None:

@@ -165,6 +165,56 @@ def test_partial_autocast_points_at_the_partial_call() -> None:
     assert dotted_name(region.node.func) == "functools.partial"
 
 
+def test_a_region_passed_to_a_parameter_opens_where_the_parameter_is_entered() -> None:
+    facts = facts_of(
+        """
+        import functools, contextlib, torch
+        def train(model, loader, amp_autocast=contextlib.suppress):
+            with amp_autocast():
+                loss.backward()
+        def main(args):
+            amp_autocast = contextlib.suppress
+            if args.amp:
+                amp_autocast = functools.partial(torch.autocast, "cuda")
+            train(model, loader, amp_autocast=amp_autocast)
+        """
+    )
+    region, via = region_at(facts, "loss.backward")
+    assert region.enabled == "maybe" and region.device == "cuda" and via is None
+
+
+def test_a_parameter_only_ever_given_a_no_op_context_opens_no_region() -> None:
+    facts = facts_of(
+        """
+        import contextlib
+        def train(model, amp_autocast=contextlib.suppress):
+            with amp_autocast():
+                loss.backward()
+        train(model)
+        train(model, contextlib.nullcontext)
+        """
+    )
+    assert region_at(facts, "loss.backward") is None
+
+
+@pytest.mark.parametrize(
+    "definition,call,passed",
+    [
+        ("def f(a, ctx): pass", "f(1, region)", "region"),
+        ("def f(a, ctx): pass", "f(1, ctx=region)", "region"),
+        ("def f(a, *, ctx=None): pass", "f(1, ctx=region)", "region"),
+        ("class C:\n    def f(self, ctx): pass\n    def g(self): self.f(region)", "self.f(region)", "region"),
+        ("class C:\n    @staticmethod\n    def f(ctx): pass\n    def g(self): self.f(region)", "self.f(region)", "region"),
+        ("def f(a, ctx): pass", "f(*args)", None),
+    ],
+)
+def test_what_a_call_passes_for_a_parameter(definition: str, call: str, passed: str | None) -> None:
+    facts = facts_of(f"{definition}\n{call}\n" if not call.startswith("self.") else f"{definition}\n")
+    (function,) = [f for f in facts.functions if f.name == "f"]
+    values = [facts.module.code_for_node(value) if value is not None else None for _, value in facts.passed_for(function, "ctx")]
+    assert values == [passed]
+
+
 def test_region_reaches_functions_called_inside_it() -> None:
     facts = facts_of(
         "import torch\ndef helper():\n    loss.backward()\nwith torch.autocast('cuda'):\n    helper()\n"

@@ -165,12 +165,7 @@ class _Walk:
             return
         # `ac = torch.autocast`, `ac = functools.partial(torch.autocast, "cuda")`, and
         # `ac = torch.cuda.amp.autocast if amp else suppress`.
-        sources = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
-        for source in sources:
-            source = source.args[0] if isinstance(source, ast.Call) and source.args else source
-            bound = dotted(source)
-            if bound is not None:
-                self.bindings.append((key, bound))
+        self.bindings.extend((key, bound) for bound in _named_by(value))
         self.assigned.add(key)
 
     def _definition(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
@@ -205,6 +200,16 @@ class _Walk:
             self.imported_names.append(alias.name)
             if alias.asname is not None:
                 self.bindings.append((alias.asname, alias.name))
+
+
+def _named_by(value: ast.expr) -> Iterator[str]:
+    """The dotted names a value may stand for: `torch.autocast`, `functools.partial(torch.autocast,
+    "cuda")` (its first argument), `torch.cuda.amp.autocast if amp else suppress` (both arms)."""
+    for source in [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]:
+        source = source.args[0] if isinstance(source, ast.Call) and source.args else source
+        bound = dotted(source)
+        if bound is not None:
+            yield bound
 
 
 # A display this long is a table (torch's lists of overridable functions run to thousands of
@@ -254,12 +259,38 @@ class Screen:
             changed = True
             while changed:
                 changed = False
-                for key, value in self.walk.bindings:
+                for key, value in self._bindings:
                     if key not in found and (value.rsplit(".", 1)[-1] in last_parts or value in found):
                         found.add(key)
                         changed = True
             self._aliases[last_parts] = found
         return self._aliases[last_parts]
+
+    @cached_property
+    def _bindings(self) -> list[tuple[str, str]]:
+        """The walk's bindings, and each parameter of a function this file defines bound to its
+        default and to what the file's calls of that name pass for it (the facts follow
+        `train(..., amp_autocast=amp_autocast)` into `train`). By name only: a positional
+        argument binds the parameter at its place and the one after it (a method's `self`)."""
+        bindings = list(self.walk.bindings)
+        params_of: dict[str, list[ast.arguments]] = {}
+        for function in self.walk.functions:
+            params_of.setdefault(function.name, []).append(function.args)
+            arguments = function.args
+            positional = [*arguments.posonlyargs, *arguments.args]
+            declared = [*zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults), *zip(arguments.kwonlyargs, arguments.kw_defaults)]
+            bindings.extend((param.arg, bound) for param, default in declared if default is not None for bound in _named_by(default))
+        for call in self.walk.calls:
+            func = call.func
+            called = func.id if type(func) is ast.Name else func.attr if type(func) is ast.Attribute else None
+            for arguments in params_of.get(called, ()):
+                positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
+                for index, passed in enumerate(call.args):
+                    if type(passed) is ast.Starred:
+                        break
+                    bindings.extend((param, bound) for param in positional[index : index + 2] for bound in _named_by(passed))
+                bindings.extend((keyword.arg, bound) for keyword in call.keywords if keyword.arg for bound in _named_by(keyword.value))
+        return bindings
 
     def _may_name(self, candidates: set[str], last_parts: frozenset[str]) -> bool:
         aliases = self.names_for(last_parts)

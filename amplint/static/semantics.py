@@ -758,7 +758,7 @@ class AmpFacts:
         if resolved is not None or depth > 2:
             return resolved
         # `ac = torch.autocast` and later `ac(...)`.
-        for value, value_scope in self.bindings(dotted, scope):
+        for value, value_scope in self.bindings(dotted, scope, through_parameters=True):
             if isinstance(value, (cst.Name, cst.Attribute)):
                 aliased = self.qualname(value, value_scope, depth + 1)
                 if aliased:
@@ -769,7 +769,7 @@ class AmpFacts:
         qualified = self.qualname(call.node.func, call.scope)
         if qualified is not None and qualified not in names.NO_OP_CONTEXTS:
             return qualified
-        bound = self.bindings(call.callee, call.scope)
+        bound = self.held_values(call.callee, call.scope)
         # `amp_ctx = functools.partial(torch.autocast, "cuda")` and later `amp_ctx()`.
         for value, value_scope in bound:
             if isinstance(value, cst.Call) and self.qualname(value.func, value_scope) in names.FUNCTOOLS_PARTIAL:
@@ -781,7 +781,7 @@ class AmpFacts:
     def conditional_autocast(self, key: str | None, scope: Scope) -> str | None:
         """`autocast = torch.cuda.amp.autocast if amp else suppress`, later `with autocast():`:
         the autocast that one arm names, when the other is a no-op context (or None)."""
-        return self._conditional_autocast(self.bindings(key, scope))
+        return self._conditional_autocast(self.held_values(key, scope))
 
     def _conditional_autocast(self, bound: list[tuple[cst.BaseExpression, Scope]]) -> str | None:
         for value, value_scope in bound:
@@ -794,8 +794,10 @@ class AmpFacts:
                 return opened[0]
         return None
 
-    def bindings(self, key: str | None, scope: Scope) -> list[tuple[cst.BaseExpression, Scope]]:
-        """Values assigned to a name or `self.attr`, nearest scope first."""
+    def bindings(self, key: str | None, scope: Scope, through_parameters: bool = False) -> list[tuple[cst.BaseExpression, Scope]]:
+        """Values assigned to a name or `self.attr`, nearest scope first. `through_parameters`:
+        a parameter its function does not reassign is bound to its default and to what this
+        file's calls pass for it (timm's `train_one_epoch(..., amp_autocast=amp_autocast)`)."""
         if key is None:
             return []
         matches = [a for a in self._assignments_by_key.get(key, ())]
@@ -807,7 +809,7 @@ class AmpFacts:
                 (a.value, a.where.scope) for a in self._assignments_by_key.get(attribute, ())
                 if a.where.scope.kind == "class" and a.where.scope.name == owner
             ]
-        if not matches:
+        if not matches and not through_parameters:
             return []
         if key.startswith("self.") or key.startswith("cls."):
             owner = scope.function_scope.class_name
@@ -824,7 +826,43 @@ class AmpFacts:
                 chosen = [a for a in matches if a.where.scope.function_scope is candidate]
                 if chosen:
                     break
+                if through_parameters and key in candidate.params:
+                    return self.parameter_values(candidate, key)
         return [(a.value, a.where.scope) for a in chosen]
+
+    def held_values(self, key: str | None, scope: Scope, depth: int = 0) -> list[tuple[cst.BaseExpression, Scope]]:
+        """What a name may hold, following names bound or passed to other names: `ctx` bound to
+        a parameter that a caller passes `amp_autocast` for, itself a `partial` of autocast."""
+        values = []
+        for value, value_scope in self.bindings(key, scope, through_parameters=True):
+            values.append((value, value_scope))
+            inner = dotted_name(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
+            same = inner == key and value_scope.function_scope is scope.function_scope  # `x = x`, or a loop
+            if inner is not None and not same and depth < 3 and value_scope.resolve(inner) is None:
+                values.extend(self.held_values(inner, value_scope, depth + 1))
+        return values
+
+    def parameter_values(self, function: Scope, param: str) -> list[tuple[cst.BaseExpression, Scope]]:
+        """A parameter's default, then what each call of the function in this file passes for it."""
+        values = []
+        declared = _param_named(function.node, param)
+        if declared is not None and declared.default is not None and function.parent is not None:
+            values.append((declared.default, function.parent))  # defaults are evaluated where the def is
+        values.extend((passed, caller.scope) for caller, passed in self.passed_for(function, param) if passed is not None)
+        return values
+
+    def passed_for(self, function: Scope, param: str) -> Iterator[tuple[CallSite, cst.BaseExpression | None]]:
+        """Each call of a same-file function, with what it passes for one of its parameters."""
+        node = function.node
+        if not isinstance(node, cst.FunctionDef):
+            return
+        positional = [p.name.value for p in (*node.params.posonly_params, *node.params.params)]
+        position = positional.index(param) if param in positional else None
+        if position is not None and function.class_name is not None and not _is_static(function):
+            position -= 1  # `self` (or `cls`) is the receiver, not an argument
+        keyword = param if all(p.name.value != param for p in node.params.posonly_params) else None
+        for caller in self.callers(function):
+            yield caller, caller.arg(position if position is None or position >= 0 else None, keyword)
 
     def reaching_assignment(self, key: str, where: Context, unpacked: bool = False) -> Assignment | None:
         """The assignment to a name that every path to `where` in its function passes last
@@ -1038,7 +1076,7 @@ class AmpFacts:
                 return _on_one_path(_autocast_from_call(expr, conditional, scope))
             if qualified in names.AUTOCAST:
                 region = _autocast_from_call(expr, qualified, scope)
-                bound = self.bindings(dotted_name(expr.func), scope)
+                bound = self.held_values(dotted_name(expr.func), scope)
                 if self._bound_among(bound, names.NO_OP_CONTEXTS):  # `ctx = torch.autocast` if amp else `suppress`
                     return _on_one_path(region)
                 return region
@@ -1077,7 +1115,7 @@ class AmpFacts:
                 when = test if on.enabled_when is None else cst.BooleanOperation(test, cst.And(), on.enabled_when)
             return Autocast(expr, "maybe", on.device, on.dtype, on.deprecated, when)
         if isinstance(expr, (cst.Name, cst.Attribute)):
-            for value, value_scope in self.bindings(dotted_name(expr), scope):
+            for value, value_scope in self.bindings(dotted_name(expr), scope, through_parameters=True):
                 found = self.autocast_of(value, value_scope, depth + 1)
                 if found:
                     return found
@@ -1115,13 +1153,13 @@ class AmpFacts:
     def _autocast_on_another_path(self, call: cst.Call, scope: Scope) -> Autocast | None:
         """The region a call opens through another binding of its name than the no-op context
         `qualname` found: a `partial` of autocast, or autocast itself under another name."""
-        aliased = self._bound_among(self.bindings(dotted_name(call.func), scope), names.AUTOCAST)
+        aliased = self._bound_among(self.held_values(dotted_name(call.func), scope), names.AUTOCAST)
         if aliased is not None:
             return _autocast_from_call(call, aliased, scope)
         return self._partial_autocast(call.func, scope)
 
     def _partial_autocast(self, func: cst.BaseExpression, scope: Scope) -> Autocast | None:
-        for value, value_scope in self.bindings(dotted_name(func), scope):
+        for value, value_scope in self.held_values(dotted_name(func), scope):
             if (
                 isinstance(value, cst.Call)
                 and self.qualname(value.func, value_scope) in names.FUNCTOOLS_PARTIAL
@@ -1643,6 +1681,17 @@ def _with_expressions(item: cst.WithItem) -> tuple[cst.BaseExpression, ...]:
     if isinstance(item.item, cst.IfExp):
         return (item.item, item.item.body, item.item.orelse)
     return (item.item,)
+
+
+def _param_named(function: cst.CSTNode, name: str) -> cst.Param | None:
+    if not isinstance(function, cst.FunctionDef):
+        return None
+    params = function.params
+    return next((p for p in (*params.posonly_params, *params.params, *params.kwonly_params) if p.name.value == name), None)
+
+
+def _is_static(function: Scope) -> bool:
+    return any(dotted_name(d.decorator) == "staticmethod" for d in function.decorators)
 
 
 def _on_one_path(region: Autocast) -> Autocast:

@@ -148,19 +148,12 @@ def _saved_objects(facts: AmpFacts, save: CallSite) -> Iterator[tuple[CallSite, 
     if name is None or name not in function.params or facts.bindings(name, save.scope):
         yield save, obj
         return
-    yield from _passed_for(facts, function, name)
+    yield from facts.passed_for(function, name)
 
 
 def _gathers_keywords(function: Scope, name: str) -> bool:
     star = function.node.params.star_kwarg if isinstance(function.node, cst.FunctionDef) else None
     return isinstance(star, cst.Param) and star.name.value == name
-
-
-def _passed_for(facts: AmpFacts, function: Scope, param: str) -> Iterator[tuple[CallSite, cst.BaseExpression | None]]:
-    """Each call of a same-file function, with what it passes for one of its parameters."""
-    position = function.params.index(param) - (1 if function.class_name is not None else 0)
-    for caller in facts.callers(function):
-        yield caller, caller.arg(position, param)
 
 
 def _optimizer_state(facts: AmpFacts, obj: cst.BaseExpression | None, scope: Scope) -> bool:
@@ -524,7 +517,7 @@ def _may_be_none(facts: AmpFacts, scaler: str, scope: Scope, depth: int = 0) -> 
         return False
     return any(
         passed is not None and _may_be_none(facts, passed, caller.scope, depth + 1)
-        for caller, value in _passed_for(facts, function, scaler)
+        for caller, value in facts.passed_for(function, scaler)
         for passed in [dotted_name(value)]
     )
 
