@@ -214,14 +214,20 @@ def load_config_file(path: Path) -> Settings:
     return settings_from_table(table or {}, path.resolve())
 
 
-def discover(start: Path, known: dict[Path, Settings] | None = None) -> Settings:
+def discover(start: Path, known: dict[Path, Settings] | None = None, folder_resolved: bool = False) -> Settings:
     """The nearest pyproject.toml with a [tool.amplint] table, from `start` upwards.
 
     `known` (folder -> its settings) carries the answers of earlier calls into the next: the
-    files pre-commit names share a few folders, and each pyproject is read once."""
+    files pre-commit names share a few folders, and each pyproject is read once.
+    `folder_resolved`: `start` is a folder's resolved path already (a walk's)."""
     known = {} if known is None else known
-    start = start.resolve()
-    folder = start if start.is_dir() else start.parent
+    if folder_resolved:
+        if start in known:
+            return known[start]
+        folder = start
+    else:
+        start = start.resolve()
+        folder = start if start.is_dir() else start.parent
     visited: list[Path] = []
     settings = None
     for candidate in (folder, *folder.parents):

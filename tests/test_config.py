@@ -233,6 +233,72 @@ def test_a_file_named_beside_the_folder_that_holds_it_is_checked_once_under_its_
         assert [(f["code"], f["line"]) for f in json.loads(result.stdout)] == [("AMP001", 2)]
 
 
+def monorepo(root: Path) -> None:
+    """A root project selecting AMP003, and services/api, a nested project selecting AMP001."""
+    write(root / "pyproject.toml", '[tool.amplint]\nselect = ["AMP003"]\n')
+    write(root / "services" / "api" / "pyproject.toml", '[tool.amplint]\nselect = ["AMP001"]\n')
+    write(root / "services" / "api" / "train.py", TWO_RULES)
+    write(root / "top.py", TWO_RULES)
+
+
+def test_files_found_in_a_nested_project_take_its_configuration(tmp_path: Path) -> None:
+    monorepo(tmp_path)
+    result = amplint(".", "--format", "json", cwd=tmp_path)
+    assert found(result) == {("train.py", "AMP001", 2), ("top.py", "AMP003", 5)}
+
+
+def test_a_nested_projects_exclude_and_per_file_ignores_count_from_its_folder(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nselect = ["AMP001"]\n')
+    write(
+        tmp_path / "api" / "pyproject.toml",
+        '[tool.amplint]\nselect = ["AMP001"]\nexclude = ["/gen/"]\n[tool.amplint.per-file-ignores]\n"/scripts/*.py" = ["AMP001"]\n',
+    )
+    for name in ("gen/a.py", "scripts/a.py", "src/a.py"):
+        write(tmp_path / "api" / name, TWO_RULES)
+        write(tmp_path / name, TWO_RULES)  # the root project's own gen/ and scripts/ are not excluded
+    result = amplint(".", "--format", "json", cwd=tmp_path)
+    assert checked(result) == {"api/src/a.py", "gen/a.py", "scripts/a.py", "src/a.py"}
+
+
+def test_command_line_flags_apply_on_top_of_a_nested_configuration(tmp_path: Path) -> None:
+    monorepo(tmp_path)
+    result = amplint(".", "--extend-select", "AMP003", "--format", "json", cwd=tmp_path)
+    assert found(result) == {("train.py", "AMP001", 2), ("train.py", "AMP003", 5), ("top.py", "AMP003", 5)}
+
+
+def test_config_option_applies_to_nested_projects_too(tmp_path: Path) -> None:
+    monorepo(tmp_path)
+    result = amplint(".", "--config", "pyproject.toml", "--format", "json", cwd=tmp_path)
+    assert found(result) == {("train.py", "AMP003", 5), ("top.py", "AMP003", 5)}
+
+
+def test_a_bad_nested_configuration_exits_2_with_one_line(tmp_path: Path) -> None:
+    monorepo(tmp_path)
+    nested = write(tmp_path / "services" / "api" / "pyproject.toml", '[tool.amplint]\nselect = ["AMP9"]\n')
+    assert_config_error(amplint(".", cwd=tmp_path), nested, "select")
+
+
+def test_fixes_in_a_nested_project_follow_its_selection(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.amplint]\nselect = ["AMP001"]\n')
+    write(tmp_path / "legacy" / "pyproject.toml", '[tool.amplint]\nignore = ["AMP001"]\n')
+    kept = write(tmp_path / "legacy" / "train.py", TWO_RULES)
+    fixed = write(tmp_path / "train.py", TWO_RULES)
+    amplint(".", "--fix", cwd=tmp_path)
+    assert kept.read_text(encoding="utf-8") == TWO_RULES
+    assert "torch.cuda.amp" not in fixed.read_text(encoding="utf-8")
+
+
+def test_a_nested_project_keeps_its_results_in_its_own_cache(tmp_path: Path) -> None:
+    monorepo(tmp_path)
+    run = [sys.executable, "-m", "amplint", ".", "--format", "json"]
+    first = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert (tmp_path / "services" / "api" / ".amplint_cache").is_dir()
+    write(tmp_path / "services" / "api" / "pyproject.toml", '[tool.amplint]\nselect = ["AMP003"]\n')
+    second = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert found(first) == {("train.py", "AMP001", 2), ("top.py", "AMP003", 5)}
+    assert found(second) == {("train.py", "AMP003", 5), ("top.py", "AMP003", 5)}
+
+
 def test_config_option_replaces_discovery(tmp_path: Path) -> None:
     write(tmp_path / "pyproject.toml", '[tool.amplint]\nselect = ["AMP003"]\n')
     other = write(tmp_path / "elsewhere" / "ci.toml", '[tool.amplint]\nselect = ["AMP001"]\n')

@@ -12,6 +12,7 @@ import os
 import re
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -92,17 +93,23 @@ def run_check_command(paths: tuple[str, ...], **o) -> int:
     outcome = _Outcome([])
     files_checked = 0
     named_files = [{str(Path(p).resolve()) for p in group if Path(p).is_file()} for _, group in groups]
+    nearest = None if o["config_file"] else _nearest_settings(o["select"], o["ignore"], o["extend_select"])
     for index, (settings, group) in enumerate(groups):
         # `amplint . sub/a.py`: the walk of `.` leaves `sub/a.py` to its own settings.
         elsewhere = frozenset().union(*(keys for other, keys in enumerate(named_files) if other != index))
-        result = check_paths(
-            group,
-            settings,
-            use_cache=not o["no_cache"] and not fixing,
-            jobs=o["jobs"],
-            force_exclude=o["force_exclude"],
-            elsewhere=elsewhere,
-        )
+        try:
+            result = check_paths(
+                group,
+                settings,
+                use_cache=not o["no_cache"] and not fixing,
+                jobs=o["jobs"],
+                force_exclude=o["force_exclude"],
+                elsewhere=elsewhere,
+                nearest=nearest,
+            )
+        except ConfigError as exc:  # a nested project's configuration
+            _error(str(exc))
+            return EXIT_ERROR
         for message in result.errors:
             _error(message)
         files_checked += result.files_checked
@@ -116,6 +123,21 @@ def run_check_command(paths: tuple[str, ...], **o) -> int:
     if outcome.errors:
         return EXIT_ERROR
     return EXIT_FINDINGS if outcome.findings and not o["exit_zero"] else EXIT_CLEAN
+
+
+def _nearest_settings(select: str | None, ignore: str | None, extend_select: str | None) -> Callable[[str], Settings]:
+    """The settings of the nearest configuration above a (resolved) folder, with the command
+    line's selection on top; each folder is looked up once."""
+    known: dict[Path, Settings] = {}
+    layers = (parse_codes_option(select, "--select"), parse_codes_option(ignore, "--ignore"), parse_codes_option(extend_select, "--extend-select"))
+    by_folder: dict[str, Settings] = {}
+
+    def nearest(folder: str) -> Settings:
+        if folder not in by_folder:
+            by_folder[folder] = with_overrides(discover(Path(folder), known, folder_resolved=True), *layers)
+        return by_folder[folder]
+
+    return nearest
 
 
 def _excluded_stdin(settings: Settings, name: str | None) -> bool:
@@ -200,7 +222,8 @@ def _fix_files(result: RunResult, settings: Settings, o) -> _Outcome:
             outcome.errors.append(f"{display}: cannot read: {exc.strerror or exc}")
             outcome.findings.extend(findings)
             continue
-        fixed = fix_source(original, display, settings.codes_for(display, codes), unsafe, settings.min_torch)
+        own = result.settings_for(display, settings)
+        fixed = fix_source(original, display, own.codes_for(display, codes), unsafe, own.min_torch)
         if not fixed.applied or fixed.source == original:
             outcome.findings.extend(findings)
             continue

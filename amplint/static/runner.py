@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,11 @@ class RunResult:
     files_checked: int = 0
     errors: list[str] = field(default_factory=list)  # paths that could not be read
     sources: dict[str, SourceFile] = field(default_factory=dict)  # display path -> file, for fixes
+    # display path -> the settings of a project nested below a walked folder, for its files only
+    nested: dict[str, Settings] = field(default_factory=dict)
+
+    def settings_for(self, display: str, default: Settings) -> Settings:
+        return self.nested.get(display, default)
 
 
 @dataclass(frozen=True)
@@ -111,15 +117,30 @@ def check_paths(
     jobs: int | None = None,
     force_exclude: bool = False,
     elsewhere: frozenset[str] = frozenset(),
+    nearest: Callable[[str], Settings] | None = None,
 ) -> RunResult:
+    """`nearest(folder)`: the settings of the nearest configuration above a resolved folder. Given, a file
+    found in a folder that lies in a project nested below `settings`' own (its own
+    pyproject.toml with [tool.amplint]) is checked under that project's settings, as ruff does;
+    files named on the command line were grouped by their own settings already."""
     result = RunResult()
-    enabled = settings.enabled_codes(all_codes())
+    codes = all_codes()
     files = collect_files(arguments, settings, force_exclude, result, elsewhere)
-    cache = ResultCache(settings.root / ".amplint_cache", settings.fingerprint()) if use_cache else None
+    caches: dict[tuple[Path, str], ResultCache] = {}
+    excluders: dict[Path | None, Excluder] = {}  # a nested project's `exclude`, from its folder
     tasks: list[_Task] = []
     stats: list[os.stat_result] = []
-    entries: list[str] = []  # each task's cache key
+    entries: list[tuple[ResultCache | None, str]] = []  # each task's cache and key in it
     for source_file in files:
+        own = settings if nearest is None or source_file.named else nearest(os.path.dirname(source_file.key))
+        if own.source != settings.source:
+            if own.source not in excluders:
+                excluders[own.source] = Excluder(own.exclude, own.root)
+            if excluders[own.source].excludes(source_file.path):
+                continue
+            result.nested[source_file.display] = own
+        else:
+            own = settings
         result.files_checked += 1
         result.sources[source_file.display] = source_file
         try:
@@ -127,32 +148,42 @@ def check_paths(
         except OSError as exc:
             result.errors.append(f"{source_file.display}: cannot read: {exc.strerror or exc}")
             continue
+        cache = _cache_of(caches, own) if use_cache else None
         entry = _cache_key(source_file.key, source_file.named)
         cached = cache.lookup_stat(entry, stat) if cache else None
         if cached is not None:
             result.findings.extend(_with_path(cached, source_file.display))
             continue
         previous = cache.previous(entry) if cache else None
-        tasks.append(_Task(source_file.key, source_file.display, source_file.named, enabled, settings.min_torch, previous, cache is not None))
+        tasks.append(_Task(source_file.key, source_file.display, source_file.named, own.enabled_codes(codes), own.min_torch, previous, cache is not None))
         stats.append(stat)
-        entries.append(entry)
-    for task, stat, entry, outcome in zip(tasks, stats, entries, _check_all(tasks, stats, jobs)):
+        entries.append((cache, entry))
+    for task, stat, (cache, entry), outcome in zip(tasks, stats, entries, _check_all(tasks, stats, jobs)):
         if outcome.error is not None:
             result.errors.append(f"{task.display}: cannot read: {outcome.error}")
             continue
         if cache:
             cache.store(entry, stat, outcome.digest, [f.to_json() for f in outcome.findings])
         result.findings.extend(outcome.findings)
-    if cache:
+    for cache in caches.values():
         cache.save()
-    result.findings = sorted(_apply_per_file_ignores(result.findings, settings), key=Finding.sort_key)
+    kept = [f for f in result.findings if _not_ignored(f, result.settings_for(f.path, settings))]
+    result.findings = sorted(kept, key=Finding.sort_key)
     return result
+
+
+def _cache_of(caches: dict[tuple[Path, str], ResultCache], settings: Settings) -> ResultCache:
+    """One cache per project, in its own folder, as ruff keeps one per project."""
+    key = (settings.root, settings.fingerprint())
+    if key not in caches:
+        caches[key] = ResultCache(settings.root / ".amplint_cache", key[1])
+    return caches[key]
 
 
 def check_stdin(source: bytes, display: str, settings: Settings) -> RunResult:
     enabled = settings.enabled_codes(all_codes())
     found = _analyse(_Job(display, source, possible_rules(source, enabled) | (enabled & {"AMP000"}), settings.min_torch))
-    return RunResult(findings=_apply_per_file_ignores(found, settings), files_checked=1)
+    return RunResult(findings=[f for f in found if _not_ignored(f, settings)], files_checked=1)
 
 
 def _cache_key(path: str, named: bool) -> str:
@@ -274,18 +305,6 @@ def _syntax_only(source: bytes, display: str) -> list[Finding]:
     return []
 
 
-def _apply_per_file_ignores(findings: list[Finding], settings: Settings) -> list[Finding]:
-    if not settings.per_file_ignores:
-        return findings
-    import pathspec
-
-    specs = [(pathspec.GitIgnoreSpec.from_lines([pattern]), codes) for pattern, codes in settings.per_file_ignores]
-    kept = []
-    for finding in findings:
-        try:
-            relative = Path(finding.path).resolve().relative_to(settings.root).as_posix()
-        except ValueError:
-            relative = Path(finding.path).as_posix()
-        if not any(spec.match_file(relative) and any(finding.code.startswith(c) for c in codes) for spec, codes in specs):
-            kept.append(finding)
-    return kept
+def _not_ignored(finding: Finding, settings: Settings) -> bool:
+    ignored = settings.ignored_for(finding.path)
+    return not any(finding.code.startswith(prefix) for prefix in ignored)
