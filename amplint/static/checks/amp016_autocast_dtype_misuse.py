@@ -50,7 +50,7 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
                 f"if that is the intent, else use torch.bfloat16 or torch.float16",
                 call.where.statement,
             )
-        elif dtype in rg.BFLOAT16 and device == "cuda" and not _opted_into_bfloat16(facts, region):
+        elif dtype in rg.BFLOAT16 and device == "cuda" and not _opted_into_bfloat16(facts, region) and not _named_for_bfloat16(call):
             if guarded is None:
                 guarded = bool(rg.BF16_SUPPORT_CHECK.search(facts.text)) or _needs_bf16_hardware(facts)
             if not guarded:
@@ -86,6 +86,17 @@ def _opted_into_bfloat16(facts: AmpFacts, region: Autocast) -> bool:
     """`enabled=use_bfloat16`: the region runs only when a setting asks for bfloat16, so the user
     chose it for their GPU, and turning the setting off is the fallback."""
     return region.enabled_when is not None and bool(_NAMES_BFLOAT16.search(facts.module.code_for_node(region.enabled_when)))
+
+
+def _named_for_bfloat16(call: CallSite) -> bool:
+    """The region is in a function or class named for bfloat16 (`test_backward_under_bf16_autocast`,
+    `class TestBF16Training`): it exists to exercise bfloat16, so float16 is no fallback for it."""
+    scope = call.scope
+    while scope is not None and scope.kind != "module":
+        if _NAMES_BFLOAT16.search(scope.name):
+            return True
+        scope = scope.parent
+    return False
 
 
 def _cuda_region(facts: AmpFacts, call: CallSite):
