@@ -9,7 +9,7 @@ import libcst as cst
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, CallSite, argument
+from amplint.static.semantics import AmpFacts, CallSite, argument, dotted_name
 
 CODE = "AMP009"
 
@@ -42,13 +42,41 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
 
 def _falls_back_to_float16(facts: AmpFacts, call: CallSite) -> bool:
     """`dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16`, written there
-    or bound once to a name: the code itself picks float16 on older GPUs (nanoVLM). A dtype picked
-    by a setting (`if args.precision == "bf16"`) is the user's choice, and not reported."""
+    or bound to a name or attribute, also by an `if` on that check (a float16 default replaced
+    when bfloat16 is supported, or one dtype in each branch): the code itself picks float16 on
+    older GPUs (nanoVLM). A dtype picked by a setting (`if args.precision == "bf16"`) is the
+    user's choice, and not reported."""
     expr = argument(call.node, None, "dtype")
-    values = facts.bindings(expr.value, call.scope) if isinstance(expr, cst.Name) else [(expr, call.scope)]
-    if len(values) != 1 or not isinstance(values[0][0], cst.IfExp):
+    key = dotted_name(expr)
+    if key is None:
+        return _chooses_by_support(facts, expr, call.scope)
+    bound = [value for value, _ in facts.bindings(key, call.scope)]
+    chosen = [a for a in facts.assignments if a.key == key and any(a.value is value for value in bound)]
+    if len(chosen) == 1:
+        return _chooses_by_support(facts, chosen[0].value, chosen[0].where.scope)
+    if len(chosen) != 2:
         return False
-    choice, scope = values[0]
+    dtypes = [facts.qualname(a.value, a.where.scope) for a in chosen]
+    if not (set(dtypes) & rg.FLOAT16 and set(dtypes) & rg.BFLOAT16):
+        return False
+    bfloat16, float16 = chosen if dtypes[0] in rg.BFLOAT16 else reversed(chosen)
+    if not bfloat16.where.branches or bfloat16.where.branches[-1][1] != "body":
+        return False
+    support_check = bfloat16.where.branches[-1][0]
+    test = facts.if_tests.get(support_check)
+    if test is None or not rg.BF16_SUPPORT_CALL.search(facts.module.code_for_node(test)):
+        return False
+    # float16 where that check fails: its `else`, or a default set before the `if`.
+    return (support_check, "else") in float16.where.branches or (
+        all(branch[0] != support_check for branch in float16.where.branches)
+        and float16.where.scope.function_scope is bfloat16.where.scope.function_scope
+        and float16.where.order < bfloat16.where.order
+    )
+
+
+def _chooses_by_support(facts: AmpFacts, choice: cst.BaseExpression | None, scope) -> bool:
+    if not isinstance(choice, cst.IfExp):
+        return False
     branches = {facts.qualname(choice.body, scope), facts.qualname(choice.orelse, scope)}
     return bool(branches & rg.FLOAT16 and branches & rg.BFLOAT16) and bool(
         rg.BF16_SUPPORT_CALL.search(facts.module.code_for_node(choice.test))
