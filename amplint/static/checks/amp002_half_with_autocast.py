@@ -83,7 +83,7 @@ def _for_inference(call: CallSite) -> bool:
 def _adapts_a_frozen_base(facts: AmpFacts) -> bool:
     """LoRA and other adapters (peft) train small float32 weights on a frozen base model loaded in
     float16 on purpose."""
-    return any((ref.qualname or "").split(".")[0] == "peft" for ref in facts.imports)
+    return any(_is_peft(ref.qualname) for ref in facts.imports)
 
 
 def _possible_names(expr: cst.BaseExpression | None, scope: Scope, facts: AmpFacts) -> list[str]:
@@ -578,6 +578,26 @@ def _frozen_module(subjects: set[str], where: Context, facts: AmpFacts) -> bool:
     )
 
 
+def _base_of_a_peft_model(call: CallSite, facts: AmpFacts) -> bool:
+    """A module cast and handed to peft (`get_peft_model(base.to(torch.bfloat16), config)`, or by
+    the name it is known by): peft freezes the base and trains float32 adapters, as for a base
+    loaded in low precision (`_adapts_a_frozen_base`)."""
+    outermost = _same_object_chain(call, facts)[-1]
+    consumer = _handed_to(outermost, facts)
+    if consumer is not None and _is_peft(facts.qualname(consumer.func, call.scope)):
+        return True
+    subjects = {_converted(call)} | _names_bound_to(outermost, facts)
+    subjects.discard(None)
+    return any(
+        _is_peft(other.qualname) and any(dotted_name(a.value) in subjects for a in other.node.args)
+        for other in call.scope.function_scope.calls
+    )
+
+
+def _is_peft(qualified: str | None) -> bool:
+    return (qualified or "").split(".")[0] == "peft"
+
+
 def _input_of_a_frozen_module(call: CallSite, facts: AmpFacts) -> bool:
     """A tensor cast and handed straight to a module frozen in the same function
     (`vae.encode(batch["pixel_values"].to(weight_dtype))`, diffusers' frozen VAE kept in the
@@ -681,6 +701,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _fresh_model_for_evaluation(call, facts)
             or _outside_training(call, facts)
             or _frozen(call, facts)
+            or _base_of_a_peft_model(call, facts)
             or _input_of_a_frozen_module(call, facts)
             or _used_only_without_gradients(call, facts)
             or _upstream_gradient(call, facts)
