@@ -70,6 +70,8 @@ GRAD_SCALER = {
     "torch.cuda.amp.grad_scaler.GradScaler",
     "torch.cpu.amp.GradScaler",
     "torch.cpu.amp.grad_scaler.GradScaler",
+    # FSDP's subclass, which all-reduces the inf checks across ranks: a GradScaler in every respect here.
+    "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler",
 }
 
 CLIP_GRAD = {
