@@ -1172,9 +1172,19 @@ def test_amp011_scheduler_given_its_position_is_told_to_advance_that_count() -> 
     assert "advance the count it is given" in finding.message
 
 
+def test_amp002_value_checked_to_be_a_tensor_gets_the_advice_for_inputs() -> None:
+    [finding] = fixture_findings("AMP002/bad_tensor_arguments_cast_by_a_decorator.py", "AMP002")
+    assert "keep inputs and targets in float32" in finding.message
+
+
 def test_amp012_message_names_the_condition_the_scaler_is_on_under() -> None:
     [finding] = fixture_findings("AMP012/bad_checkpoint_name_reused_for_load_and_save.py", "AMP012")[:1]
     assert "which is on when `dtype == \"float16\"`" in finding.message
+
+
+def test_amp012_optimizer_handed_to_a_helper_names_the_condition_the_scaler_is_on_under() -> None:
+    [finding] = fixture_findings("AMP012/bad_optimizer_handed_to_a_save_helper.py", "AMP012")
+    assert "is given the optimizer but not the GradScaler, which is on when `hps.train.fp16_run`" in finding.message
 
 
 def test_amp012_message_quotes_the_files_own_init_scale() -> None:

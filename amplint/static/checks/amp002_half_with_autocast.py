@@ -740,7 +740,17 @@ def _is_data(call: CallSite, facts: AmpFacts) -> bool:
         return False
     if any(_DATA_WORD.match(word) for word in re.findall(r"[A-Za-z_]\w*", text.lower())):
         return True
+    if isinstance(converted, cst.Name) and _checked_to_be_a_tensor(converted.value, call, facts):
+        return True
     return isinstance(converted, cst.Name) and converted.value in _batch_names(facts, call.scope.function_scope)
+
+
+def _checked_to_be_a_tensor(name: str, call: CallSite, facts: AmpFacts) -> bool:
+    """`t.half() if isinstance(t, torch.Tensor) else t`, or under `if isinstance(t, Tensor):`: a
+    module is never a Tensor."""
+    checked = re.compile(rf"isinstance\(\s*{re.escape(name)}\s*,\s*(?:torch\.)?Tensor\b")
+    tests = [node.test for node in facts.ancestors(call.node) if isinstance(node, (cst.IfExp, cst.If))]
+    return any(checked.search(facts.module.code_for_node(test)) for test in tests)
 
 
 # What a loop over batches iterates: `loader`, `train_dataloader`, `enumerate(data)`, `batches`.

@@ -288,8 +288,8 @@ def _given_an_optimizer(facts: AmpFacts, call: CallSite, optimizers: set[str]) -
 def _optimizer_handed_to_a_helper(facts: AmpFacts, call: CallSite) -> Hit:
     return Hit(
         call.node,
-        f"`{call.name}(...)` is given the optimizer but not the GradScaler, and this file never "
-        f"saves the scaler's state; {_resumed_run(facts)}; pass the scaler too, so that its `state_dict()` is saved "
+        f"`{call.name}(...)` is given the optimizer but not the GradScaler{_when_on(facts)}, and this "
+        f"file never saves the scaler's state; {_resumed_run(facts)}; pass the scaler too, so that its `state_dict()` is saved "
         "and restored with the optimizer's",
         call.where.statement,
     )
