@@ -30,8 +30,15 @@ CODE = "AMP012"
 
 _SAVE = {"torch.save"}
 # ignite's checkpoint handler: it saves the objects of its `to_save` dict, calling their
-# `state_dict()` itself, so the scaler goes in as the object (`"scaler": scaler`).
+# `state_dict()` itself, so the scaler goes in as the object (`"scaler": scaler`). ignite's
+# helpers that take a `to_save=` dict (`common.setup_common_training_handlers`) build one.
 _SAVES_OBJECTS = {"ignite.handlers.Checkpoint", "ignite.handlers.checkpoint.Checkpoint"}
+
+
+def _saves_objects(call: CallSite) -> bool:
+    return call.qualname in _SAVES_OBJECTS or (
+        (call.qualname or "").startswith("ignite.") and argument(call.node, None, "to_save") is not None
+    )
 _SCALER = re.compile(r"scaler|grad_scale|loss_scale|\bamp\b|\"amp\"|'amp'", re.IGNORECASE)
 # An optimizer entry (not `"optimizer": None`, yolov5's classifier saves none) or an optimizer's state.
 _OPTIMIZER_STATE = re.compile(
@@ -119,7 +126,7 @@ _XLA = "torch_xla."
 def _saves(facts: AmpFacts, call: CallSite) -> bool:
     """`torch.save`, or a save helper this file does not define (its own are followed to their
     torch.save)."""
-    if call.qualname in _SAVE or call.qualname in _SAVES_OBJECTS:
+    if call.qualname in _SAVE or _saves_objects(call):
         return True
     if (call.qualname or "").startswith(_XLA):
         return False
@@ -130,8 +137,11 @@ def _saved_objects(facts: AmpFacts, save: CallSite) -> Iterator[tuple[CallSite, 
     """What `torch.save` writes, and the call that decides it: the save itself, or, when it saves
     a parameter of a same-file helper (`def save_checkpoint(state, ...): torch.save(state, ...)`),
     each call of the helper with the object it passes."""
-    obj = argument(save.node, 0, "to_save" if save.qualname in _SAVES_OBJECTS else "obj")
-    helper = save.qualname not in _SAVE and save.qualname not in _SAVES_OBJECTS
+    if _saves_objects(save):  # `Checkpoint(to_save, ...)`, or a helper's `to_save=` keyword
+        obj = argument(save.node, 0 if save.qualname in _SAVES_OBJECTS else None, "to_save")
+    else:
+        obj = argument(save.node, 0, "obj")
+    helper = save.qualname not in _SAVE and not _saves_objects(save)
     if helper and _passes_a_state_dict(save) and not _optimizer_state(facts, obj, save.scope):
         # `save_checkpoint(dir, step, model.state_dict(), optimizer.state_dict(), meta)` (nanochat):
         # the helper's arguments are the checkpoint.
@@ -338,7 +348,7 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
     scaler = _scaler_for(facts, builder, scalers)
     unseen = scaler is None and builder is not call.scope.function_scope and _scaler_for(facts, call.scope, scalers) is not None
     built_under = _built_only_under(facts, scaler, builder) if scaler is not None else None
-    if call.qualname in _SAVES_OBJECTS:
+    if _saves_objects(call):
         saved = scaler or "scaler"
     elif built_under is not None:
         saved = f"{scaler}.state_dict() if {built_under} else None"
@@ -353,7 +363,7 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
     add = f"add `\"scaler\": {saved}`"
     if unseen:
         add = f"`{builder.name}()`, which builds the checkpoint, does not see the scaler: pass it in, {add}"
-    restore = "restore it with `load_state_dict`" if call.qualname not in _SAVES_OBJECTS else "`Checkpoint.load_objects` then restores it"
+    restore = "restore it with `load_state_dict`" if not _saves_objects(call) else "`Checkpoint.load_objects` then restores it"
     return Hit(
         call.node,
         f"this checkpoint saves the optimizer state but not the GradScaler's{_when_on(facts)}; "
