@@ -23,12 +23,12 @@ from amplint.static.slicing import first_line, prepare
 from amplint.static.source import (
     SourceError,
     decode_source,
+    noqa_codes,
     parse_error_finding,
     physical_lines,
     python_tree,
 )
 
-_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+\d*(?:[\s,]+[A-Za-z]+\d*)*))?", re.IGNORECASE)
 # `# amplint: noqa` alone on its line, at any indentation; a string holding it suppresses nothing.
 _FILE_NOQA = re.compile(r"^[ \t]*#\s*amplint:\s*noqa\s*$", re.IGNORECASE | re.MULTILINE)
 
@@ -354,10 +354,9 @@ def _noqa_by_line(text: str) -> dict[int, set[str] | None]:
     if "noqa" not in text.lower():
         return table
     for number, comment in _comments(text):
-        match = _NOQA.search(comment)
-        if match:
-            codes = match.group("codes")
-            table[number] = None if codes is None else {c.upper() for c in re.split(r"[\s,]+", codes) if c}
+        codes = noqa_codes(comment)
+        if codes is not False:
+            table[number] = codes
     return table
 
 

@@ -77,6 +77,9 @@ def run_check_command(paths: tuple[str, ...], **o) -> int:
     o.setdefault("force_exclude", False)
     if o["stdin_filename"] and not paths:
         paths = (STDIN,)  # as ruff: a --stdin-filename alone means "read standard input"
+    if o["add_noqa"] and (o["fix"] or o["diff"] or STDIN in paths):
+        _error("--add-noqa cannot be combined with --fix, --diff or standard input")
+        return EXIT_ERROR
     if STDIN in paths and len(paths) > 1:
         _error("`-` (standard input) cannot be combined with other paths")
         return EXIT_ERROR
@@ -101,7 +104,7 @@ def run_check_command(paths: tuple[str, ...], **o) -> int:
             result = check_paths(
                 group,
                 settings,
-                use_cache=not o["no_cache"] and not fixing,
+                use_cache=not o["no_cache"] and not fixing and not o["add_noqa"],  # fixes and comments need fresh positions
                 jobs=o["jobs"],
                 force_exclude=o["force_exclude"],
                 elsewhere=elsewhere,
@@ -114,7 +117,14 @@ def run_check_command(paths: tuple[str, ...], **o) -> int:
             _error(message)
         files_checked += result.files_checked
         outcome.errors.extend(result.errors)
-        outcome.add(_fix_files(result, settings, o) if fixing else _Outcome(result.findings))
+        if o["add_noqa"]:
+            outcome.add(_add_noqa_to_files(result))
+        else:
+            outcome.add(_fix_files(result, settings, o) if fixing else _Outcome(result.findings))
+    if o["add_noqa"]:
+        if not o["quiet"]:
+            print(f"Added {_plural(outcome.fixed, 'noqa directive')}.", file=sys.stderr)
+        return EXIT_ERROR if outcome.errors else EXIT_CLEAN
     outcome.findings.sort(key=Finding.sort_key)
     if fixing:
         _finish_fixes(outcome, o)
@@ -239,6 +249,42 @@ def _fix_files(result: RunResult, settings: Settings, o) -> _Outcome:
                 continue
             outcome.findings.extend(fixed.remaining)
         outcome.fixed += _fixed_count(findings, fixed)
+    for message in outcome.errors:
+        _error(message)
+    return outcome
+
+
+def _add_noqa_to_files(result: RunResult) -> _Outcome:
+    """`# noqa` comments for every finding; `fixed` counts the comments added."""
+    from amplint.static.fixes import write_atomically
+    from amplint.static.noqa import add_noqa
+    from amplint.static.source import SourceError
+
+    by_file: dict[str, list[Finding]] = {}
+    for finding in result.findings:
+        by_file.setdefault(finding.path, []).append(finding)
+    outcome = _Outcome([])
+    for display, findings in sorted(by_file.items()):
+        source_file = result.sources.get(display)
+        if source_file is None:
+            continue
+        try:
+            added = add_noqa(source_file.path.read_bytes(), findings)
+            if added.comments:
+                write_atomically(source_file.path, added.source)
+        except SourceError as error:
+            outcome.errors.append(f"{display}: cannot add noqa comments: {error.message}")
+            continue
+        except OSError as exc:
+            outcome.errors.append(f"{display}: cannot write: {exc.strerror or exc}")
+            continue
+        if added.skipped:  # the next run still reports them: a warning, not a failure
+            print(
+                f"amplint: warning: {display}: {_plural(added.skipped, 'finding')} on lines that end inside a "
+                "string or a continuation, where no comment can go; suppress them by hand",
+                file=sys.stderr,
+            )
+        outcome.fixed += added.comments
     for message in outcome.errors:
         _error(message)
     return outcome

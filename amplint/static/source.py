@@ -39,6 +39,19 @@ def decode_source(source: bytes | str) -> tuple[str, str]:
         raise SourceError(f"cannot decode as {encoding}: {exc.reason if hasattr(exc, 'reason') else exc}", line) from None
 
 
+NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+\d*(?:[\s,]+[A-Za-z]+\d*)*))?", re.IGNORECASE)
+
+
+def noqa_codes(comment: str) -> set[str] | None | bool:
+    """What a comment's `# noqa` suppresses: its codes or code prefixes, None for a bare `# noqa`
+    (every code), False when the comment has none."""
+    match = NOQA.search(comment)
+    if match is None:
+        return False
+    codes = match.group("codes")
+    return None if codes is None else {c.upper() for c in re.split(r"[\s,]+", codes) if c}
+
+
 def python_tree(text: str) -> ast.Module:
     """CPython's tree of a user's file, without the warnings compiling it prints (`1()`, an
     invalid escape): those are the user's Python's to give, not a linter's. Raises SyntaxError,
