@@ -157,7 +157,10 @@ def _amp012(text: _Text) -> bool:
 
 
 def _amp013(text: _Text) -> bool:
-    amp_aware = text.has(b"GradScaler") or text.has(b"custom_fwd") or text.has(b"custom_bwd") or text.whole_word(b"autocast")
+    amp_aware = (
+        text.has(b"GradScaler") or text.has(b"custom_fwd") or text.has(b"custom_bwd") or text.whole_word(b"autocast")
+        or text.has(b"is_autocast_") or text.has(b"get_autocast_")  # `torch.is_autocast_enabled()`: written for autocast
+    )
     return amp_aware and text.has(b"Function")
 
 

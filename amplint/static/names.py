@@ -42,6 +42,13 @@ DEPRECATED_AUTOCAST_STATE = {
     "torch.set_autocast_ipu_enabled": 'torch.set_autocast_enabled("ipu", enabled)',
 }
 
+# Functions that read the autocast state: code that calls them is written to run under autocast.
+AUTOCAST_STATE_GETTERS = {
+    "torch.is_autocast_enabled",
+    "torch.get_autocast_dtype",
+    *(name for name in DEPRECATED_AUTOCAST_STATE if name.startswith(("torch.is_", "torch.get_"))),
+}
+
 AUTOCAST = {
     "torch.autocast",
     "torch.amp.autocast",

@@ -36,6 +36,7 @@ def _last_parts(qualified: set[str]) -> frozenset[str]:
 
 _AUTOCAST = _last_parts(names.AUTOCAST)
 _GRAD_SCALER = _last_parts(names.GRAD_SCALER)
+_AUTOCAST_STATE_GETTERS = _last_parts(names.AUTOCAST_STATE_GETTERS)
 _AUTOGRAD_FUNCTION = frozenset({"Function"})
 _BACKWARD = _last_parts(names.AUTOGRAD_BACKWARD)
 _COMPILE = frozenset({"compile", "optimize"})  # torch.compile, model.compile(), torch._dynamo.optimize
@@ -365,6 +366,11 @@ class Screen:
         return self._may_name(self.walk.callees, _GRAD_SCALER)
 
     @cached_property
+    def reads_autocast_state(self) -> bool:
+        """Necessary for a call of `torch.is_autocast_enabled()` and the other state getters (AMP013)."""
+        return self._may_name(self.walk.callees, _AUTOCAST_STATE_GETTERS)
+
+    @cached_property
     def subclasses_function(self) -> bool:
         """Necessary for a custom autograd.Function class (AMP013)."""
         return self._may_name(self.walk.bases, _AUTOGRAD_FUNCTION)
@@ -440,7 +446,7 @@ PRECONDITIONS: dict[str, Callable[[Screen], bool]] = {
     "AMP010": _scaler,
     "AMP011": lambda s: s.uses_a_scaler and s.calls_step,
     "AMP012": _scaler,
-    "AMP013": lambda s: s.subclasses_function and (s.opens_autocast or s.constructs_scaler or s.names_custom_fwd),
+    "AMP013": lambda s: s.subclasses_function and (s.opens_autocast or s.constructs_scaler or s.names_custom_fwd or s.reads_autocast_state),
     "AMP014": lambda s: s.opens_autocast and s.disables_autocast,
     "AMP015": _autocast,
     "AMP016": _autocast,
