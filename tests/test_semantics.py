@@ -215,6 +215,23 @@ def test_what_a_call_passes_for_a_parameter(definition: str, call: str, passed: 
     assert values == [passed]
 
 
+def test_a_call_through_a_name_bound_to_either_of_two_functions_calls_both() -> None:
+    facts = facts_of(
+        """
+        def train_a(loader):
+            pass
+        def train_b(loader):
+            pass
+        def run(flag, loader):
+            train = train_a if flag else train_b
+            train(loader)
+        """
+    )
+    site = call(facts, "train(loader)")
+    assert [f.name for f in facts.called_functions(site)] == ["train_a", "train_b"]
+    assert all(facts.callers(f) == [site] for f in facts.functions if f.name.startswith("train_"))
+
+
 def test_region_reaches_functions_called_inside_it() -> None:
     facts = facts_of(
         "import torch\ndef helper():\n    loss.backward()\nwith torch.autocast('cuda'):\n    helper()\n"

@@ -949,13 +949,27 @@ class AmpFacts:
         """The method called directly on a call's result: "cpu" for `x.half().cpu()`."""
         return self._method_on_result.get(id(call.node))
 
+    def called_functions(self, call: CallSite) -> list[Scope]:
+        """The in-file functions a call may run: `called_function`'s, else those a local name is
+        bound to (`train = train_hetero if hetero else train_homo`, then `train(...)`)."""
+        target = self.called_function(call)
+        if target is not None:
+            return [target]
+        if call.method is not None or call.callee is None or "." in call.callee:
+            return []
+        targets = []
+        for value, value_scope in self.bindings(call.callee, call.scope):
+            for arm in arms_of(value):
+                if isinstance(arm, cst.Name) and value_scope.resolve_head(arm.value) is None:
+                    targets.extend(f for f in self.functions_by_name.get(arm.value, ()) if f.class_name is None)
+        return targets
+
     @cached_property
     def call_sites_of(self) -> dict[int, list[CallSite]]:
         """In-file call sites, keyed by the id of the function they call."""
         table: dict[int, list[CallSite]] = {}
         for call in self.calls:
-            target = self.called_function(call)
-            if target is not None:
+            for target in self.called_functions(call):
                 table.setdefault(id(target), []).append(call)
         return table
 
@@ -1681,6 +1695,15 @@ def _with_expressions(item: cst.WithItem) -> tuple[cst.BaseExpression, ...]:
     if isinstance(item.item, cst.IfExp):
         return (item.item, item.item.body, item.item.orelse)
     return (item.item,)
+
+
+def arms_of(value: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
+    """The values a conditional expression may take, through nested conditionals."""
+    if isinstance(value, cst.IfExp):
+        yield from arms_of(value.body)
+        yield from arms_of(value.orelse)
+    else:
+        yield value
 
 
 def _param_named(function: cst.CSTNode, name: str) -> cst.Param | None:
