@@ -89,15 +89,19 @@ _SCHEDULER_NAME = re.compile(r"sched|lr_policy|warmup")
 def is_scheduler(facts: AmpFacts, key: str | None, scope: Scope, where: Context | None = None) -> bool:
     if key is None:
         return False
-    last = key.split(".")[-1].lower()
-    if "scaler" in last:
+    if "scaler" in key.split(".")[-1].lower():
         return False
     if where is not None and any(_walks_schedulers(loop, key) for loop in where.loops):
         return True  # `for s in self.schedulers: s.step()`
     for value, value_scope in facts.bindings(key, scope):
         if facts.value_kind(value, value_scope) == "scheduler":
             return True
-    return bool(_SCHEDULER_NAME.search(last))
+    return _named_as_a_scheduler(key)
+
+
+def _named_as_a_scheduler(key: str) -> bool:
+    last = key.split(".")[-1].lower()
+    return "scaler" not in last and bool(_SCHEDULER_NAME.search(last))
 
 
 def _one_of_the_schedulers(call: CallSite) -> bool:
@@ -428,13 +432,14 @@ def over_optimizers(loop: Loop) -> bool:
 def iteration_loop(event: Event) -> Loop | None:
     """The loop whose iterations are training steps: not a loop over the optimizers or the
     schedulers of one step (`for opt in optimizers: scaler.step(opt)`, `for s in schedulers:
-    s.step()`), nor a retry loop."""
+    s.step()`), nor one that repeats a scheduler's step within it, nor a retry loop."""
     loops = event.anchor.statement_loops
     while loops:
         loop = loops[-1]
         if (
             over_optimizers(loop)
             or (event.target is not None and loop.binds(event.target.split(".")[0]))
+            or repeats_the_schedule(loop, event)
             # `while True: ...; return` (Composer's out-of-memory retry): a pass that gets to
             # the end leaves, only a retry runs the body again.
             or ends_with(loop.node.body, (cst.Return, cst.Break))
@@ -443,6 +448,45 @@ def iteration_loop(event: Event) -> Loop | None:
             continue
         return loop
     return None
+
+
+def repeats_the_schedule(loop: Loop, event: Event) -> bool:
+    """A loop around a scheduler's step that does nothing but call schedulers (icefall's
+    `for k in range(accumulate_grad_steps): scheduler.step()` after the optimizer step, its
+    `if`/`else` choosing the scheduler's method included): it advances the schedule several times
+    in one training step; no backward, forward or optimizer step runs in it to make it a loop of
+    its own steps. Not a loop over the schedulers (`for s in schedulers: s.step()`), which steps
+    each once."""
+    return (
+        event.kind == "sched_step"
+        and event.anchor is event.call.where  # the loop holds the scheduler call, not a helper's call
+        and not loop.binds(event.target.split(".")[0])
+        and _only_calls_schedulers(loop.node.body, event.target)
+    )
+
+
+def _only_calls_schedulers(suite: cst.BaseSuite, stepped: str | None) -> bool:
+    """Every statement of the block, through `if`s, calls a method of `stepped` or of another
+    object named as a scheduler (`sched_g.step(); sched_d.step()`)."""
+    def is_scheduler_call(small: cst.BaseSmallStatement) -> bool:
+        call = small.value if isinstance(small, cst.Expr) else None
+        if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+            return False
+        receiver = dotted_name(call.func.value)
+        return receiver is not None and (receiver == stepped or _named_as_a_scheduler(receiver))
+
+    def calls_only(statement: cst.CSTNode) -> bool:
+        if isinstance(statement, cst.SimpleStatementLine):
+            return all(is_scheduler_call(small) for small in statement.body)
+        if isinstance(statement, cst.If):
+            return _only_calls_schedulers(statement.body, stepped) and (statement.orelse is None or calls_only(statement.orelse))
+        if isinstance(statement, cst.Else):
+            return _only_calls_schedulers(statement.body, stepped)
+        return False
+
+    if isinstance(suite, cst.SimpleStatementSuite):  # `for _ in range(n): scheduler.step()` on one line
+        return all(is_scheduler_call(small) for small in suite.body)
+    return all(calls_only(statement) for statement in suite.body)
 
 
 def guards_inside(facts: AmpFacts, where: Context, loop: Loop | None) -> list[cst.If]:

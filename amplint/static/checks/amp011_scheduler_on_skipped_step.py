@@ -10,7 +10,7 @@ import libcst as cst
 from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, dotted_name, is_false, is_true
+from amplint.static.semantics import AmpFacts, Loop, dotted_name, is_false, is_true
 
 CODE = "AMP011"
 
@@ -33,16 +33,24 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             if scaler_event is None or _gated(facts, event, skip_flags | {scaler_event.scaler.split(".")[-1]}):
                 continue
             reported.add(id(event.call.node))
+            repeat = _repeating_loop(event)
             yield Hit(
                 event.call.node,
-                _message(facts, event, scaler_event, after=scaler_step is not None),
+                _message(facts, event, scaler_event, after=scaler_step is not None, repeated=repeat is not None),
                 event.call.where.statement,
-                related=(scaler_event.call.node,),
+                related=(scaler_event.call.node, *((repeat.node,) if repeat else ())),
             )
 
 
-def _message(facts: AmpFacts, sched: ts.Event, scaler_event: ts.Event, *, after: bool) -> str:
+def _repeating_loop(sched: ts.Event) -> Loop | None:
+    """The loop that repeats the scheduler's step within the iteration (`for _ in range(accum):
+    scheduler.step()`), if any: the schedule then moves that many times per step, skipped or not."""
+    return next((loop for loop in sched.anchor.statement_loops if ts.repeats_the_schedule(loop, sched)), None)
+
+
+def _message(facts: AmpFacts, sched: ts.Event, scaler_event: ts.Event, *, after: bool, repeated: bool) -> str:
     scaler = _scaler_seen_from(sched, scaler_event)
+    subject = f"`{sched.target}.{sched.call.method}()`" + (", repeated by the loop on line {1}," if repeated else "")
     if after:
         when = f"runs after `{scaler_event.scaler}.{scaler_event.call.method}()` (line {{0}}) whether or not the scaler skipped the optimizer step"
     else:
@@ -63,7 +71,7 @@ def _message(facts: AmpFacts, sched: ts.Event, scaler_event: ts.Event, *, after:
     else:
         fix = f"step the scheduler after `{scaler}.update()`, only when the scale did not drop"
     return (
-        f"`{sched.target}.{sched.call.method}()` {when} for inf/NaN gradients, so what it schedules (a learning rate, a weight decay) "
+        f"{subject} {when} for inf/NaN gradients, so what it schedules (a learning rate, a weight decay) "
         f"advances on steps that did nothing; {fix} (`if {scaler}.get_scale() >= scale_before:`)"
     )
 
