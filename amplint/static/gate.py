@@ -153,7 +153,9 @@ def _amp010(text: _Text) -> bool:
 
 
 def _amp012(text: _Text) -> bool:
-    return text.has(b"GradScaler") and (text.has(b"save") or text.has(b"load_state_dict") or text.has(b"Checkpoint"))
+    # A checkpoint: saved, restored, or handed to a helper named for writing one (`write_checkpoint`).
+    words = (b"save", b"load_state_dict", b"Checkpoint", b"checkpoint", b"ckpt", b"write", b"dump", b"store", b"persist")
+    return text.has(b"GradScaler") and any(text.has(word) for word in words)
 
 
 def _amp013(text: _Text) -> bool:

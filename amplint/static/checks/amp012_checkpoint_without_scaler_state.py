@@ -83,13 +83,14 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     handed: set[str] = set()
     for call in facts.calls:
         saves = _saves(facts, call)
-        hands_over = not scaler_state_saved and call.name not in handed and _given_an_optimizer(facts, call, optimizers)
+        run = _call_it_runs(facts, call)
+        hands_over = not scaler_state_saved and run.name not in handed and _given_an_optimizer(facts, run, optimizers)
         if not (saves or hands_over) or _away_from_every_scaler(facts, call.scope) or _in_an_if_false_body(facts, call.where):
             continue
         hits = list(_saves_without_scaler(facts, call, scalers, scaler_state_saved, reported)) if saves else []
         if not hits and hands_over:  # `saver.save_checkpoint(model, optimizer, epoch)` saves no dict of ours
-            handed.add(call.name)
-            hits.append(_optimizer_handed_to_a_helper(facts, call))
+            handed.add(run.name)
+            hits.append(_optimizer_handed_to_a_helper(facts, call, run.name))
         yield from hits
     yield from _load_without_scaler(facts)
 
@@ -192,8 +193,9 @@ def _saves_a_scaler_state(facts: AmpFacts) -> bool:
     for call in facts.calls:
         if call.method == "state_dict" and _names_a_scaler(facts, call.receiver_key, call.scope):
             return True
-        if _CHECKPOINT_CALL.search(call.name) and any(
-            _names_a_scaler(facts, facts.module.code_for_node(arg.value), call.scope) for arg in call.node.args
+        run = _call_it_runs(facts, call)  # `Thread(target=save_checkpoint, args=(..., scaler))` hands it too
+        if _saves_or_restores_a_checkpoint(run.name) and any(
+            _names_a_scaler(facts, facts.module.code_for_node(arg.value), call.scope) for arg in run.node.args
         ):
             return True
     return False
@@ -265,11 +267,96 @@ def _guarding_ifs(where: Context) -> tuple[cst.If, ...]:
 
 # Calls that save or restore a checkpoint; a scaler handed to one is checkpointed there.
 _CHECKPOINT_CALL = re.compile(r"save|checkpoint|ckpt", re.IGNORECASE)
-# Save helpers from another file, by their name: EfficientDet's `saver.save_checkpoint(model,
-# optimizer, epoch)`, MoFlow's `save_state(dir, model, optimizer, ...)`, VITS'
-# `utils.save_checkpoint(net_g, optim_g, lr, epoch, path)` (not `load_checkpoint`, not
+
+
+def _saves_or_restores_a_checkpoint(name: str) -> bool:
+    return bool(_CHECKPOINT_CALL.search(name)) or _names_a_save_helper(name)
+
+
+# Save helpers from another file, by their name. One that starts with saving or checkpointing:
+# EfficientDet's `saver.save_checkpoint(model, optimizer, epoch)`, MoFlow's `save_state(dir, model,
+# optimizer, ...)`, VITS' `utils.save_checkpoint(net_g, optim_g, lr, epoch, path)` (not
 # `create_checkpoint_engine`).
-_CHECKPOINTING_HELPER = re.compile(r"^_*(?:save|checkpoint|ckpt)", re.IGNORECASE)
+_STARTS_WITH_SAVING = re.compile(r"^_*(?:save|checkpoint|ckpt)", re.IGNORECASE)
+# Or one whose words pair a verb that writes with what a checkpoint holds (PhysicsNeMo's
+# `write_checkpoint(model, optimizer, scheduler, epoch, ...)`, `dump_state`, `persist_model`).
+# These verbs alone also name logging (`writer.write(...)`) and caching (`cache.store(...)`), so
+# they need the object; the optimizer handed to the helper is still required.
+_WRITE_VERBS = frozenset({"save", "write", "dump", "store", "persist"})
+_CHECKPOINT_CONTENTS = frozenset({"checkpoint", "checkpoints", "ckpt", "state", "states", "model", "models"})
+# A helper named for reading restores the optimizer, it saves nothing (`load_checkpoint`,
+# `checkpoint_restore`); `_load_without_scaler` covers restores.
+_READ_VERBS = frozenset({"load", "reload", "restore", "read", "resume"})
+# `write_checkpoint` -> write, checkpoint; `saveModelState` -> save, model, state.
+_NAME_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+
+
+def _names_a_save_helper(name: str) -> bool:
+    words = {word.lower() for word in _NAME_WORD.findall(name)}
+    if words & _READ_VERBS:
+        return False
+    return bool(_STARTS_WITH_SAVING.match(name)) or bool(words & _WRITE_VERBS and words & _CHECKPOINT_CONTENTS)
+
+
+# Threads and processes run `target` with `args` and `kwargs`: Thread(group, target, name, args, kwargs).
+_STARTS_A_WORKER = frozenset({"threading.Thread", "multiprocessing.Process", "torch.multiprocessing.Process"})
+
+
+def _call_it_runs(facts: AmpFacts, call: CallSite) -> CallSite:
+    """The call that work started in the background makes, as if written where it is started (a
+    node outside the tree: findings go to `call`): `threading.Thread(target=write_checkpoint,
+    args=(model, optimizer, ...))`, so that training goes on while the checkpoint is written, or an
+    executor's `submit(fn, *args, **kwargs)` (concurrent.futures' protocol, dask's too, whatever
+    the receiver). Any other call runs itself."""
+    if call.qualname in _STARTS_A_WORKER:
+        function, args = call.arg(1, "target"), _worker_arguments(call.arg(3, "args"), call.arg(4, "kwargs"))
+    elif call.method == "submit" and call.node.args and call.node.args[0].keyword is None and not call.node.args[0].star:
+        function, args = call.node.args[0].value, list(call.node.args[1:])
+    else:
+        return call
+    if function is None:
+        return call
+    method = function.attr.value if isinstance(function, cst.Attribute) else None
+    receiver = function.value if isinstance(function, cst.Attribute) else None
+    return CallSite(
+        cst.Call(func=function, args=args), dotted_name(function), method, receiver, dotted_name(receiver),
+        call.where, facts.qualname(function, call.scope),
+    )
+
+
+def _worker_arguments(args: cst.BaseExpression | None, kwargs: cst.BaseExpression | None) -> list[cst.Arg]:
+    """`Thread(target=f, args=a, kwargs=k)` runs `f(*a, **k)`: the items of a tuple or list `a`
+    are its positional arguments, the entries of a dict `k` (`{"epoch": epoch}`, `dict(epoch=epoch)`)
+    its keywords; anything else is passed as `*a` or `**k`."""
+    passed = []
+    if isinstance(args, (cst.Tuple, cst.List)):
+        passed += [cst.Arg(e.value, star="*" if isinstance(e, cst.StarredElement) else "") for e in args.elements]
+    elif args is not None:
+        passed.append(cst.Arg(args, star="*"))
+    keywords = _keywords_of(kwargs)
+    if keywords is not None:
+        passed += keywords
+    elif kwargs is not None:
+        passed.append(cst.Arg(kwargs, star="**"))
+    return passed
+
+
+def _keywords_of(mapping: cst.BaseExpression | None) -> list[cst.Arg] | None:
+    """A dict's entries as keyword arguments, when every key can be one."""
+    if isinstance(mapping, cst.Call) and dotted_name(mapping.func) == "dict" and all(a.keyword or a.star == "**" for a in mapping.args):
+        return list(mapping.args)
+    if not isinstance(mapping, cst.Dict):
+        return None
+    keywords = []
+    for element in mapping.elements:
+        if isinstance(element, cst.StarredDictElement):
+            keywords.append(cst.Arg(element.value, star="**"))
+            continue
+        key = string_literal(element.key)
+        if key is None or not key.isidentifier():
+            return None
+        keywords.append(cst.Arg(element.value, keyword=cst.Name(key)))
+    return keywords
 
 
 def _stepped_or_built_optimizers(facts: AmpFacts) -> set[str]:
@@ -286,19 +373,20 @@ def _stepped_or_built_optimizers(facts: AmpFacts) -> set[str]:
 
 
 def _given_an_optimizer(facts: AmpFacts, call: CallSite, optimizers: set[str]) -> bool:
-    """A save helper of another file given an optimizer object (it saves its state itself).
-    Not torch's own functions: `torch.utils.checkpoint.checkpoint` recomputes activations."""
-    if not _CHECKPOINTING_HELPER.match(call.name) or (call.qualname or "").startswith(("torch.", _XLA)):
+    """A save helper of another file given an optimizer object (it saves its state itself); `call`
+    may be the one a thread or an executor makes (`_call_it_runs`). Not torch's own functions:
+    `torch.utils.checkpoint.checkpoint` recomputes activations."""
+    if not _names_a_save_helper(call.name) or (call.qualname or "").startswith(("torch.", _XLA)):
         return False
     if facts.called_function(call) is not None:
         return False  # this file's own helpers are followed to their torch.save
     return any(dotted_name(arg.value) in optimizers for arg in call.node.args)
 
 
-def _optimizer_handed_to_a_helper(facts: AmpFacts, call: CallSite) -> Hit:
+def _optimizer_handed_to_a_helper(facts: AmpFacts, call: CallSite, helper: str) -> Hit:
     return Hit(
         call.node,
-        f"`{call.name}(...)` is given the optimizer but not the GradScaler{_when_on(facts)}, and this "
+        f"`{helper}(...)` is given the optimizer but not the GradScaler{_when_on(facts)}, and this "
         f"file never saves the scaler's state; {_resumed_run(facts)}; pass the scaler too, so that its `state_dict()` is saved "
         "and restored with the optimizer's",
         call.where.statement,
