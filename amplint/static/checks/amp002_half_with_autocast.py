@@ -108,10 +108,14 @@ def _possible_names(expr: cst.BaseExpression | None, scope: Scope, facts: AmpFac
 
 
 def _arms(value: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
-    """The values a conditional expression may take, through nested conditionals."""
+    """The values a conditional expression may take in a run that may train, through nested
+    conditionals: an arm selected only when no training runs (verl's `torch.float32 if not
+    config.forward_only else torch.bfloat16`, float32 to train and bfloat16 for a reference model)
+    converts a model nobody trains, like a cast under `if config.forward_only:`."""
     if isinstance(value, cst.IfExp):
-        yield from _arms(value.body)
-        yield from _arms(value.orelse)
+        for arm, test_holds in ((value.body, True), (value.orelse, False)):
+            if not _only_without_training(value.test, test_holds):
+                yield from _arms(arm)
     else:
         yield value
 
@@ -279,14 +283,37 @@ def _fresh_model_for_evaluation(call: CallSite, facts: AmpFacts) -> bool:
 
 
 # Flags that say whether the process trains at all: HF Trainer's `self.is_in_train` (set for the
-# duration of `train()`) and `args.do_train`; not a module's `training` mode, off in every evaluation.
-_TRAINING_RUN_FLAG = re.compile(r"(?:\w+\.)*(?:is_in_train|do_train)")
+# duration of `train()`), `args.do_train`, `is_training`; not a module's `training` mode, off in
+# every evaluation of a training run.
+_TRAINING_RUN_FLAG = re.compile(r"(?:\w+\.)*(?:is_in_train|do_train|is_training)")
+# Flags that say it does not train: an engine that only runs forward (verl's reference and reward
+# models), an evaluation-only or inference run.
+_NO_TRAINING_FLAG = re.compile(r"(?:\w+\.)*(?:forward_only|eval_only|inference(?:_only)?)")
+
+
+def _only_without_training(test: cst.BaseExpression, test_holds: bool) -> bool:
+    """Whether code that runs when `test` holds (or, with `test_holds` False, fails) runs only when
+    no training runs: a training flag fails there or a no-training flag holds. Every operand of an
+    `and` that holds holds, and every operand of an `or` that fails fails; of `not (a and
+    args.do_train)`, which operand failed is not known."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _only_without_training(test.expression, not test_holds)
+    if isinstance(test, cst.BooleanOperation):
+        every_operand_decides = isinstance(test.operator, cst.And) == test_holds
+        return every_operand_decides and any(_only_without_training(part, test_holds) for part in (test.left, test.right))
+    flag = dotted_name(test) or ""
+    return bool((_NO_TRAINING_FLAG if test_holds else _TRAINING_RUN_FLAG).fullmatch(flag))
 
 
 def _outside_training(call: CallSite, facts: AmpFacts) -> bool:
     """A conversion only when no training runs (the HF Trainer's full-fp16 evaluation: `if not
-    self.is_in_train: model = model.to(dtype=torch.float16)`): a model evaluated on its own."""
-    return any(_TRAINING_RUN_FLAG.fullmatch(condition) for condition in facts.failed_conditions(call.where))
+    self.is_in_train: model = model.to(dtype=torch.float16)`; `if self.forward_only:`): a model
+    evaluated on its own."""
+    tests = facts.if_tests  # a `match` case has none
+    return any(
+        node_id in tests and _only_without_training(tests[node_id], label == "body")
+        for node_id, label in call.where.branches
+    )
 
 
 def _kernel_cast_in_model(call: CallSite, facts: AmpFacts) -> bool:
@@ -536,11 +563,26 @@ def _test_without_amp(call: CallSite, facts: AmpFacts) -> bool:
     functions it calls: a test runner runs each test by itself (timm's suite casts a module to
     float16 in one test and checks autocast in the next; peft's bfloat16 forward tests sit beside
     a `_test_model` helper that opens autocast for others). AMP at module level is every test's."""
-    test = _test_function(call.scope)
-    if test is None or any(_opens_amp(c) for c in facts.module_scope.calls):
-        return False
+    return not any(_opens_amp(c) for c in facts.module_scope.calls) and _only_in_tests_without_amp(call.scope, facts)
+
+
+def _only_in_tests_without_amp(scope: Scope, facts: AmpFacts, depth: int = 0) -> bool:
+    """Whether code in `scope` runs only in tests that reach no AMP: it is in one, or in a function
+    of the file that reaches no AMP itself and that only such tests call, up to names.CALL_DEPTH
+    calls away (xformers' `_get_model_blocks(..., dtype)`, building float16 blocks for two tests
+    that never open autocast). A function also used as a value may run anywhere."""
     anchors = _amp_anchors(facts)
-    return not any(anchors[id(f)] for f in facts.functions if _test_function(f) is test)
+    test = _test_function(scope)
+    if test is not None:
+        return not any(anchors[id(f)] for f in facts.functions if _test_function(f) is test)
+    function = scope.function_scope
+    if function.kind != "function" or depth >= names.CALL_DEPTH or anchors[id(function)]:
+        return False
+    callers = facts.callers(function)
+    passed_as_a_value = any(r.dotted.rsplit(".", 1)[-1] == function.name for r in facts.references)
+    return bool(callers) and not passed_as_a_value and all(
+        _only_in_tests_without_amp(site.scope, facts, depth + 1) for site in callers
+    )
 
 
 def _frozen(call: CallSite, facts: AmpFacts) -> bool:
