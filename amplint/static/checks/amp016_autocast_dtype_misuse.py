@@ -10,7 +10,7 @@ import libcst as cst
 from amplint.model import Severity
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
-from amplint.static.semantics import AmpFacts, Autocast, CallSite, constructor_of, dotted_name
+from amplint.static.semantics import AmpFacts, Autocast, CallSite, constructor_of, dotted_name, string_literal
 
 CODE = "AMP016"
 
@@ -20,6 +20,8 @@ _BCE_MODULES = {"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"}
 # at least an Ampere one), all of which have bfloat16, so a module built on them never runs on a
 # V100 or T4. Not `torch.float8_*` dtypes alone: any GPU stores float8 weights and upcasts them.
 _NEEDS_BF16_HARDWARE = ("transformer_engine", "msamp", "torchao.float8")
+# Attention implementations (transformers' `attn_implementation=`) with no kernels before Ampere.
+_AMPERE_ATTENTION = {"flash_attention_2", "flash_attention_3"}
 # A setting that asks for bfloat16 by name (`use_bfloat16`, `args.bf16`, `precision == "bf16"`).
 _NAMES_BFLOAT16 = re.compile(r"bf16|bfloat16", re.IGNORECASE)
 
@@ -69,12 +71,15 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
 def _needs_bf16_hardware(facts: AmpFacts) -> bool:
     """The module imports a library that runs only on GPUs with bfloat16 (see _NEEDS_BF16_HARDWARE),
     and not as an option (`try: import transformer_engine` / `except ImportError:`), which says
-    nothing of the GPU the rest of the module runs on."""
-    return any(
+    nothing of the GPU the rest of the module runs on; or it asks for FlashAttention 2 by name
+    (`attn_implementation="flash_attention_2"`), whose kernels need an Ampere GPU or newer."""
+    if any(
         (ref.qualname == library or ref.qualname.startswith(library + ".")) and not _optional(facts, ref.statement)
         for ref in facts.imports
         for library in _NEEDS_BF16_HARDWARE
-    )
+    ):
+        return True
+    return any(string_literal(call.arg(None, "attn_implementation")) in _AMPERE_ATTENTION for call in facts.calls)
 
 
 def _optional(facts: AmpFacts, statement: cst.CSTNode) -> bool:
