@@ -52,7 +52,13 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
                 f"if that is the intent, else use torch.bfloat16 or torch.float16",
                 call.where.statement,
             )
-        elif dtype in rg.BFLOAT16 and device == "cuda" and not _opted_into_bfloat16(facts, region) and not _named_for_bfloat16(call):
+        elif (
+            dtype in rg.BFLOAT16
+            and device == "cuda"
+            and not _opted_into_bfloat16(facts, region)
+            and not _chosen_by_a_bfloat16_setting(facts, call)
+            and not _named_for_bfloat16(call)
+        ):
             if guarded is None:
                 guarded = bool(rg.BF16_SUPPORT_CHECK.search(facts.text)) or _needs_bf16_hardware(facts)
             if not guarded:
@@ -91,6 +97,24 @@ def _opted_into_bfloat16(facts: AmpFacts, region: Autocast) -> bool:
     """`enabled=use_bfloat16`: the region runs only when a setting asks for bfloat16, so the user
     chose it for their GPU, and turning the setting off is the fallback."""
     return region.enabled_when is not None and bool(_NAMES_BFLOAT16.search(facts.module.code_for_node(region.enabled_when)))
+
+
+def _chosen_by_a_bfloat16_setting(facts: AmpFacts, call: CallSite) -> bool:
+    """The region is built in the branch of an `if` on a setting that asks for bfloat16 by name
+    (open_clip's `elif precision == "amp_bf16": return lambda: autocast(dtype=torch.bfloat16)`):
+    the user chose it for their GPU, like `enabled=args.bf16`."""
+    inner: cst.CSTNode = call.node
+    for node in facts.ancestors(call.node):  # through a lambda or a nested def too
+        if isinstance(node, cst.If) and inner is node.body:
+            condition = facts.module.code_for_node(node.test)
+            if _NAMES_BFLOAT16.search(condition) and not _NEGATED.search(condition):
+                return True
+        inner = node
+    return False
+
+
+# `not args.bf16`, `precision != "bf16"`: the branch runs when bfloat16 was not asked for.
+_NEGATED = re.compile(r"\bnot\b|!=")
 
 
 def _named_for_bfloat16(call: CallSite) -> bool:
