@@ -504,21 +504,52 @@ def _uses_amp(call: CallSite, facts: AmpFacts) -> bool:
 def _amp_anchors(facts: AmpFacts) -> dict[int, list[CallSite]]:
     """For the module and each function (by id), where it reaches AMP: its calls that use AMP
     and its calls of in-file functions that reach AMP, up to names.CALL_DEPTH calls deep, as the facts follow regions."""
+    decorated = {id(f) for f in facts.functions if any(facts.decorator_autocast(d, f.parent or f) for d in f.decorators)}
+    return _anchors(facts, "AMP002 amp anchors", lambda call: _uses_amp(call, facts), decorated)
+
+
+def _training_anchors(facts: AmpFacts) -> dict[int, list[CallSite]]:
+    """The same for training: a backward, a GradScaler built, an optimizer stepped."""
+    def trains(call: CallSite) -> bool:
+        return (
+            call in rg.backwards(facts)
+            or call.qualname in names.GRAD_SCALER
+            or (call.method == "step" and facts.is_optimizer(call.receiver_key, call.scope))
+        )
+
+    return _anchors(facts, "AMP002 training anchors", trains, set())
+
+
+def _anchors(facts: AmpFacts, key: str, direct_use, marked: set[int]) -> dict[int, list[CallSite]]:
+    """For the module and each function, its calls that are a direct use (`direct_use`) and its
+    calls of in-file functions that reach one (or that are `marked`), up to names.CALL_DEPTH deep."""
 
     def build():
-        direct = {id(c) for c in facts.calls if _uses_amp(c, facts)}
+        direct = {id(c) for c in facts.calls if direct_use(c)}
         helper = {id(c): id(f) for c in facts.calls if (f := facts.called_function(c)) is not None}
-        decorated = {id(f) for f in facts.functions if any(facts.decorator_autocast(d, f.parent or f) for d in f.decorators)}
         reaching: set[int] = set()
 
         def reaches(call: CallSite) -> bool:
             return id(call) in direct or helper.get(id(call)) in reaching
 
-        for _ in range(names.CALL_DEPTH):  # the functions that use AMP, then their callers, then theirs
-            reaching |= {id(f) for f in facts.functions if id(f) in decorated or any(reaches(c) for c in f.calls)}
+        for _ in range(names.CALL_DEPTH):  # the functions with a direct use, then their callers, then theirs
+            reaching |= {id(f) for f in facts.functions if id(f) in marked or any(reaches(c) for c in f.calls)}
         return {id(f): [c for c in f.calls if reaches(c)] for f in (facts.module_scope, *facts.functions)}
 
-    return cached(facts, "AMP002 amp anchors", build)
+    return cached(facts, key, build)
+
+
+def _test_that_does_not_train(call: CallSite, facts: AmpFacts) -> bool:
+    """A cast in a test that reaches no backward, GradScaler or optimizer step (a float16 or
+    bfloat16 forward under autocast): a test runner runs each test by itself, so the module's
+    other tests training does not make this one train."""
+    test = _test_function(call.scope)
+    if test is None:
+        return False
+    anchors = _training_anchors(facts)
+    if anchors[id(facts.module_scope)]:
+        return False
+    return not any(anchors[id(f)] for f in facts.functions if _test_function(f) is test)
 
 
 def _amp_only_in_other_branches(call: CallSite, facts: AmpFacts) -> bool:
@@ -749,6 +780,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _upstream_gradient(call, facts)
             or _stored_in_a_buffer(call, facts)
             or _test_without_amp(call, facts)
+            or _test_that_does_not_train(call, facts)
             or _amp_only_in_other_branches(call, facts)
         ):
             continue
