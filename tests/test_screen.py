@@ -68,6 +68,7 @@ def test_a_rule_example_passes_its_rules_screen(code: str, source: str) -> None:
         "def step(batch, ctx):\n    with ctx():\n        pass\nstep(x, torch.autocast)\n",
         "class T:\n    def step(self, ctx):\n        with ctx():\n            pass\n    def fit(self):\n        self.step(torch.autocast)\n",
         "def step(ctx=torch.autocast):\n    with ctx('cuda'):\n        pass\n",
+        "def get_autocast(p):\n    return torch.autocast if p else contextlib.suppress\nwith get_autocast(1)('cuda'):\n    pass\n",
     ],
 )
 def test_every_way_of_opening_autocast_opens_autocast(source: str) -> None:

@@ -102,6 +102,7 @@ class _Walk:
     callees: set[str] = field(default_factory=set)  # dotted names called
     methods: set[str] = field(default_factory=set)  # attributes called, whatever their receiver
     decorators: set[str] = field(default_factory=set)  # dotted names used as decorators, uncalled
+    returned: set[str] = field(default_factory=set)  # dotted names a `return` may give (`return torch.autocast`)
     assigned: set[str] = field(default_factory=set)  # dotted names assigned to
     bindings: list[tuple[str, str]] = field(default_factory=list)  # (bound name, dotted value)
     bases: set[str] = field(default_factory=set)  # dotted class bases
@@ -147,6 +148,10 @@ class _Walk:
     def _annotated_or_named(self, node: ast.AnnAssign | ast.NamedExpr) -> None:
         if node.value is not None:
             self._bind(node.target, node.value)
+
+    def _return(self, node: ast.Return) -> None:
+        if node.value is not None:
+            self.returned.update(_named_by(node.value))
 
     def _class(self, node: ast.ClassDef) -> None:
         self.bases.update(filter(None, map(dotted, node.bases)))
@@ -224,6 +229,7 @@ _HANDLERS = {
     ast.FunctionDef: _Walk._definition,
     ast.AsyncFunctionDef: _Walk._definition,
     ast.ClassDef: _Walk._class,
+    ast.Return: _Walk._return,
     ast.Import: _Walk._import,
     ast.ImportFrom: _Walk._import,
     ast.Dict: _Walk._display,
@@ -315,8 +321,9 @@ class Screen:
 
     @cached_property
     def opens_autocast(self) -> bool:
-        """Necessary for `facts.has_autocast`: autocast (or a name for it) is called or decorates."""
-        return self._may_name(self.walk.callees | self.walk.decorators, _AUTOCAST)
+        """Necessary for `facts.has_autocast`: autocast (or a name for it) is called or decorates,
+        or a factory returns it for its caller to call (open_clip's `get_autocast`)."""
+        return self._may_name(self.walk.callees | self.walk.decorators | self.walk.returned, _AUTOCAST)
 
     @property
     def autocast_names(self) -> set[str]:

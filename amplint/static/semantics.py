@@ -776,7 +776,20 @@ class AmpFacts:
                 if value.args:
                     return self.qualname(value.args[0].value, value_scope)
         # `ctx = suppress` on one path and `ctx = torch.autocast` on another: the autocast.
-        return self._conditional_autocast(bound) or self._bound_among(bound, names.AUTOCAST) or qualified
+        return self._conditional_autocast(bound) or self._bound_among(bound, names.AUTOCAST) or self._made_by_a_factory(bound) or qualified
+
+    def _made_by_a_factory(self, bound: list[tuple[cst.BaseExpression, Scope]]) -> str | None:
+        """`autocast = get_autocast(precision)`: the autocast a same-file factory returns (itself,
+        a `partial` of it, or a lambda that builds one), which calling the name then builds."""
+        for factory in self._factories(bound):
+            for returned in factory.returns:
+                if isinstance(returned, cst.Lambda) and isinstance(returned.body, cst.Call):
+                    returned = returned.body.func
+                elif isinstance(returned, cst.Call) and self.qualname(returned.func, factory) in names.FUNCTOOLS_PARTIAL and returned.args:
+                    returned = returned.args[0].value
+                if (qualified := self.qualname(returned, factory)) in names.AUTOCAST:
+                    return qualified
+        return None
 
     def conditional_autocast(self, key: str | None, scope: Scope) -> str | None:
         """`autocast = torch.cuda.amp.autocast if amp else suppress`, later `with autocast():`:
@@ -1107,7 +1120,9 @@ class AmpFacts:
                     found = self.autocast_of(value, function, depth + 1)
                     if found:
                         return found
-            return None
+            return self._returned_by_a_factory(expr, scope, depth)
+        if isinstance(expr, cst.Lambda):  # `lambda: torch.autocast("cuda", dtype=torch.bfloat16)`, called
+            return self.autocast_of(expr.body, scope, depth + 1)
         if isinstance(expr, cst.IfExp):
             body = self.autocast_of(expr.body, scope, depth + 1)
             orelse = self.autocast_of(expr.orelse, scope, depth + 1)
@@ -1133,6 +1148,34 @@ class AmpFacts:
                 found = self.autocast_of(value, value_scope, depth + 1)
                 if found:
                     return found
+        return None
+
+    def _factories(self, bound: list[tuple[cst.BaseExpression, Scope]]) -> Iterator[Scope]:
+        """The same-file functions whose call results a name is bound to."""
+        for value, value_scope in bound:
+            factory = self._function_named(value.func, value_scope) if isinstance(value, cst.Call) else None
+            if factory is not None:
+                yield factory
+
+    def _returned_by_a_factory(self, call: cst.Call, scope: Scope, depth: int) -> Autocast | None:
+        """`autocast = get_autocast(args.precision)`, then `with autocast():` (open_clip): the
+        region of what a same-file factory returns, called here: autocast itself, a `partial` of
+        it, or a lambda that builds one. A no-op context returned on another path (`suppress`)
+        makes it a region that may be on."""
+        for factory in self._factories(self.held_values(dotted_name(call.func), scope)):
+            found, no_op = None, False
+            for returned in factory.returns:
+                qualified = self.qualname(returned, factory) if isinstance(returned, (cst.Name, cst.Attribute)) else None
+                if qualified in names.NO_OP_CONTEXTS:
+                    no_op = True
+                elif found is None and qualified in names.AUTOCAST:
+                    found = _autocast_from_call(call, qualified, scope)
+                elif found is None and isinstance(returned, cst.Lambda):
+                    found = self.autocast_of(returned.body, factory, depth + 1)
+                elif found is None:
+                    found = self._autocast_of_partial(returned, factory)
+            if found is not None:
+                return _on_one_path(found) if no_op else found
         return None
 
     def constructed(self, key: str | None, scope: Scope) -> list[tuple[cst.Call, str | None]]:
@@ -1174,17 +1217,21 @@ class AmpFacts:
 
     def _partial_autocast(self, func: cst.BaseExpression, scope: Scope) -> Autocast | None:
         for value, value_scope in self.held_values(dotted_name(func), scope):
-            if (
-                isinstance(value, cst.Call)
-                and self.qualname(value.func, value_scope) in names.FUNCTOOLS_PARTIAL
-                and value.args
-            ):
-                target = self.qualname(value.args[0].value, value_scope)
-                if target in names.AUTOCAST:
-                    shifted = value.with_changes(args=value.args[1:])
-                    # Report the partial() call itself: the shifted copy is not in the tree.
-                    return replace(_autocast_from_call(shifted, target, value_scope), node=value)
+            region = self._autocast_of_partial(value, value_scope)
+            if region is not None:
+                return region
         return None
+
+    def _autocast_of_partial(self, value: cst.BaseExpression, scope: Scope) -> Autocast | None:
+        """The region `functools.partial(torch.autocast, "cuda", ...)` opens when called."""
+        if not (isinstance(value, cst.Call) and self.qualname(value.func, scope) in names.FUNCTOOLS_PARTIAL and value.args):
+            return None
+        target = self.qualname(value.args[0].value, scope)
+        if target not in names.AUTOCAST:
+            return None
+        shifted = value.with_changes(args=value.args[1:])
+        # Report the partial() call itself: the shifted copy is not in the tree.
+        return replace(_autocast_from_call(shifted, target, scope), node=value)
 
     def _function_named(self, func: cst.BaseExpression, scope: Scope) -> Scope | None:
         dotted = dotted_name(func)
