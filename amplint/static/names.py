@@ -49,6 +49,9 @@ AUTOCAST_STATE_GETTERS = {
     *(name for name in DEPRECATED_AUTOCAST_STATE if name.startswith(("torch.is_", "torch.get_"))),
 }
 
+# Autocast's own cast of an op's inputs to the region's dtype: code calling it implements autocast.
+AUTOCAST_CAST = "torch.amp.autocast_mode._cast"
+
 AUTOCAST = {
     "torch.autocast",
     "torch.amp.autocast",

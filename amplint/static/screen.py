@@ -378,6 +378,16 @@ class Screen:
         return self._may_name(self.walk.callees, _AUTOCAST_STATE_GETTERS)
 
     @cached_property
+    def casts_for_autocast(self) -> bool:
+        """Sufficient for a call of autocast's own `_cast` (AMP013 then reads no state reader as
+        proof): the module imports it and calls it by that name."""
+        cast = names.AUTOCAST_CAST
+        names_for_cast = {cast} | {key for key, value in self.walk.bindings if value == cast}
+        if cast in self.walk.imported_names:
+            names_for_cast.add(cast.rsplit(".", 1)[-1])
+        return not names_for_cast.isdisjoint(self.walk.callees)
+
+    @cached_property
     def subclasses_function(self) -> bool:
         """Necessary for a custom autograd.Function class (AMP013)."""
         return self._may_name(self.walk.bases, _AUTOGRAD_FUNCTION)
@@ -453,7 +463,8 @@ PRECONDITIONS: dict[str, Callable[[Screen], bool]] = {
     "AMP010": _scaler,
     "AMP011": lambda s: s.uses_a_scaler and s.calls_step,
     "AMP012": _scaler,
-    "AMP013": lambda s: s.subclasses_function and (s.opens_autocast or s.constructs_scaler or s.names_custom_fwd or s.reads_autocast_state),
+    "AMP013": lambda s: s.subclasses_function
+    and (s.opens_autocast or s.constructs_scaler or s.names_custom_fwd or (s.reads_autocast_state and not s.casts_for_autocast)),
     "AMP014": lambda s: s.opens_autocast and s.disables_autocast,
     "AMP015": _autocast,
     "AMP016": _autocast,

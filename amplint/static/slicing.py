@@ -52,6 +52,11 @@ _SCALER = r"\.scale\s*\(|unscale_|get_scale|GradScaler|caler|CALER"  # `scaler` 
 _BUILDS_OPTIMIZERS = r"optim(?<!\woptim)(?:izers)?\b|AdamW|Adafactor|get_\w*schedule"
 _OPTIMIZER_RULES = frozenset({"AMP003", "AMP006", "AMP007", "AMP008", "AMP011", "AMP012"})
 _SAVES = r"save(?<!\wsave)\s*\(|Checkpoint\s*\("
+# AMP012's save helpers named for writing what a checkpoint holds (`write_checkpoint`, `dump_state`,
+# `ckpt_model`), in either order of their words.
+_CHECKPOINT_WRITER = (
+    r"(?i:checkpoint|ckpt|(?:write|dump|store|persist)\w*(?:state|model)|(?:state|model)\w*(?:write|dump|store|persist))"
+)
 # AMP002's casts, and the AMP code a function holding one may reach through its helpers.
 _AMP002_CASTS = r"\.(?:half|bfloat16)\(|float16|half(?<!\whalf)\b|HalfTensor"
 _AMP002_AMP = r"autocast|training_step|" + _SCALER  # a scaler used by name counts (semantics.is_scaler)
@@ -79,7 +84,7 @@ TRIGGERS: dict[str, str] = {
     "AMP010": r"autocast|bfloat16|" + _SCALER,
     # A checkpoint saved or restored, and anywhere `torch.load` is called (the module-wide
     # question its restore check starts from).
-    "AMP012": r"save|state_dict|load(?<!\wload)\b|Checkpoint|checkpoint|ckpt|write|dump|store|persist|" + _SCALER,
+    "AMP012": r"save|state_dict|load(?<!\wload)\b|Checkpoint|" + _CHECKPOINT_WRITER + "|" + _SCALER,
     # What makes the module AMP-aware; a Function's own methods are kept by _FUNCTION_CLASS_RULES.
     # Every `.apply` of a Function: its exemption needs all of them in autocast-disabled regions.
     "AMP013": r"custom_fwd|custom_bwd|autocast|\.apply(?!\w)|" + _SCALER,

@@ -37,7 +37,6 @@ _SETTING_NAME = re.compile(
 _CTX_METHODS = {
     "save_for_backward", "save_for_forward", "mark_dirty", "mark_non_differentiable", "set_materialize_grads",
 }
-_AUTOCAST_CAST = "torch.amp.autocast_mode._cast"
 # Reading the autocast state: torch's getters and helpers named like them (`_get_autocast_kwargs`).
 _AUTOCAST_STATE = re.compile(r"^_?(is|get)_autocast\w*$")
 _AUTOCAST_NAME = re.compile(r"(^|_)autocast$")
@@ -96,7 +95,7 @@ def _amp_aware(facts: AmpFacts) -> bool:
     if facts.has_autocast or facts.has_scaler:
         return True
     qualnames = {call.qualname for call in facts.calls}
-    if not qualnames.isdisjoint(names.AUTOCAST_STATE_GETTERS) and _AUTOCAST_CAST not in qualnames:
+    if not qualnames.isdisjoint(names.AUTOCAST_STATE_GETTERS) and names.AUTOCAST_CAST not in qualnames:
         return True
     named = [r.qualname for r in facts.imports] + [c.qualname for c in facts.calls if c.qualname]
     named += [r.dotted for r in facts.references]  # `functools.partial(torch.amp.custom_fwd, ...)`
