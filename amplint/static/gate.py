@@ -55,6 +55,8 @@ _PART_OF = {
     b"get_scale": b"cale",
     b"custom_fwd": b"custom_",
     b"custom_bwd": b"custom_",
+    b"is_autocast_": b"autocast",
+    b"get_autocast_": b"autocast",
 }
 
 
@@ -158,12 +160,19 @@ def _amp012(text: _Text) -> bool:
     return text.has(b"GradScaler") and any(text.has(word) for word in words)
 
 
+# A class with `Function` among its bases, or a name for it (`Fn = torch.autograd.Function`,
+# `import Function as Fn`): where a module that only reads the autocast state defines one.
+_DEFINES_A_FUNCTION = re.compile(rb"class\s+\w+\s*\([^)]*Function|=\s*[\w.]*Function\b|Function\s+as\s+\w")
+
+
 def _amp013(text: _Text) -> bool:
-    amp_aware = (
-        text.has(b"GradScaler") or text.has(b"custom_fwd") or text.has(b"custom_bwd") or text.whole_word(b"autocast")
-        or text.has(b"is_autocast_") or text.has(b"get_autocast_")  # `torch.is_autocast_enabled()`: written for autocast
-    )
-    return amp_aware and text.has(b"Function")
+    if not text.has(b"Function"):
+        return False
+    if text.has(b"GradScaler") or text.has(b"custom_fwd") or text.has(b"custom_bwd") or text.whole_word(b"autocast"):
+        return True
+    # `torch.is_autocast_enabled()`: written to run under autocast (see AMP013's `_amp_aware`).
+    reads_state = text.has(b"is_autocast_") or text.has(b"get_autocast_")
+    return reads_state and _DEFINES_A_FUNCTION.search(text.raw) is not None
 
 
 _THREAD_WORDS = (b"Thread", b"submit", b"Executor", b"Pool", b".map(", b"apply_async", b"imap", b"starmap")
