@@ -772,9 +772,9 @@ class AmpFacts:
         bound = self.held_values(call.callee, call.scope)
         # `amp_ctx = functools.partial(torch.autocast, "cuda")` and later `amp_ctx()`.
         for value, value_scope in bound:
-            if isinstance(value, cst.Call) and self.qualname(value.func, value_scope) in names.FUNCTOOLS_PARTIAL:
-                if value.args:
-                    return self.qualname(value.args[0].value, value_scope)
+            target = self._partial_target(value, value_scope)
+            if target is not None:
+                return self.qualname(target, value_scope)
         # `ctx = suppress` on one path and `ctx = torch.autocast` on another: the autocast.
         return self._conditional_autocast(bound) or self._bound_among(bound, names.AUTOCAST) or self._made_by_a_factory(bound) or qualified
 
@@ -785,8 +785,7 @@ class AmpFacts:
             for returned in factory.returns:
                 if isinstance(returned, cst.Lambda) and isinstance(returned.body, cst.Call):
                     returned = returned.body.func
-                elif isinstance(returned, cst.Call) and self.qualname(returned.func, factory) in names.FUNCTOOLS_PARTIAL and returned.args:
-                    returned = returned.args[0].value
+                returned = self._partial_target(returned, factory) or returned
                 if (qualified := self.qualname(returned, factory)) in names.AUTOCAST:
                     return qualified
         return None
@@ -1222,11 +1221,15 @@ class AmpFacts:
                 return region
         return None
 
+    def _partial_target(self, value: cst.BaseExpression, scope: Scope) -> cst.BaseExpression | None:
+        """What `functools.partial(f, ...)` fixes arguments of: `f`."""
+        if isinstance(value, cst.Call) and value.args and self.qualname(value.func, scope) in names.FUNCTOOLS_PARTIAL:
+            return value.args[0].value
+        return None
+
     def _autocast_of_partial(self, value: cst.BaseExpression, scope: Scope) -> Autocast | None:
         """The region `functools.partial(torch.autocast, "cuda", ...)` opens when called."""
-        if not (isinstance(value, cst.Call) and self.qualname(value.func, scope) in names.FUNCTOOLS_PARTIAL and value.args):
-            return None
-        target = self.qualname(value.args[0].value, scope)
+        target = self.qualname(self._partial_target(value, scope), scope)
         if target not in names.AUTOCAST:
             return None
         shifted = value.with_changes(args=value.args[1:])
