@@ -758,10 +758,18 @@ class AmpFacts:
         if resolved is not None or depth > 2:
             return resolved
         # `ac = torch.autocast` and later `ac(...)`.
-        for value, value_scope in self.bindings(dotted, scope, through_parameters=True):
+        for value, value_scope in self.bindings(dotted, scope):
             if isinstance(value, (cst.Name, cst.Attribute)):
                 aliased = self.qualname(value, value_scope, depth + 1)
                 if aliased:
+                    return aliased
+        # A parameter names what this file passes for it only where the region questions need it
+        # (autocast, or a no-op context in its place): another callable handed in, a decorator
+        # chosen by a version check, stays unknown rather than taking one caller's spelling.
+        for value, value_scope in self.bindings(dotted, scope, through_parameters=True):
+            if isinstance(value, (cst.Name, cst.Attribute)):
+                aliased = self.qualname(value, value_scope, depth + 1)
+                if aliased in names.AUTOCAST or aliased in names.NO_OP_CONTEXTS:
                     return aliased
         return None
 
