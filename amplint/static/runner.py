@@ -128,6 +128,7 @@ def check_paths(
     files = collect_files(arguments, settings, force_exclude, result, elsewhere)
     caches: dict[tuple[Path, str], ResultCache] = {}
     excluders: dict[Path | None, Excluder] = {}  # a nested project's `exclude`, from its folder
+    enabled: dict[int, frozenset[str]] = {}  # id(settings) -> its rules: 0.1 s a tree if asked per file
     tasks: list[_Task] = []
     stats: list[os.stat_result] = []
     entries: list[tuple[ResultCache | None, str]] = []  # each task's cache and key in it
@@ -155,7 +156,9 @@ def check_paths(
             result.findings.extend(_with_path(cached, source_file.display))
             continue
         previous = cache.previous(entry) if cache else None
-        tasks.append(_Task(source_file.key, source_file.display, source_file.named, own.enabled_codes(codes), own.min_torch, previous, cache is not None))
+        if id(own) not in enabled:
+            enabled[id(own)] = own.enabled_codes(codes)
+        tasks.append(_Task(source_file.key, source_file.display, source_file.named, enabled[id(own)], own.min_torch, previous, cache is not None))
         stats.append(stat)
         entries.append((cache, entry))
     for task, stat, (cache, entry), outcome in zip(tasks, stats, entries, _check_all(tasks, stats, jobs)):
