@@ -763,15 +763,19 @@ class AmpFacts:
                 aliased = self.qualname(value, value_scope, depth + 1)
                 if aliased:
                     return aliased
-        # A parameter names what this file passes for it only where the region questions need it
-        # (autocast, or a no-op context in its place): another callable handed in, a decorator
-        # chosen by a version check, stays unknown rather than taking one caller's spelling.
-        for value, value_scope in self.bindings(dotted, scope, through_parameters=True):
-            if isinstance(value, (cst.Name, cst.Attribute)):
-                aliased = self.qualname(value, value_scope, depth + 1)
-                if aliased in names.AUTOCAST or aliased in names.NO_OP_CONTEXTS:
-                    return aliased
-        return None
+        # A parameter names what this file passes for it (and its default) when they all agree
+        # (`build(torch.float16)` from every caller), or autocast when one of them is it (the
+        # region questions then find the no-op context on the other paths). Decorators handed to
+        # one wrapper (`wrap(custom_fwd)`, `wrap(custom_bwd)`) leave it unknown.
+        passed = {
+            self.qualname(value, value_scope, depth + 1)
+            for value, value_scope in self.bindings(dotted, scope, through_parameters=True)
+            if isinstance(value, (cst.Name, cst.Attribute))
+        }
+        autocast = passed & names.AUTOCAST
+        if autocast:
+            return min(autocast)
+        return passed.pop() if len(passed) == 1 else None
 
     def callee_qualname(self, call: CallSite) -> str | None:
         qualified = self.qualname(call.node.func, call.scope)
