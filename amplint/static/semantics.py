@@ -766,7 +766,10 @@ class AmpFacts:
         # A parameter names what this file passes for it (and its default) when they all agree
         # (`build(torch.float16)` from every caller), or autocast when one of them is it (the
         # region questions then find the no-op context on the other paths). Decorators handed to
-        # one wrapper (`wrap(custom_fwd)`, `wrap(custom_bwd)`) leave it unknown.
+        # one wrapper (`wrap(custom_fwd)`, `wrap(custom_bwd)`) leave it unknown. Any other name
+        # has no other values to try: most unresolved callees (`model(x)`) stop here.
+        if not _a_parameter_in_reach(dotted, scope):
+            return None
         passed = {
             self.qualname(value, value_scope, depth + 1)
             for value, value_scope in self.bindings(dotted, scope, through_parameters=True)
@@ -1766,6 +1769,17 @@ def arms_of(value: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
         yield from arms_of(value.orelse)
     else:
         yield value
+
+
+def _a_parameter_in_reach(key: str, scope: Scope) -> bool:
+    """Whether `key` is a parameter of the function `scope` is in or of one around it: the only
+    names `bindings(..., through_parameters=True)` answers differently for."""
+    current: Scope | None = scope.function_scope
+    while current is not None:
+        if key in current.params:
+            return True
+        current = current.parent
+    return False
 
 
 def _param_named(function: cst.CSTNode, name: str) -> cst.Param | None:
