@@ -510,9 +510,11 @@ def _amp_anchors(facts: AmpFacts) -> dict[int, list[CallSite]]:
 
 def _training_anchors(facts: AmpFacts) -> dict[int, list[CallSite]]:
     """The same for training: a backward, a GradScaler built, an optimizer stepped."""
+    backwards = {id(call) for call in rg.backwards(facts)}
+
     def trains(call: CallSite) -> bool:
         return (
-            call in rg.backwards(facts)
+            id(call) in backwards
             or call.qualname in names.GRAD_SCALER
             or (call.method == "step" and facts.is_optimizer(call.receiver_key, call.scope))
         )
@@ -547,9 +549,12 @@ def _test_that_does_not_train(call: CallSite, facts: AmpFacts) -> bool:
     if test is None:
         return False
     anchors = _training_anchors(facts)
-    if anchors[id(facts.module_scope)]:
-        return False
-    return not any(anchors[id(f)] for f in facts.functions if _test_function(f) is test)
+    return not anchors[id(facts.module_scope)] and not _test_reaches(test, anchors, facts)
+
+
+def _test_reaches(test: Scope, anchors: dict[int, list[CallSite]], facts: AmpFacts) -> bool:
+    """Whether the test, or a function defined in it, reaches one of `anchors`."""
+    return any(anchors[id(f)] for f in facts.functions if _test_function(f) is test)
 
 
 def _amp_only_in_other_branches(call: CallSite, facts: AmpFacts) -> bool:
@@ -605,7 +610,7 @@ def _only_in_tests_without_amp(scope: Scope, facts: AmpFacts, depth: int = 0) ->
     anchors = _amp_anchors(facts)
     test = _test_function(scope)
     if test is not None:
-        return not any(anchors[id(f)] for f in facts.functions if _test_function(f) is test)
+        return not _test_reaches(test, anchors, facts)
     function = scope.function_scope
     if function.kind != "function" or depth >= names.CALL_DEPTH or anchors[id(function)]:
         return False
