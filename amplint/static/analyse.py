@@ -24,6 +24,7 @@ from amplint.static.source import (
     SourceError,
     decode_source,
     noqa_codes,
+    noqa_covers,
     parse_error_finding,
     physical_lines,
     python_tree,
@@ -371,8 +372,5 @@ def _fix_edits_a_suppressed_line(finding: Finding, suppressions: dict[int, set[s
 
 def _covers(suppressions: dict[int, set[str] | None], line: int | None, code: str) -> bool:
     """Whether a `# noqa` on `line` covers `code`."""
-    if line not in suppressions:
-        return False
-    codes = suppressions[line]
-    return codes is None or any(code.startswith(prefix) for prefix in codes)
+    return line in suppressions and noqa_covers(suppressions[line], code)
 

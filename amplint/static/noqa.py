@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from amplint.model import Finding
-from amplint.static.source import NOQA, SourceError, decode_source, noqa_codes, python_tree
+from amplint.static.source import NOQA, SourceError, decode_source, noqa_codes, noqa_covers, python_tree
 
-_LINE = re.compile(rb"([^\r\n]*)(\r\n|\r|\n|$)")
+_LINE_BREAK = re.compile(rb"(\r\n|\r|\n)")  # the line breaks Python's tokenizer counts
 
 
 @dataclass
@@ -51,7 +51,8 @@ def add_noqa(source: bytes, findings: Iterable[Finding]) -> Added:
         codes = wanted.setdefault(line, [])
         if finding.code not in codes:
             codes.append(finding.code)
-    lines = [match.groups() for match in _LINE.finditer(source)][: text.count("\n") + text.count("\r") - text.count("\r\n") + 1]
+    parts = _LINE_BREAK.split(source)  # content, break, content, ..., content (maybe empty)
+    lines = list(zip(parts[0::2], [*parts[1::2], b""]))
     added = 0
     for number, codes in sorted(wanted.items()):
         content, ending = lines[number - 1]
@@ -62,7 +63,7 @@ def add_noqa(source: bytes, findings: Iterable[Finding]) -> Added:
         lines[number - 1] = (_with_codes(content, comment, new_codes, encoding), ending)
         added += len(new_codes)
     result = b"".join(content + ending for content, ending in lines)
-    if added and not _still_parses(result, source):
+    if added and not _still_parses(result, text):
         raise SourceError("adding the comments would break the file's syntax; nothing was written")
     return Added(result, added, skipped)
 
@@ -84,7 +85,7 @@ def _lines_that_take_a_comment(text: str) -> tuple[set[int], dict[int, str]]:
 
 def _covered(comment: str | None, code: str) -> bool:
     codes = noqa_codes(comment or "")
-    return codes is None or (codes is not False and any(code.startswith(prefix) for prefix in codes))
+    return codes is not False and noqa_covers(codes, code)
 
 
 def _with_codes(content: bytes, comment: str | None, codes: list[str], encoding: str) -> bytes:
@@ -98,9 +99,10 @@ def _with_codes(content: bytes, comment: str | None, codes: list[str], encoding:
     return content[:end_of_codes] + f", {', '.join(codes)}".encode(encoding) + content[end_of_codes:]
 
 
-def _still_parses(result: bytes, source: bytes) -> bool:
+def _still_parses(result: bytes, text: str) -> bool:
+    """Whether `result` parses where the source (`text`, decoded once) did."""
     try:
-        python_tree(decode_source(source)[0])
+        python_tree(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError, SourceError):
         return True  # it did not parse before either; libcst read it, and comments change no code
     try:

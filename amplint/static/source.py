@@ -52,6 +52,11 @@ def noqa_codes(comment: str) -> set[str] | None | bool:
     return None if codes is None else {c.upper() for c in re.split(r"[\s,]+", codes) if c}
 
 
+def noqa_covers(suppressed: set[str] | None, code: str) -> bool:
+    """Whether a `# noqa` that suppresses `suppressed` (None: every code) covers `code`."""
+    return suppressed is None or any(code.startswith(prefix) for prefix in suppressed)
+
+
 def python_tree(text: str) -> ast.Module:
     """CPython's tree of a user's file, without the warnings compiling it prints (`1()`, an
     invalid escape): those are the user's Python's to give, not a linter's. Raises SyntaxError,
