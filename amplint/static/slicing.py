@@ -91,8 +91,10 @@ TRIGGERS: dict[str, str] = {
     "AMP014": r"autocast",
     "AMP015": r"autocast|Thread|submit|Executor|Pool|\.map\(|apply_async|imap|starmap",
     # What says the module trains (its bfloat16 hint then mentions a GradScaler), as AMP002's,
-    # and an FP8 library imported in a function (the GPU then has bfloat16).
-    "AMP016": r"autocast|bf16_supported|capability|is_ampere|sm_?8\d|binary_cross_entropy|BCELoss|float\d+|half|GradScaler|training_step|transformer_engine|msamp",
+    # and what says the GPU has bfloat16 wherever a function holds it: an FP8 library imported
+    # (`torchao.float8` through `float\d+`), FlashAttention 2 asked for (by a keyword: the slicer
+    # reads code with its strings blanked).
+    "AMP016": r"autocast|bf16_supported|capability|is_ampere|sm_?8\d|binary_cross_entropy|BCELoss|float\d+|half|GradScaler|training_step|transformer_engine|msamp|attn_implementation",
     "AMP017": r"autocast|compile|backward",
 }
 
