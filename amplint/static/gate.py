@@ -15,6 +15,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
+from amplint.static import names
+
 
 @dataclass
 class _Text:
@@ -156,8 +158,12 @@ def _amp010(text: _Text) -> bool:
 
 def _amp012(text: _Text) -> bool:
     # A checkpoint: saved, restored, or handed to a helper named for writing one (`write_checkpoint`).
-    words = (b"save", b"load_state_dict", b"Checkpoint", b"checkpoint", b"ckpt", b"write", b"dump", b"store", b"persist")
-    return text.has(b"GradScaler") and any(text.has(word) for word in words)
+    return text.has(b"GradScaler") and any(text.has(word) for word in _CHECKPOINT_WORDS)
+
+
+_CHECKPOINT_WORDS = (
+    b"load_state_dict", b"Checkpoint", b"checkpoint", b"ckpt", *sorted(verb.encode() for verb in names.CHECKPOINT_WRITE_VERBS)
+)
 
 
 # A class with `Function` among its bases, or a name for it (`Fn = torch.autograd.Function`,

@@ -42,6 +42,12 @@ DEPRECATED_AUTOCAST_STATE = {
     "torch.set_autocast_ipu_enabled": 'torch.set_autocast_enabled("ipu", enabled)',
 }
 
+# AMP012's save helpers from another file, by name: a verb that writes paired with what a
+# checkpoint holds (`write_checkpoint`, `dump_state`, `persist_model`). The byte gate and the slicer
+# read the same words, so that a file holding only such a call is analysed at all.
+CHECKPOINT_WRITE_VERBS = frozenset({"save", "write", "dump", "store", "persist"})
+CHECKPOINT_CONTENTS = frozenset({"checkpoint", "checkpoints", "ckpt", "state", "states", "model", "models"})
+
 # Functions that read the autocast state: code that calls them is written to run under autocast.
 AUTOCAST_STATE_GETTERS = {
     "torch.is_autocast_enabled",

@@ -54,9 +54,9 @@ _OPTIMIZER_RULES = frozenset({"AMP003", "AMP006", "AMP007", "AMP008", "AMP011", 
 _SAVES = r"save(?<!\wsave)\s*\(|Checkpoint\s*\("
 # AMP012's save helpers named for writing what a checkpoint holds (`write_checkpoint`, `dump_state`,
 # `ckpt_model`), in either order of their words.
-_CHECKPOINT_WRITER = (
-    r"(?i:checkpoint|ckpt|(?:write|dump|store|persist)\w*(?:state|model)|(?:state|model)\w*(?:write|dump|store|persist))"
-)
+_VERBS = "|".join(sorted(names.CHECKPOINT_WRITE_VERBS))
+_CONTENTS = "|".join(sorted(names.CHECKPOINT_CONTENTS))
+_CHECKPOINT_WRITER = rf"(?i:checkpoint|ckpt|(?:{_VERBS})\w*(?:{_CONTENTS})|(?:{_CONTENTS})\w*(?:{_VERBS}))"
 # AMP002's casts, and the AMP code a function holding one may reach through its helpers.
 _AMP002_CASTS = r"\.(?:half|bfloat16)\(|float16|half(?<!\whalf)\b|HalfTensor"
 _AMP002_AMP = r"autocast|training_step|" + _SCALER  # a scaler used by name counts (semantics.is_scaler)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import libcst as cst
 
 from amplint.model import Applicability
+from amplint.static import names
 from amplint.static.checks import FixPlan, Hit, Replacement
 from amplint.static.checks import _training_step as ts
 from amplint.static.semantics import (
@@ -278,12 +279,10 @@ def _saves_or_restores_a_checkpoint(name: str) -> bool:
 # optimizer, ...)`, VITS' `utils.save_checkpoint(net_g, optim_g, lr, epoch, path)` (not
 # `create_checkpoint_engine`).
 _STARTS_WITH_SAVING = re.compile(r"^_*(?:save|checkpoint|ckpt)", re.IGNORECASE)
-# Or one whose words pair a verb that writes with what a checkpoint holds (PhysicsNeMo's
-# `write_checkpoint(model, optimizer, scheduler, epoch, ...)`, `dump_state`, `persist_model`).
-# These verbs alone also name logging (`writer.write(...)`) and caching (`cache.store(...)`), so
-# they need the object; the optimizer handed to the helper is still required.
-_WRITE_VERBS = frozenset({"save", "write", "dump", "store", "persist"})
-_CHECKPOINT_CONTENTS = frozenset({"checkpoint", "checkpoints", "ckpt", "state", "states", "model", "models"})
+# Or one whose words pair a verb that writes with what a checkpoint holds (names.CHECKPOINT_WRITE_VERBS:
+# PhysicsNeMo's `write_checkpoint(model, optimizer, scheduler, epoch, ...)`). These verbs alone also
+# name logging (`writer.write(...)`) and caching (`cache.store(...)`), so they need the object; the
+# optimizer handed to the helper is still required.
 # A helper named for reading restores the optimizer, it saves nothing (`load_checkpoint`,
 # `checkpoint_restore`); `_load_without_scaler` covers restores.
 _READ_VERBS = frozenset({"load", "reload", "restore", "read", "resume"})
@@ -295,7 +294,7 @@ def _names_a_save_helper(name: str) -> bool:
     words = {word.lower() for word in _NAME_WORD.findall(name)}
     if words & _READ_VERBS:
         return False
-    return bool(_STARTS_WITH_SAVING.match(name)) or bool(words & _WRITE_VERBS and words & _CHECKPOINT_CONTENTS)
+    return bool(_STARTS_WITH_SAVING.match(name)) or bool(words & names.CHECKPOINT_WRITE_VERBS and words & names.CHECKPOINT_CONTENTS)
 
 
 # Threads and processes run `target` with `args` and `kwargs`: Thread(group, target, name, args, kwargs).
