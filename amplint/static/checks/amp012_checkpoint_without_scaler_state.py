@@ -34,17 +34,17 @@ _SAVE = {"torch.save"}
 # `state_dict()` itself, so the scaler goes in as the object (`"scaler": scaler`). ignite's
 # helpers that take a `to_save=` dict (`common.setup_common_training_handlers`) build one.
 _SAVES_OBJECTS = {"ignite.handlers.Checkpoint", "ignite.handlers.checkpoint.Checkpoint"}
+_SCALER = re.compile(r"scaler|grad_scale|loss_scale|\bamp\b|\"amp\"|'amp'", re.IGNORECASE)
+# An optimizer entry (not `"optimizer": None`, yolov5's classifier saves none) or an optimizer's state.
+_OPTIMIZER_STATE = re.compile(
+    r"optim\w*\"?'?\s*:(?!\s*None\b)|optim\w*\s*=(?!\s*None\b)|optim\w*\.state_dict\(|\bopt\w*\.state_dict\(", re.IGNORECASE
+)
 
 
 def _saves_objects(call: CallSite) -> bool:
     return call.qualname in _SAVES_OBJECTS or (
         (call.qualname or "").startswith("ignite.") and argument(call.node, None, "to_save") is not None
     )
-_SCALER = re.compile(r"scaler|grad_scale|loss_scale|\bamp\b|\"amp\"|'amp'", re.IGNORECASE)
-# An optimizer entry (not `"optimizer": None`, yolov5's classifier saves none) or an optimizer's state.
-_OPTIMIZER_STATE = re.compile(
-    r"optim\w*\"?'?\s*:(?!\s*None\b)|optim\w*\s*=(?!\s*None\b)|optim\w*\.state_dict\(|\bopt\w*\.state_dict\(", re.IGNORECASE
-)
 
 
 def _literally_disabled(call: CallSite) -> bool:
