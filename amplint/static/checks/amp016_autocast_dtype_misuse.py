@@ -100,15 +100,19 @@ def _opted_into_bfloat16(facts: AmpFacts, region: Autocast) -> bool:
 
 
 def _chosen_by_a_bfloat16_setting(facts: AmpFacts, call: CallSite) -> bool:
-    """The region is built in the branch of an `if` on a setting that asks for bfloat16 by name
-    (open_clip's `elif precision == "amp_bf16": return lambda: autocast(dtype=torch.bfloat16)`):
-    the user chose it for their GPU, like `enabled=args.bf16`."""
+    """The region is built where a setting that asks for bfloat16 by name chose it: the branch of
+    an `if` or a conditional expression on it (open_clip's `elif precision == "amp_bf16": return
+    lambda: autocast(dtype=torch.bfloat16)`), or the entry of a table keyed by it (`{"bf16":
+    autocast(dtype=torch.bfloat16), "fp16": ...}[args.precision]`). The user chose it for their
+    GPU, like `enabled=args.bf16`."""
     inner: cst.CSTNode = call.node
     for node in facts.ancestors(call.node):  # through a lambda or a nested def too
-        if isinstance(node, cst.If) and inner is node.body:
+        if isinstance(node, (cst.If, cst.IfExp)) and inner is node.body:
             condition = facts.module.code_for_node(node.test)
             if _NAMES_BFLOAT16.search(condition) and not _NEGATED.search(condition):
                 return True
+        if isinstance(node, cst.DictElement) and inner is node.value:
+            return bool(_NAMES_BFLOAT16.search(string_literal(node.key) or ""))
         inner = node
     return False
 
