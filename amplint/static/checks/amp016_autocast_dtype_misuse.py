@@ -56,7 +56,9 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
             dtype in rg.BFLOAT16
             and device == "cuda"
             and not _opted_into_bfloat16(facts, region)
-            and not _chosen_by_a_bfloat16_setting(facts, call)
+            and not _chosen_by_a_bfloat16_setting(facts, call.node)
+            # `autocast = get_autocast(args.precision)` ... `with autocast():` is built in the factory
+            and not _chosen_by_a_bfloat16_setting(facts, region.node)
             and not _named_for_bfloat16(call)
         ):
             if guarded is None:
@@ -99,14 +101,14 @@ def _opted_into_bfloat16(facts: AmpFacts, region: Autocast) -> bool:
     return region.enabled_when is not None and bool(_NAMES_BFLOAT16.search(facts.module.code_for_node(region.enabled_when)))
 
 
-def _chosen_by_a_bfloat16_setting(facts: AmpFacts, call: CallSite) -> bool:
+def _chosen_by_a_bfloat16_setting(facts: AmpFacts, construction: cst.CSTNode) -> bool:
     """The region is built where a setting that asks for bfloat16 by name chose it: the branch of
     an `if` or a conditional expression on it (open_clip's `elif precision == "amp_bf16": return
     lambda: autocast(dtype=torch.bfloat16)`), or the entry of a table keyed by it (`{"bf16":
     autocast(dtype=torch.bfloat16), "fp16": ...}[args.precision]`). The user chose it for their
     GPU, like `enabled=args.bf16`."""
-    inner: cst.CSTNode = call.node
-    for node in facts.ancestors(call.node):  # through a lambda or a nested def too
+    inner = construction
+    for node in facts.ancestors(construction):  # through a lambda or a nested def too
         if isinstance(node, (cst.If, cst.IfExp)) and inner is node.body:
             condition = facts.module.code_for_node(node.test)
             if _NAMES_BFLOAT16.search(condition) and not _NEGATED.search(condition):
