@@ -1187,6 +1187,13 @@ def test_amp012_optimizer_handed_to_a_helper_names_the_condition_the_scaler_is_o
     assert "is given the optimizer but not the GradScaler, which is on when `hps.train.fp16_run`" in finding.message
 
 
+def test_amp012_condition_keeps_only_the_tests_every_value_of_the_scalers_attribute_shares() -> None:
+    [shared] = fixture_findings("AMP012/bad_scaler_attribute_also_taken_from_a_wrapper.py", "AMP012")
+    assert "which is on when `self._use_amp and grad_scaling`;" in shared.message
+    [unknown] = fixture_findings("AMP012/bad_scaler_attribute_replaced_by_a_given_one.py", "AMP012")
+    assert "which is on when" not in unknown.message
+
+
 def test_amp012_message_quotes_the_files_own_init_scale() -> None:
     [finding] = fixture_findings("AMP012/bad_checkpoint_built_by_a_helper_that_does_not_see_the_scaler.py", "AMP012")
     assert "`cfg.loss_scale`" in finding.message and "65536" not in finding.message

@@ -20,6 +20,7 @@ from amplint.static.semantics import (
     Context,
     Scope,
     argument,
+    arms_of,
     dotted_name,
     is_false,
     is_none,
@@ -241,21 +242,88 @@ def _when_on(facts: AmpFacts) -> str:
 
 
 def _condition_of(facts: AmpFacts, call: CallSite) -> str | None:
-    """The `enabled=` expression of a scaler construction, or the test it is built under:
-    `GradScaler() if args.amp else None`, `if self.config.use_amp: self.scaler = GradScaler()`."""
+    """The condition a scaler construction states, cut to the tests that also hold wherever its
+    name is given another value that may be a scaler: allennlp's trainer builds `self._scaler =
+    GradScaler()` under `if use_amp:` and `if wrapped_model is None:`, and in that `else` takes
+    the same attribute from its wrapper's `init_grad_scaler()`, so the scaler is on whenever
+    `use_amp`, not only without the wrapper. `None` given to it elsewhere (`self._scaler = None`
+    first) is no scaler and cuts nothing."""
+    operands = _stated_condition(facts, call)
+    for others_hold in _tests_where_the_name_holds_another_scaler(facts, call):
+        operands = [operand for operand in operands if facts.conjuncts(operand) <= others_hold]
+    if not operands:
+        return None
+    return " and ".join(_condition_text(facts, operand, alone=len(operands) == 1) for operand in operands)
+
+
+def _stated_condition(facts: AmpFacts, call: CallSite) -> list[cst.BaseExpression]:
+    """The operands of the `and` a scaler construction is on under: its `enabled=` expression, or
+    the test it is built under (`GradScaler() if args.amp else None`, `if self.config.use_amp:
+    self.scaler = GradScaler()`, the tests of nested `if`s); none when it is on unconditionally."""
     enabled = argument(call.node, None, "enabled")
     parent = facts.parent_of.get(id(call.node))
     if enabled is not None:
-        condition = None if is_true(enabled) else enabled
-    elif isinstance(parent, cst.IfExp) and parent.body is call.node:
-        condition = parent.test
-    else:
-        guards = _guarding_ifs(call.where)
-        if not guards:
-            return None
-        return " and ".join(facts.module.code_for_node(guard.test) for guard in guards)
-    # `enabled=(dtype == 'float16')`: the condition without its parentheses.
-    return facts.module.code_for_node(condition.with_changes(lpar=[], rpar=[])) if condition is not None else None
+        return [] if is_true(enabled) else _and_operands(enabled)
+    if isinstance(parent, cst.IfExp) and parent.body is call.node:
+        return _and_operands(parent.test)
+    return [operand for guard in _guarding_ifs(call.where) for operand in _and_operands(guard.test)]
+
+
+def _and_operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """`a and (b or c)`: `a` and `(b or c)`, as the nodes written, in their order."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _and_operands(test.left) + _and_operands(test.right)
+    return [test]
+
+
+def _condition_text(facts: AmpFacts, operand: cst.BaseExpression, alone: bool) -> str:
+    """An operand as written, without its own parentheses unless joined to others by `and` needs
+    them (`(b or c)`); `enabled=(dtype == 'float16')` reads `dtype == 'float16'`."""
+    bare = operand.with_changes(lpar=[], rpar=[]) if getattr(operand, "lpar", None) else operand
+    text = facts.module.code_for_node(bare)
+    looser_than_and = isinstance(bare, (cst.BooleanOperation, cst.IfExp, cst.Lambda))
+    return f"({text})" if isinstance(bare, cst.NamedExpr) or (looser_than_and and not alone) else text
+
+
+def _tests_where_the_name_holds_another_scaler(facts: AmpFacts, call: CallSite) -> Iterator[frozenset[str]]:
+    """For each other value the name or attribute a construction is stored in is given, unless it
+    is None or provably no scaler (an optimizer, a model), the conditions that hold where it is."""
+    stored = next((a for a in facts.assignments if any(arm is call.node for arm in arms_of(a.value))), None)
+    if stored is None:
+        return
+    for other in (*facts.assignments, *facts.unpackings):  # `model, self.scaler = setup(...)` too
+        if other is stored or other.key != stored.key or not _bind_the_same(stored, other):
+            continue
+        for arm in arms_of(other.value):
+            if not _holds_no_scaler(facts, arm, other.where.scope):
+                yield _tests_holding(facts, arm, other.where)
+
+
+def _bind_the_same(a: Assignment, b: Assignment) -> bool:
+    """Two assignments to one key bind one thing: `self.` attributes in methods of one class,
+    names in one function."""
+    if a.key.startswith(("self.", "cls.")):
+        return a.where.scope.function_scope.class_name == b.where.scope.function_scope.class_name
+    return a.where.scope.function_scope is b.where.scope.function_scope
+
+
+def _holds_no_scaler(facts: AmpFacts, value: cst.BaseExpression, scope: Scope) -> bool:
+    """None, a value of another kind (an optimizer, a model), or a scaler built `enabled=False`."""
+    switched_off = any(c.node is value and _literally_disabled(c) for c in facts.scalers_in())
+    return switched_off or is_none(value) or facts.value_kind(value, scope) not in (None, "scaler")
+
+
+def _tests_holding(facts: AmpFacts, value: cst.BaseExpression, where: Context) -> frozenset[str]:
+    """The conditions, as written, that hold where a value is bound: the tests of the `if`s whose
+    body holds it (an `else` tells only that a test failed), of a conditional expression whose
+    first arm it is, and a scaler construction's `enabled=`."""
+    bodies = [node_id for node_id, label in where.branches if label == "body" and node_id in facts.if_tests]
+    tests = frozenset().union(*(facts.conjuncts(facts.if_tests[node_id]) for node_id in bodies))
+    parent = facts.parent_of.get(id(value))
+    if isinstance(parent, cst.IfExp) and parent.body is value:
+        tests |= facts.conjuncts(parent.test)
+    enabled = argument(value, None, "enabled") if any(c.node is value for c in facts.scalers_in()) else None
+    return tests | facts.conjuncts(enabled) if enabled is not None else tests
 
 
 def _guarding_ifs(where: Context) -> tuple[cst.If, ...]:
