@@ -10,7 +10,16 @@ import libcst as cst
 from amplint.model import Severity
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
-from amplint.static.semantics import AmpFacts, Autocast, CallSite, constructor_of, dotted_name, string_literal
+from amplint.static.semantics import (
+    AmpFacts,
+    Autocast,
+    CallSite,
+    argument,
+    arms_of,
+    constructor_of,
+    dotted_name,
+    string_literal,
+)
 
 CODE = "AMP016"
 
@@ -44,10 +53,16 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
         device = region.device
         # CUDA autocast takes any dtype (float32 forces full precision inside an outer bf16
         # region); an unknown device may be CUDA, so only a known other one is reported.
-        if dtype not in rg.LOW and device not in (None, "cuda"):
+        others = sorted(_possible_devices(facts, region, call) - {"cuda"})
+        if dtype not in rg.LOW and others:
+            where = " or ".join(d.upper() for d in others)
+            if device is None:  # `"mps" if mps else "cuda" if cuda else "cpu"`
+                where = f"On {where} (where the device expression chooses it), autocast"
+            else:
+                where = f"{where} autocast"
             yield Hit(
                 call.node,
-                f"{device.upper()} autocast supports only float16 and bfloat16: with `{dtype}` the constructor "
+                f"{where} supports only float16 and bfloat16: with `{dtype}` the constructor "
                 f"warns and disables autocast, so this region runs in the inputs' dtype; pass `enabled=False` "
                 f"if that is the intent, else use torch.bfloat16 or torch.float16",
                 call.where.statement,
@@ -74,6 +89,24 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
                     call.where.statement,
                     severity=Severity.INFO,  # right on Ampere and newer: a hint, as research §5 says
                 )
+
+
+def _possible_devices(facts: AmpFacts, region: Autocast, call: CallSite) -> set[str]:
+    """The devices a region may run on, when they are written as literals: its one device, or
+    every arm of a conditional expression that picks it (`"mps" if mps else "cuda" if cuda else
+    "cpu"`), written in the construction or bound once to a name; empty when any is unknown."""
+    if region.device is not None:
+        return {region.device}
+    if region.deprecated or region.node is not call.node:  # a factory's construction answers for its own
+        return set()
+    chosen = argument(call.node, 0, "device_type")
+    if isinstance(chosen, cst.Name):
+        values = facts.bindings(chosen.value, call.scope)
+        chosen = values[0][0] if len(values) == 1 else None
+    if not isinstance(chosen, cst.IfExp):
+        return set()
+    devices = {string_literal(arm) for arm in arms_of(chosen)}
+    return set() if None in devices else devices
 
 
 def _needs_bf16_hardware(facts: AmpFacts) -> bool:
