@@ -1549,8 +1549,11 @@ class AmpFacts:
         # `fp16 = torch.autocast("cuda", dtype=torch.float16)`, then `@fp16`.
         return self.autocast_of(expr, scope) if isinstance(expr, (cst.Name, cst.Attribute)) else None
 
-    def region_of(self, where: Context, depth: int = 0) -> tuple[Autocast, CallSite | None] | None:
-        """The enabled (or possibly enabled) region a node runs in, lexically or via in-file calls.
+    def region_of(
+        self, where: Context, depth: int = 0, through: Callable[[CallSite], bool] | None = None
+    ) -> tuple[Autocast, CallSite | None] | None:
+        """The enabled (or possibly enabled) region a node runs in, lexically or via in-file calls
+        (only the calls `through` accepts, when given).
 
         Returns the region and, when it is reached through a call, the call site inside it.
         """
@@ -1563,7 +1566,9 @@ class AmpFacts:
         if function.kind != "function":
             return None
         for site in self.callers(function):
-            outer = self.region_of(site.where, depth + 1)
+            if through is not None and not through(site):
+                continue
+            outer = self.region_of(site.where, depth + 1, through)
             if outer is not None:
                 return outer[0], outer[1] or site
         return None

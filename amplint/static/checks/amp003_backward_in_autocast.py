@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from amplint.static import names
 from amplint.static.checks import Hit
+from amplint.static.checks import _regions as rg
 from amplint.static.semantics import AmpFacts, CallSite
 
 CODE = "AMP003"
@@ -32,7 +33,9 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         kind = step_kind(call, facts)
         if kind is None:
             continue
-        region = facts.region_of(call.where)
+        # A helper called under no_grad builds no graph there, so its backward cannot run for
+        # that call (torchao's tests run a train-or-eval helper that way for the eval half).
+        region = facts.region_of(call.where, through=lambda site: not rg.in_no_grad(facts, site))
         if region is None:
             continue
         autocast, via = region
