@@ -249,7 +249,11 @@ def _outermost_method_call(node: cst.Call, facts: AmpFacts) -> cst.Call:
 
 def _uses_name(use: Reference | CallSite, key: str) -> bool:
     """Whether a reference or a call reads `key` (`g`, `g.shape`, `g.mul_(2)`, `g(...)`)."""
-    dotted = use.dotted if isinstance(use, Reference) else use.callee
+    return _names_or_a_part_of(use.dotted if isinstance(use, Reference) else use.callee, key)
+
+
+def _names_or_a_part_of(dotted: str | None, key: str) -> bool:
+    """`key` itself or one of its attributes (`g`, `g.shape`; `ref`, `ref.encoder`)."""
     return dotted is not None and (dotted == key or dotted.startswith(f"{key}."))
 
 
@@ -699,17 +703,136 @@ def _handed_to(node: cst.CSTNode, facts: AmpFacts) -> cst.Call | None:
 
 
 def _used_only_without_gradients(call: CallSite, facts: AmpFacts) -> bool:
-    """A model bound here whose every use in the function is under `torch.no_grad()` or
-    `inference_mode()` (a DPO reference model next to the policy it is compared with): no gradient
-    ever reaches its low-precision weights."""
-    subjects = _names_bound_to(_same_object_chain(call, facts)[-1], facts)
+    """A model bound here whose every use in the function that could run or train it is under
+    `torch.no_grad()` or `inference_mode()` (a DPO reference model next to the policy it is compared
+    with; a text encoder loaded in bfloat16, `.get_decoder()` taken, sharded by
+    `text_encoder = FSDP(text_encoder)` and printed, that only encodes prompts): no gradient ever
+    reaches its low-precision weights. The model is followed through the names that hold it, the
+    calls that hand it on (`_hands_on`), and the module converted in place (`ref = policy.half()`
+    converts `policy` too); `type(m)` or `print(m)` only look at it."""
+    subjects = _names_bound_to(_model_after(call.node, facts), facts)
     if not subjects:
         return False
-    uses = [
-        c for c in call.scope.function_scope.calls
-        if c.callee in subjects or c.receiver_key in subjects or any(dotted_name(a.value) in subjects for a in c.node.args)
+    if call.method != "from_pretrained":  # there the receiver is a class, not the model
+        subjects.add(_converted(call))
+    subjects.discard(None)
+    function = call.scope.function_scope
+    while True:  # names the model is handed on to hold it as well
+        handed = [c for c in function.calls if _hands_on(c, subjects, facts)]
+        held = set().union(*(_names_bound_to(_model_after(c.node, facts), facts) for c in handed))
+        if held <= subjects:
+            break
+        subjects |= held
+    # The conversion itself is a use when it converts a module known by name: in place, so code the
+    # function does not show may train that module (`model = self.model`, then `model =
+    # model.to(torch.float16)` in an evaluation that the training loop calls).
+    runs = [
+        c for c in function.calls
+        if _reads_a_subject(c, subjects) and (c is call or not _hands_on(c, subjects, facts)) and not _only_inspects(c, facts)
     ]
-    return bool(uses) and all(rg.in_no_grad(facts, c) for c in uses)
+    return bool(runs) and all(rg.in_no_grad(facts, c) for c in runs)
+
+
+def _reads_a_subject(call: CallSite, subjects: set[str]) -> bool:
+    """A call of the model or a part of it (`ref(x)`, `ref.encoder(x)`, `ref.parameters()` for an
+    optimizer), or a call it is passed to (`encode(ref, ids)`)."""
+    keys = [call.callee, call.receiver_key, *(dotted_name(a.value) for a in call.node.args)]
+    return any(_names_or_a_part_of(key, subject) for key in keys for subject in subjects)
+
+
+# Methods that return a part of a module: of a model loaded and cut on the spot
+# (`AutoModelForCausalLM.from_pretrained(...).get_decoder()`), the part is all that is kept.
+_SUBMODULE_GETTERS = frozenset({"get_decoder", "get_encoder", "get_submodule", "get_input_embeddings", "get_output_embeddings"})
+# Wrappers that hand a module back sharded, replicated or compiled: running the wrapper runs the module.
+_MODULE_WRAPPERS = {
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+    "torch.distributed.fsdp.FullyShardedDataParallel",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
+    "torch.compile",
+}
+# What accelerate's Accelerator and Lightning's Fabric wrap a module with.
+_FRAMEWORK_WRAPPING_METHODS = frozenset({"prepare", "prepare_model", "setup", "setup_module"})
+
+
+def _hands_on(call: CallSite, subjects: set[str], facts: AmpFacts) -> bool:
+    """A call that gives the model back rather than running it: a method returning the module or a
+    submodule (`ref.cuda()`, `ref.eval()`, `ref.get_encoder()`), or a wrapper of it
+    (`ref = FSDP(ref)`, `ref = accelerator.prepare(ref)`), when what it gives back is bound to
+    names that are followed in turn, or dropped. A model handed on anywhere else
+    (`DDP(ref)(x)`, `ref, opt = accelerator.prepare(ref, opt)`) counts as run."""
+    if call.method in _SAME_OBJECT | _SUBMODULE_GETTERS:
+        handed = any(_names_or_a_part_of(call.receiver_key, subject) for subject in subjects)
+    else:
+        handed = bool(call.node.args) and dotted_name(call.node.args[0].value) in subjects and _wraps(call, facts)
+    if not handed:
+        return False
+    given_back = _model_after(call.node, facts)
+    return isinstance(facts.parent_of.get(id(given_back)), cst.Expr) or bool(_names_bound_to(given_back, facts))
+
+
+def _model_after(node: cst.Call, facts: AmpFacts) -> cst.Call:
+    """The outermost expression that still holds the module a call gives: past the methods chained
+    on it that return it or a part of it (`.get_decoder().cuda()`) and the wrappers it is handed
+    straight to (`DDP(Net().half().cuda())`)."""
+    while True:
+        node = [node, *_methods_called_on(node, facts, _SAME_OBJECT | _SUBMODULE_GETTERS)][-1]
+        wrapper = _handed_to(node, facts)
+        site = _call_sites(facts).get(id(wrapper))
+        if site is None or wrapper.args[0].value is not node or not _wraps(site, facts):
+            return node
+        node = wrapper
+
+
+def _wraps(call: CallSite, facts: AmpFacts, depth: int = 0) -> bool:
+    """A wrapper of the module it is given first: torch's (`FSDP(m)`, `torch.compile(m)`), a
+    training framework's (`accelerator.prepare(m)`), or a function of the file whose every return
+    is one applied to one of its parameters (`def setup_fsdp(model): model = FSDP(model, ...);
+    return model`), up to names.CALL_DEPTH calls deep."""
+    if call.qualname in _MODULE_WRAPPERS:
+        return True
+    if call.method in _FRAMEWORK_WRAPPING_METHODS and _a_framework_object(call.receiver_key, call.scope, facts):
+        return True
+    helper = facts.called_function(call)
+    if helper is None or not helper.returns or depth >= names.CALL_DEPTH:
+        return False
+    returned = []
+    for expr in helper.returns:  # `return FSDP(model)`, or `return model` after `model = FSDP(model)`
+        returned.extend([value for value, _ in facts.bindings(dotted_name(expr), helper)] or [expr])
+    sites = [_call_sites(facts).get(id(value)) for value in returned]
+    return all(
+        site is not None and site.node.args and dotted_name(site.node.args[0].value) in helper.params and _wraps(site, facts, depth + 1)
+        for site in sites
+    )
+
+
+def _a_framework_object(key: str | None, scope: Scope, facts: AmpFacts) -> bool:
+    """`accelerator`, `fabric`, or a name bound to an Accelerator or a Fabric."""
+    if key is None:
+        return False
+    if key.rsplit(".", 1)[-1] in names.FRAMEWORK_AUTOCAST_OWNERS:
+        return True
+    return any(built in names.FRAMEWORK_AUTOCAST_CLASSES for _, built in facts.constructed(key, scope))
+
+
+def _call_sites(facts: AmpFacts) -> dict[int, CallSite]:
+    """The file's calls by the id of their node."""
+    return cached(facts, "AMP002 call sites", lambda: {id(c.node): c for c in facts.calls})
+
+
+# Builtins that only look at an object: its type, identity or text.
+_INSPECTIONS = frozenset({"type", "isinstance", "id", "str", "repr", "print", "hasattr"})
+
+
+def _only_inspects(call: CallSite, facts: AmpFacts) -> bool:
+    """`type(m)`, `isinstance(m, FSDP)`, `print(m)`: nothing runs or trains the module."""
+    return (
+        call.callee in _INSPECTIONS
+        and call.scope.resolve_head(call.callee) is None
+        and facts.called_function(call) is None
+    )
 
 
 def _names_bound_to(node: cst.CSTNode, facts: AmpFacts) -> set[str]:
