@@ -38,13 +38,14 @@ _FROM_GRADIENTS = re.compile(r"norm(?![a-z])|clip|coef", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class _Event:
-    kind: str  # "scale" | "unscale" | "step" | "update" | "clip" | "grad" | "norm" (a norm helper)
+    kind: str  # "scale" | "unscale" | "step" | "update" | "clip" | "grad" | "norm" (a norm taken, nothing clipped)
     node: cst.CSTNode
     scaler: str | None
     optimizer: str | None
     where: Context
     at: Context | None = None  # where it happens in the function being checked (the call site, for a helper's event)
     accelerate: bool = False  # accelerate's own scaling (`accelerator.backward`) or unscaling
+    helper: bool = False  # a norm or clipping helper of another file, which may be a framework's own
 
     @property
     def position(self) -> Context:
@@ -67,15 +68,20 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
         elif (handed := _scaler_handed_to_a_stepping_helper(call, facts)) is not None:
             events.append(_Event("step", call.node, handed, None, call.where))
         elif call.qualname in names.CLIP_GRAD or _clips_its_own_gradients(call):
-            events.append(_Event("clip", call.node, None, None, call.where))
+            kind = "norm" if (call.qualname or "").rsplit(".", 1)[-1] in _NORM_ONLY else "clip"
+            events.append(_Event(kind, call.node, None, None, call.where))
         elif _GRAD_NORM_HELPER.search(call.callee or "") and facts.called_function(call) is None:
-            events.append(_Event("norm", call.node, None, None, call.where))
+            events.append(_Event("norm", call.node, None, None, call.where, helper=True))
     for read in facts.grad_reads:
         if read.where.scope.function_scope is function and _computes_with_grad(read.where.statement, facts):
             events.append(_Event("grad", read.where.statement, None, None, read.where))
     events.sort(key=lambda e: e.where.order)
     return events
 
+
+# torch's `get_total_norm(grads)` only measures (a logged maximum gradient, a norm handed to
+# `clip_grads_with_norm_` later): nothing is clipped, the norm read is scale x norm.
+_NORM_ONLY = {"get_total_norm"}
 
 # accelerate scales the loss in `accelerator.backward` under fp16 mixed precision, and unscales
 # every prepared optimizer's gradients in `unscale_gradients` and its own `clip_grad_norm_`.
@@ -193,7 +199,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             elif event.kind in ("clip", "grad", "norm") and id(event.node) not in reported:
                 # Only what can run in the same pass: `if amp: scale... else: backward; clip` is fine.
                 scale = next((e for e in reversed(scales) if not _exclusive(facts, e, event)), None)
-                if scale is None or (scale.accelerate and event.kind == "norm"):
+                if scale is None or (scale.accelerate and event.helper):
                     continue  # a norm helper next to accelerate is often the framework's own (DeepSpeed's)
                 fresh = [e for e in unscales if not _exclusive(facts, e, event)]
                 later_steps = [e.optimizer for e in events[index + 1 :] if e.kind == "step"]

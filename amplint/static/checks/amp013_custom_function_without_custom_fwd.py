@@ -186,7 +186,7 @@ def _undecorated(
         )
     else:
         return
-    if _restores_autocast_by_hand(facts, scope, forward, backward) or _applied_only_with_autocast_off(facts, scope):
+    if _handles_autocast_by_hand(facts, scope, forward, backward) or _applied_only_with_autocast_off(facts, scope):
         return
     yield Hit(scope.node.name, message, scope.node)
 
@@ -316,25 +316,124 @@ def _recomputes_in_backward(facts: AmpFacts, backward: cst.FunctionDef | None) -
     return any(c.receiver_key == ctx and c.method not in _CTX_METHODS for c in function.calls)
 
 
-def _restores_autocast_by_hand(
+def _handles_autocast_by_hand(
     facts: AmpFacts, scope: Scope, forward: cst.FunctionDef, backward: cst.FunctionDef | None
 ) -> bool:
-    """Forward (or setup_context) reads the autocast state and backward re-enters autocast from
-    what ctx holds: what custom_fwd/custom_bwd do, written out (the LDM/SGM CheckpointFunction)."""
-    recorders = (facts.scope_of_function(forward), facts.scope_of_function(_method(scope, "setup_context")))
-    if not any(_reads_autocast_state(facts, call) for function in recorders if function for call in function.calls):
-        return False
+    """Forward (or setup_context) reads the autocast state and backward gets it back from ctx:
+    - backward re-enters autocast with it: custom_fwd/custom_bwd written out (the LDM/SGM
+      CheckpointFunction);
+    - or forward casts its inputs by it and backward casts or branches on it (a linear that casts
+      x, weight and bias to the autocast dtype, keeps the dtype on ctx and casts its gradients to
+      it): its inputs arrive in one dtype and backward's is known, which is all custom_fwd and
+      custom_bwd would give it."""
+    recorders = [
+        function for function in (facts.scope_of_function(forward), facts.scope_of_function(_method(scope, "setup_context")))
+        if function is not None
+    ]
+    readers = {id(call.node) for function in recorders for call in function.calls if _reads_autocast_state(facts, call)}
     function = facts.scope_of_function(backward)
-    if function is None:
+    if not readers or function is None:
         return False
     ctx = _first_argument(backward)
-    for call in function.calls:
+    if _reenters_autocast(function, ctx):
+        return True
+    forward_scope = facts.scope_of_function(forward)
+    if forward_scope is None or not _casts_an_input_by(facts, forward, forward_scope, readers):
+        return False
+    kept = {
+        f"{ctx}.{key.split('.', 1)[1]}"
+        for recorder in recorders
+        for key in _bound_to_state(facts, recorder, readers)
+        if key.startswith(f"{_first_argument(recorder.node)}.")
+    }
+    return bool(kept) and _uses_state(backward.body, kept)
+
+
+def _reenters_autocast(backward: Scope, ctx: str) -> bool:
+    """`torch.autocast("cuda", **ctx.autocast_kwargs)`, or one opened under `if ctx.had_autocast_in_fwd:`."""
+    for call in backward.calls:
         if not _AUTOCAST_NAME.search(call.name):
             continue
-        # `torch.autocast("cuda", **ctx.autocast_kwargs)`, or one opened under `if ctx.had_autocast_in_fwd:`.
         read = [*(arg.value for arg in call.node.args), *(branch.test for branch in call.where.ifs)]
         if any(ctx in identifiers(node).split() for node in read):
             return True
+    return False
+
+
+def _bound_to_state(facts: AmpFacts, function: Scope, readers: set[int]) -> set[str]:
+    """Names and ctx attributes the function binds to the autocast state: to a reading call
+    (`enabled = torch.is_autocast_enabled()`, `dtype = torch.get_autocast_dtype("cuda") if enabled
+    else None`) or to names so bound, without a call (`ctx.autocast_dtype = dtype`); not a tensor
+    cast by it (`x = x.to(dtype)`)."""
+    bound: set[str] = set()
+    for assignment in sorted(
+        (a for a in (*facts.assignments, *facts.unpackings) if a.where.scope is function), key=lambda a: a.where.order
+    ):
+        if _mentions(assignment.value, set(), readers) or (
+            _mentions(assignment.value, bound, set()) and not _holds_a_call(assignment.value)
+        ):
+            bound.add(assignment.key)
+    return bound
+
+
+def _casts_an_input_by(facts: AmpFacts, forward: cst.FunctionDef, function: Scope, readers: set[int]) -> bool:
+    """Forward casts one of its arguments to the dtype the state gives (`x.to(dtype)`), or casts it
+    under a test of the state (`if enabled: x = x.half()`)."""
+    state = _bound_to_state(facts, function, readers)
+    params = {p.name.value for p in _arguments(forward)}
+    return any(
+        call.receiver_key in params
+        and (
+            _casts_by(call.node, state, readers)
+            or (call.method in _CAST_METHODS and _to_a_dtype(facts, call.node, function)
+                and any(_mentions(branch.test, state, readers) for branch in call.where.ifs))
+        )
+        for call in function.calls
+    )
+
+
+def _uses_state(body: cst.CSTNode, state: set[str]) -> bool:
+    """A cast to a dtype taken from the state (`grad.to(ctx.autocast_dtype)`), or an `if` on it
+    (`if ctx.autocast_enabled:`), anywhere in the code."""
+    stack: list[cst.CSTNode] = [body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.If, cst.IfExp, cst.While)) and _mentions(node.test, state, set()):
+            return True
+        if isinstance(node, cst.Call) and _casts_by(node, state, set()):
+            return True
+        stack.extend(children(node))
+    return False
+
+
+def _casts_by(call: cst.Call, state: set[str], readers: set[int]) -> bool:
+    """`x.to(dtype)`, `x.type(ctx.autocast_dtype)`, `dense_weight(w, dtype=dtype)`: a cast to a dtype the state gives."""
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "type"):
+        targets = [arg.value for arg in call.args]
+    else:
+        targets = [arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == "dtype"]
+    return any(_mentions(target, state, readers) for target in targets)
+
+
+def _mentions(expr: cst.CSTNode, keys: set[str], calls: set[int]) -> bool:
+    """The expression uses one of `keys` (a name, `ctx.autocast_dtype`) or holds one of `calls`."""
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        if id(node) in calls or dotted_name(node) in keys:
+            return True
+        # Not the `dtype` of `x.dtype` or of `dtype=...`: an attribute's or a keyword's name is no use of a local.
+        stack.extend([node.value] if isinstance(node, (cst.Attribute, cst.Arg)) else children(node))
+    return False
+
+
+def _holds_a_call(expr: cst.CSTNode) -> bool:
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Call):
+            return True
+        stack.extend(children(node))
     return False
 
 
