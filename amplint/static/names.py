@@ -99,8 +99,10 @@ CLIP_GRAD = {
     "torch.nn.utils.clip_grad.clip_grad_value_",
     "torch.nn.utils.clip_grads_with_norm_",
     "torch.nn.utils.clip_grad.clip_grads_with_norm_",
-    "torch.nn.utils.get_total_norm",
 }
+# Take the gradients' norm and clip nothing (a logged maximum, a norm handed to
+# `clip_grads_with_norm_` later): read before `unscale_`, it is scale x norm.
+GRAD_NORM = {"torch.nn.utils.get_total_norm", "torch.nn.utils.clip_grad.get_total_norm"}
 
 AUTOGRAD_BACKWARD = {"torch.autograd.backward"}
 AUTOGRAD_FUNCTION = {"torch.autograd.Function", "torch.autograd.function.Function"}

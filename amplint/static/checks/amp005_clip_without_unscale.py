@@ -67,9 +67,10 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
             events.append(_Event(kind, call.node, key, None, call.where, accelerate=True))
         elif (handed := _scaler_handed_to_a_stepping_helper(call, facts)) is not None:
             events.append(_Event("step", call.node, handed, None, call.where))
+        elif call.qualname in names.GRAD_NORM:
+            events.append(_Event("norm", call.node, None, None, call.where))
         elif call.qualname in names.CLIP_GRAD or _clips_its_own_gradients(call):
-            kind = "norm" if (call.qualname or "").rsplit(".", 1)[-1] in _NORM_ONLY else "clip"
-            events.append(_Event(kind, call.node, None, None, call.where))
+            events.append(_Event("clip", call.node, None, None, call.where))
         elif _GRAD_NORM_HELPER.search(call.callee or "") and facts.called_function(call) is None:
             events.append(_Event("norm", call.node, None, None, call.where, helper=True))
     for read in facts.grad_reads:
@@ -78,10 +79,6 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
     events.sort(key=lambda e: e.where.order)
     return events
 
-
-# torch's `get_total_norm(grads)` only measures (a logged maximum gradient, a norm handed to
-# `clip_grads_with_norm_` later): nothing is clipped, the norm read is scale x norm.
-_NORM_ONLY = {"get_total_norm"}
 
 # accelerate scales the loss in `accelerator.backward` under fp16 mixed precision, and unscales
 # every prepared optimizer's gradients in `unscale_gradients` and its own `clip_grad_norm_`.
