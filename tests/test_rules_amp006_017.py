@@ -761,6 +761,16 @@ def test_amp013_a_forward_only_function_of_an_index_tensor_and_a_count_is_not_fl
     assert fixture_findings("AMP013/good_forward_only_function_of_an_index_and_a_count.py", "AMP013") == []
 
 
+def test_amp013_inputs_cast_to_the_autocast_dtype_by_every_caller_are_not_said_to_mix() -> None:
+    """A wrapper that casts every input to the autocast dtype leaves forward one dtype: the message
+    says only that backward runs without forward's autocast state; one that casts part keeps the mix."""
+    cast, partly_cast = fixture_findings("AMP013/bad_inputs_cast_to_the_autocast_dtype_by_the_caller.py", "AMP013")
+    assert "receives a mix" not in cast.message
+    assert "cast_inputs" not in cast.message
+    assert "backward runs with autocast in an unknown state" in cast.message
+    assert "receives a mix of float16 and float32" in partly_cast.message
+
+
 # --------------------------------------------------------------------------------- AMP014
 def test_amp014_uncast_outer_tensor_in_disabled_block() -> None:
     src = """\

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import libcst as cst
 
@@ -11,7 +11,9 @@ from amplint.model import Applicability
 from amplint.static import names
 from amplint.static.checks import FixPlan, Hit, Replacement
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, children, dotted_name, identifiers, is_none
+from amplint.static.semantics import (
+    AmpFacts, CallSite, Scope, argument, children, dotted_name, identifiers, is_none, mutually_exclusive,
+)
 
 CODE = "AMP013"
 
@@ -159,7 +161,13 @@ def _undecorated(
         "`cast_inputs=torch.float32` only if every floating input may take that dtype"
         + (", and `backward` with `@torch.amp.custom_bwd(device_type=...)`" if backward is not None else "")
     )
-    if _takes_tensors(facts, forward) >= 2 and not _casts_an_input(facts, forward) and not _passes_an_input_through(facts, forward):
+    mixes_inputs = (
+        _takes_tensors(facts, forward) >= 2 and not _casts_an_input(facts, forward) and not _passes_an_input_through(facts, forward)
+    )
+    # Callers that cast every input to the autocast dtype leave forward no mix; its backward still
+    # runs outside the autocast state forward ran with.
+    callers_cast = mixes_inputs and _applied_only_on_autocast_dtype(facts, scope)
+    if mixes_inputs and not callers_cast:
         message = (
             f"`{scope.name}` is a custom autograd.Function without `@torch.amp.custom_fwd`: under "
             f"autocast its forward receives a mix of float16 and float32 tensors"
@@ -183,6 +191,14 @@ def _undecorated(
             f"`torch.get_autocast_dtype(...)` on ctx in forward and re-enter `torch.autocast(...)` with "
             f"them around the recomputation, or decorate `forward` with "
             f"`@torch.amp.custom_fwd(device_type=...)` and `backward` with `@torch.amp.custom_bwd(device_type=...)`"
+        )
+    elif callers_cast:
+        message = (
+            f"`{scope.name}` is a custom autograd.Function without `@torch.amp.custom_fwd`: its callers "
+            f"cast every input to the autocast dtype, so forward receives one dtype, but under autocast its "
+            f"backward runs with autocast in an unknown state, not the one forward ran with; decorate "
+            f"`forward` with `@torch.amp.custom_fwd(device_type=...)` and `backward` with "
+            f"`@torch.amp.custom_bwd(device_type=...)`"
         )
     else:
         return
@@ -450,6 +466,23 @@ def _applied_only_with_autocast_off(facts: AmpFacts, scope: Scope) -> bool:
     cast by hand (apex: `args = _cast_if_autocast_enabled(x, w)` then `with autocast(enabled=False):
     Fn.apply(*args)`), or in a module method decorated with `custom_fwd(cast_inputs=...)`, which
     does just that (GLIP's `deform_conv = DeformConvFunction.apply`, called from such a `forward`)."""
+    applies = _only_applies(facts, scope)
+    return bool(applies) and all(
+        _under_custom_fwd_cast(facts, call) or (_autocast_off(facts, call) and _inputs_cast(facts, call)) for call in applies
+    )
+
+
+def _applied_only_on_autocast_dtype(facts: AmpFacts, scope: Scope) -> bool:
+    """Every use of the Function in the file is `.apply` on inputs cast to the dtype the autocast
+    state gives (`if torch.is_autocast_enabled(): args = tuple(x.to(torch.get_autocast_dtype("cuda"))
+    for x in args)`): forward receives one dtype, not a mix."""
+    applies = _only_applies(facts, scope)
+    return bool(applies) and all(_inputs_cast_to_autocast_dtype(facts, call) for call in applies)
+
+
+def _only_applies(facts: AmpFacts, scope: Scope) -> list[CallSite]:
+    """The `.apply` calls of the Function (or of a subclass, or through a module-level alias of its
+    `apply`) when they are its only uses in the file; none when it is handed on."""
     names = _with_subclasses(facts, scope.name)
     aliases = {
         a.key: a.value for a in facts.assignments
@@ -459,18 +492,16 @@ def _applied_only_with_autocast_off(facts: AmpFacts, scope: Scope) -> bool:
         c for c in facts.calls
         if (c.method == "apply" and c.receiver_key in names) or (c.callee in aliases and not c.receiver_key)
     ]
-    if not applies:
-        return False
     bases = {id(arg.value) for cls, _ in facts.classes for arg in cls.node.bases}
     bound = {id(value) for value in aliases.values()}
     # The class passed on, or its `.apply` kept somewhere other than a module-level alias: it may run anywhere.
     if any(
         r.dotted.split(".")[0] in names and id(r.node) not in bases and id(r.node) not in bound for r in facts.references
     ):
-        return False
+        return []
     if any(r.dotted in aliases for r in facts.references):
-        return False  # the alias itself handed on
-    return all(_under_custom_fwd_cast(facts, call) or (_autocast_off(facts, call) and _inputs_cast(facts, call)) for call in applies)
+        return []  # the alias itself handed on
+    return applies
 
 
 def _casts(cast_inputs: cst.BaseExpression | None) -> bool:
@@ -507,15 +538,91 @@ def _autocast_off(facts: AmpFacts, call: CallSite) -> bool:
 
 
 def _inputs_cast(facts: AmpFacts, call: CallSite) -> bool:
+    """Each argument is a cast by hand or a setting, or a name bound to one or to a sequence of them."""
+    return all(_each_is(value, lambda expr: _is_cast(expr) or _is_setting(expr)) for value in _argument_values(facts, call))
+
+
+def _inputs_cast_to_autocast_dtype(facts: AmpFacts, call: CallSite) -> bool:
+    """Each argument is cast to a dtype the autocast state gives (`x.to(dtype)` after `dtype =
+    torch.get_autocast_dtype("cuda")`) or is a setting, or a name bound to one or to a sequence of
+    them. A `**kwargs` handed on holds what the wrapper's caller passed by keyword, which the file
+    does not show: it is no evidence of a mix."""
+    function = call.scope.function_scope
+    readers = {id(c.node) for c in function.calls if _reads_autocast_state(facts, c)}
+    state = _bound_to_state(facts, function, readers)
+
+    def cast_by_state(expr: cst.BaseExpression) -> bool:
+        return (isinstance(expr, cst.Call) and _casts_by(expr, state, readers)) or _is_setting(expr)
+
+    return all(_each_is(value, cast_by_state) for value in _argument_values(facts, call, keyword_spreads=False))
+
+
+def _argument_values(facts: AmpFacts, call: CallSite, keyword_spreads: bool = True) -> Iterator[cst.BaseExpression]:
+    """The call's arguments, a name replaced by what it holds there (`args` of `.apply(*args)`)."""
     for arg in call.node.args:
+        if arg.star == "**" and not keyword_spreads:
+            continue
         value = arg.value
         if isinstance(value, cst.Name) and value.value not in ("True", "False", "None"):
-            assignment = facts.reaching_assignment(value.value, call.where)
-            if assignment is not None:
-                value = assignment.value
-        if not (_is_cast(value) or _is_setting(value)):
-            return False
-    return True
+            value = _value_at(facts, value.value, call) or value
+        yield value
+
+
+def _value_at(facts: AmpFacts, name: str, call: CallSite) -> cst.BaseExpression | None:
+    """What the name is bound to at the call: the binding every path passes last, or one made
+    whenever autocast is on (`if torch.is_autocast_enabled(): args = tuple(...)`, the cast apex's
+    `_cast_if_autocast_enabled` writes out): with autocast off there is nothing to cast for."""
+    function = call.scope.function_scope
+    before = [
+        a for a in facts.assignments
+        if a.key == name and a.where.scope.function_scope is function and a.where.order < call.where.order
+        and not mutually_exclusive(a.where, call.where)
+    ]
+    last = max(before, key=lambda a: a.where.order, default=None)
+    if last is None:
+        return None
+    ifs = {id(node): node for node in last.where.ifs}
+    for node, label in set(last.where.branches) - set(call.where.branches):
+        guard = ifs.get(node)  # None for a `match` case
+        if label != "body" or guard is None or not _tests_autocast_on(facts, guard.test, function):
+            return None
+    return last.value
+
+
+def _tests_autocast_on(facts: AmpFacts, test: cst.BaseExpression, function: Scope) -> bool:
+    """`torch.is_autocast_enabled()`, or a name bound to such a reading (`enabled = ...; if enabled:`)."""
+    readers = {id(c.node) for c in function.calls if _reads_autocast_state(facts, c)}
+    return id(test) in readers or dotted_name(test) in _bound_to_state(facts, function, readers)
+
+
+def _each_is(value: cst.BaseExpression, counts: Callable[[cst.BaseExpression], bool]) -> bool:
+    """The value counts; or it is a tuple, a list, `tuple(...)`/`list(...)` of one, a generator or a
+    comprehension whose every element does (`args = tuple(x.float() for x in args)`, then
+    `.apply(*args)`); or a conditional whose branches each do or hold the name its test finds None
+    (`x.to(dtype) if x is not None else x`: an absent bias passes as it is)."""
+    if isinstance(value, cst.Call) and dotted_name(value.func) in ("tuple", "list") and len(value.args) == 1:
+        return _each_is(value.args[0].value, counts)
+    if isinstance(value, (cst.Tuple, cst.List)):
+        return all(_each_is(element.value, counts) for element in value.elements)
+    if isinstance(value, (cst.GeneratorExp, cst.ListComp)):
+        return _each_is(value.elt, counts)
+    if isinstance(value, cst.IfExp):
+        return all(
+            _each_is(branch, counts) or _found_none(value.test, branch, is_body)
+            for branch, is_body in ((value.body, True), (value.orelse, False))
+        )
+    return counts(value)
+
+
+def _found_none(test: cst.BaseExpression, branch: cst.BaseExpression, is_body: bool) -> bool:
+    """The branch is the name its test finds None: `x` in the body of `x is None`, or in the else of `x is not None`."""
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and is_none(test.comparisons[0].comparator)):
+        return False
+    operator = test.comparisons[0].operator
+    if not isinstance(operator, (cst.Is, cst.IsNot)) or isinstance(operator, cst.Is) != is_body:
+        return False
+    name = dotted_name(test.left)
+    return name is not None and dotted_name(branch) == name
 
 
 def _is_cast(expr: cst.BaseExpression) -> bool:
