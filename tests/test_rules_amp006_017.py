@@ -1034,6 +1034,12 @@ def test_amp002_parameters_and_networks_named_like_data_get_the_models_advice() 
     assert all("keep the model and inputs in float32" in f.message for f in findings)
 
 
+def test_amp002_parameter_tensors_written_back_through_data_get_the_models_advice() -> None:
+    findings = fixture_findings("AMP002/bad_parameter_tensors_written_back_through_data.py", "AMP002")
+    assert len(findings) == 3
+    assert all("keep the model and inputs in float32" in f.message for f in findings)
+
+
 def test_amp002_a_dtype_chosen_at_run_time_is_named_as_chosen_at_run_time() -> None:
     (finding,) = fixture_findings("AMP002/bad_model_cast_to_a_dtype_chosen_at_run_time.py", "AMP002")
     assert "`model` is converted to float16 or bfloat16 (chosen at run time) by hand" in finding.message

@@ -1019,8 +1019,8 @@ class AmpFacts:
         place inside it) hang on opposite outcomes of one condition, as written: the body of `if
         args.fp16:` and the `else` of another `if args.fp16:`, or the body of `if scaler is None:`
         and that of `if scaler is not None:`. The condition is taken not to change in between."""
-        held_a, failed_a = self._outcomes_at(a)
-        held_b, failed_b = self._outcomes_at(b)
+        held_a, failed_a = self.outcomes_at(a)
+        held_b, failed_b = self.outcomes_at(b)
         return (
             bool(held_a & failed_b or failed_a & held_b)
             or self._one_fails(a, held_b, failed_b)
@@ -1042,28 +1042,29 @@ class AmpFacts:
                     test = test.expression
                 elif label != "else":
                     continue
-                parts = _and_operands(test)
-                if len(parts) > 1 and all(t in (held if p else failed) for t, p in map(self._condition, parts)):
+                parts = and_operands(test)
+                if len(parts) > 1 and all(t in (held if p else failed) for t, p in map(self.condition, parts)):
                     return True
         return False
 
     def failed_conditions(self, where: Context) -> frozenset[str]:
         """The conditions, as written without their negation, that fail wherever code at `where`
         runs: `x` in the body of `if not x:` and in the `else` of `if x:`."""
-        return self._outcomes_at((where,))[1]
+        return self.outcomes_at((where,))[1]
 
-    def _outcomes_at(self, places: Iterable[Context]) -> tuple[frozenset[str], frozenset[str]]:
+    def outcomes_at(self, places: Iterable[Context]) -> tuple[frozenset[str], frozenset[str]]:
+        """The conditions that hold, and those that fail, at every one of `places`."""
         held: set[str] = set()
         failed: set[str] = set()
         for where in places:
             if where.branches not in self._outcomes:
-                self._outcomes[where.branches] = self._outcomes_of(where.branches)
+                self._outcomes[where.branches] = self.outcomes_of(where.branches)
             place_held, place_failed = self._outcomes[where.branches]
             held |= place_held
             failed |= place_failed
         return frozenset(held), frozenset(failed)
 
-    def _outcomes_of(self, branches: tuple[tuple[int, str], ...]) -> tuple[frozenset[str], frozenset[str]]:
+    def outcomes_of(self, branches: tuple[tuple[int, str], ...]) -> tuple[frozenset[str], frozenset[str]]:
         """The conditions that hold, and those that fail, inside the given branches."""
         held: set[str] = set()
         failed: set[str] = set()
@@ -1081,16 +1082,16 @@ class AmpFacts:
             else:
                 parts = [test]
             for part in parts:
-                text, positive = self._condition(part)
+                text, positive = self.condition(part)
                 (held if positive == (label == "body") else failed).add(text)
         return frozenset(held), frozenset(failed)
 
-    def _condition(self, test: cst.BaseExpression) -> tuple[str, bool]:
+    def condition(self, test: cst.BaseExpression) -> tuple[str, bool]:
         """A condition as written, without its negation, and whether it was negated: `not x` is
         (x, False), `a is not None` is (`a is None`, False), `a != b` is (`a == b`, False)."""
         test = _bare(test)
         if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-            text, positive = self._condition(test.expression)
+            text, positive = self.condition(test.expression)
             return text, not positive
         if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
             (target,) = test.comparisons
@@ -1581,8 +1582,8 @@ class AmpFacts:
         caller's `use_amp`); the condition is taken not to change in between."""
         if region.enabled_when is None or not self._written_here(region, where):
             return False
-        held, failed = self._outcomes_at((where,))
-        return self._fails(region.enabled_when, held, failed)
+        held, failed = self.outcomes_at((where,))
+        return self.fails(region.enabled_when, held, failed)
 
     def _written_here(self, region: Autocast, where: Context) -> bool:
         """The region is opened in a `with` around `where`, or bound to a name in the same function
@@ -1597,15 +1598,15 @@ class AmpFacts:
         flags = set(identifiers(region.enabled_when).split()) if region.enabled_when is not None else set()
         return not any(a.key in flags and a.where.scope.function_scope is function for a in self.assignments)
 
-    def _fails(self, condition: cst.BaseExpression, held: frozenset[str], failed: frozenset[str]) -> bool:
+    def fails(self, condition: cst.BaseExpression, held: frozenset[str], failed: frozenset[str]) -> bool:
         """Whether `condition` is false given the conditions known to hold and to fail."""
         condition = _bare(condition)
         if isinstance(condition, cst.BooleanOperation):
             parts = (condition.left, condition.right)
             if isinstance(condition.operator, cst.And):
-                return any(self._fails(part, held, failed) for part in parts)
-            return all(self._fails(part, held, failed) for part in parts)
-        text, positive = self._condition(condition)
+                return any(self.fails(part, held, failed) for part in parts)
+            return all(self.fails(part, held, failed) for part in parts)
+        text, positive = self.condition(condition)
         return text in (failed if positive else held)
 
     @cached_property
@@ -1623,16 +1624,16 @@ class AmpFacts:
 
     @cached_property
     def has_autocast(self) -> bool:
-        return next(self._openings(), False) is not False
+        return next(self.openings(), False) is not False
 
     @cached_property
     def has_enabled_autocast(self) -> bool:
         """Whether the file opens a region that is or may be enabled. Regions that are only ever
         `autocast(enabled=False)` step out of a caller's region (vall-e's scaling.py computes its
         kernels in float32 that way) and open none of their own."""
-        return any(region is None or region.enabled != "no" for region in self._openings())
+        return any(region is None or region.enabled != "no" for region in self.openings())
 
-    def _openings(self) -> Iterator[Autocast | None]:
+    def openings(self) -> Iterator[Autocast | None]:
         """What each autocast the file opens says about itself: a torch autocast call's region, a
         decorator's, or None where it is not read (a framework's own `accelerator.autocast()`)."""
         for call in self.calls:
@@ -1752,11 +1753,11 @@ def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
     return expr.with_changes(lpar=[], rpar=[]) if getattr(expr, "lpar", None) else expr
 
 
-def _and_operands(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+def and_operands(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
     """`a and (b and c)`: a, b and c; any other expression alone."""
     expr = _bare(expr)
     if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.And):
-        return _and_operands(expr.left) + _and_operands(expr.right)
+        return and_operands(expr.left) + and_operands(expr.right)
     return [expr]
 
 

@@ -17,12 +17,14 @@ from amplint.static.semantics import (
     Context,
     Reference,
     Scope,
+    and_operands,
     argument,
     dotted_name,
     is_false,
     is_true,
     mutually_exclusive,
     statement_code,
+    string_literal,
 )
 
 CODE = "AMP002"
@@ -589,6 +591,164 @@ def _meets_amp(facts: AmpFacts, where: Context) -> bool:
     )
 
 
+def _amp_off_whenever_the_cast_runs(call: CallSite, facts: AmpFacts) -> bool:
+    """One run takes one path, across the module: a cast that runs only under a condition
+    (`if args.full_bf16: model.bfloat16()`) when every autocast region and GradScaler of the module
+    is enabled by a condition that fails there, so that no run both converts by hand and uses AMP:
+    `enabled=not args.full_bf16`, or a test on a setting that an `assert` under the same condition
+    pins (`if args.full_bf16: assert args.amp == "none"` against `autocast(...,
+    enabled=args.amp != "none")` and `GradScaler(enabled=args.amp == "fp16")` in torchao's
+    optimizer benchmark). Conditions are taken as written and not to change in between."""
+    held, failed = facts.outcomes_at((call.where,))
+    switches = _amp_switches(facts)
+    if not (held or failed) or None in switches:
+        return False  # the cast runs whatever the settings, or AMP may be on whatever they are
+    held, failed, pinned = _with_asserted_settings(held, failed, call.scope.function_scope, facts)
+    return all(
+        is_false(enabled) or _setting_test_fails(enabled, scope, held, failed, pinned, facts) for enabled, scope in switches
+    )
+
+
+def _amp_switches(facts: AmpFacts) -> list[tuple[cst.BaseExpression, Scope] | None]:
+    """The `enabled=` of every autocast region and GradScaler the module opens or builds, with the
+    scope its names are read in; None for one that is on, or whose switch is not read (a
+    framework's `accelerator.autocast()`, `autocast(**kwargs)`)."""
+    switches: list[tuple[cst.BaseExpression, Scope] | None] = []
+    for region in facts.openings():
+        if region is not None and region.enabled == "no":
+            continue
+        if region is None or region.enabled_when is None:
+            switches.append(None)
+            continue
+        holder = facts.function_holding(region.node)
+        # A decorator's arguments are evaluated where the decorated function is defined.
+        decorates = isinstance(facts.parent_of.get(id(region.node)), cst.Decorator)
+        switches.append((region.enabled_when, (holder.parent or holder) if decorates else holder))
+    for scaler in facts.calls:
+        if scaler.qualname in names.GRAD_SCALER:
+            enabled = scaler.arg(None, "enabled")
+            switches.append(None if enabled is None else (enabled, scaler.scope))
+    return switches
+
+
+def _with_asserted_settings(
+    held: frozenset[str], failed: frozenset[str], function: Scope, facts: AmpFacts
+) -> tuple[frozenset[str], frozenset[str], dict[str, str]]:
+    """The conditions known where code of `function` runs under `held`/`failed`, with what the
+    asserts under a condition that holds there state (`if args.full_bf16: assert args.amp ==
+    "none"`), and the settings those asserts pin to a string (`args.amp` to "none"): a run that
+    gets past them has those settings. Only asserts of `function` and of module-level code (a
+    script's `__main__` block) are read: the ones that always run before it or in it, and the ones
+    the staged analysis keeps with it."""
+    held, failed = set(held), set(failed)
+    pinned: dict[str, str] = {}
+    for where, branch_held, branch_failed, asserted in _asserts_by_branch(facts):
+        if where not in (function, facts.module_scope) or not (branch_held <= held and branch_failed <= failed):
+            continue  # not known to hold wherever the cast runs
+        for operand in asserted:
+            text, positive = facts.condition(operand)
+            (held if positive else failed).add(text)
+            comparison = _string_comparison(operand)
+            if comparison is not None and comparison[2]:
+                pinned[facts.module.code_for_node(comparison[0])] = comparison[1]
+    return frozenset(held), frozenset(failed), pinned
+
+
+def _asserts_by_branch(facts: AmpFacts) -> list[tuple[Scope, frozenset[str], frozenset[str], list[cst.BaseExpression]]]:
+    """For each branch of an `if` with `assert`s written directly in it: the function holding it,
+    the conditions that hold and fail there, and the operands of the `and`s the asserts require."""
+
+    def build():
+        found = []
+        for node_id, test in facts.if_tests.items():
+            statement = facts.parent_of.get(id(test))
+            if not isinstance(statement, cst.If):
+                continue
+            branches = [(statement.body, "body")]
+            if isinstance(statement.orelse, cst.Else):
+                branches.append((statement.orelse.body, "else"))
+            for block, label in branches:
+                asserted = list(_asserted_operands(block))
+                branch_held, branch_failed = facts.outcomes_of(((node_id, label),))
+                if asserted and (branch_held or branch_failed):
+                    found.append((facts.function_holding(statement), branch_held, branch_failed, asserted))
+        return found
+
+    return cached(facts, "AMP002 asserts by branch", build)
+
+
+def _asserted_operands(block: cst.BaseSuite) -> Iterator[cst.BaseExpression]:
+    """The operands of the `and`s each `assert` written directly in a block requires."""
+    lines = block.body if isinstance(block, cst.IndentedBlock) else [block]
+    for line in lines:
+        if isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            yield from (part for small in line.body if isinstance(small, cst.Assert) for part in and_operands(small.test))
+
+
+def _string_comparison(expr: cst.BaseExpression) -> tuple[cst.BaseExpression, str, bool] | None:
+    """`setting == "value"` or `setting != "value"`: the setting, the string, and whether it is `==`."""
+    if not (isinstance(expr, cst.Comparison) and len(expr.comparisons) == 1):
+        return None
+    (target,) = expr.comparisons
+    value = string_literal(target.comparator)
+    if value is None or not isinstance(target.operator, (cst.Equal, cst.NotEqual)):
+        return None
+    return expr.left, value, isinstance(target.operator, cst.Equal)
+
+
+def _setting_test_fails(
+    enabled: cst.BaseExpression,
+    scope: Scope,
+    held: frozenset[str],
+    failed: frozenset[str],
+    pinned: dict[str, str],
+    facts: AmpFacts,
+) -> bool:
+    """Whether an `enabled=` test is false where `held` hold and `failed` fail, its comparisons of a
+    pinned setting with a string decided by the setting's value (`args.amp == "fp16"` fails where
+    `args.amp` is "none")."""
+    held, failed = set(held), set(failed)
+    for operand in _comparisons_in(enabled):
+        comparison = _string_comparison(operand)
+        value = _pinned_value(comparison[0], scope, pinned, facts) if comparison is not None else None
+        if value is not None:
+            text, _ = facts.condition(operand)  # `a != b` is written as `a == b`, negated
+            (held if value == comparison[1] else failed).add(text)
+    return facts.fails(enabled, frozenset(held), frozenset(failed))
+
+
+def _comparisons_in(expr: cst.BaseExpression) -> Iterator[cst.Comparison]:
+    """The comparisons a test combines with `and`, `or` and `not`."""
+    if isinstance(expr, cst.BooleanOperation):
+        yield from _comparisons_in(expr.left)
+        yield from _comparisons_in(expr.right)
+    elif isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
+        yield from _comparisons_in(expr.expression)
+    elif isinstance(expr, cst.Comparison):
+        yield expr
+
+
+def _pinned_value(
+    setting: cst.BaseExpression, scope: Scope, pinned: dict[str, str], facts: AmpFacts, depth: int = 0
+) -> str | None:
+    """The string a setting is pinned to: itself, or for a parameter of a factory that keeps it
+    (`def get_amp_ctx(amp, device): return torch.autocast(device, enabled=amp != "none")`), what
+    every call of it in the file passes, up to names.CALL_DEPTH calls away."""
+    text = facts.module.code_for_node(setting)
+    if text in pinned:
+        return pinned[text]
+    function = scope.function_scope
+    if not (isinstance(setting, cst.Name) and setting.value in function.params) or depth >= names.CALL_DEPTH:
+        return None
+    if any(a.key == setting.value and a.where.scope.function_scope is function for a in facts.assignments):
+        return None  # rebound (`amp = amp.lower()`): no longer what the callers pass
+    values = {
+        _pinned_value(passed, caller.scope, pinned, facts, depth + 1) if passed is not None else None
+        for caller, passed in facts.passed_for(function, setting.value)
+    }
+    return values.pop() if len(values) == 1 else None
+
+
 def _test_function(scope: Scope) -> Scope | None:
     """The test (`def test_...`, a function or a method) a scope belongs to, if any."""
     while scope is not None:
@@ -910,6 +1070,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _test_without_amp(call, facts)
             or _test_that_does_not_train(call, facts)
             or _amp_only_in_other_branches(call, facts)
+            or _amp_off_whenever_the_cast_runs(call, facts)
         ):
             continue
         subject = _converted(call) or (facts.module.code_for_node(call.receiver) if call.receiver is not None else "value")
@@ -935,16 +1096,38 @@ def _is_data(call: CallSite, facts: AmpFacts) -> bool:
     name bound by iterating over data (`for numerical_features, click in data_loader:`)."""
     if call.method == "from_pretrained" or facts.value_kind(call.receiver, call.scope) == "model":
         return False
+    if _converts_parameter_storage(call, facts):
+        return False
     converted = _chain_below(call)[1]
     text = facts.module.code_for_node(converted) if converted is not None else ""
-    # `p.data.half()`, `layer.weight.half()`: a model's parameters, whatever the owner is called.
-    if re.search(r"\.(?:data|weight|bias)\b", text) is not None:
-        return False
     if any(_DATA_WORD.match(word) for word in re.findall(r"[A-Za-z_]\w*", text.lower())):
         return True
     if isinstance(converted, cst.Name) and _checked_to_be_a_tensor(converted.value, call, facts):
         return True
     return isinstance(converted, cst.Name) and converted.value in _batch_names(facts, call.scope.function_scope)
+
+
+# `p.data`, `layer.weight`, `layer.bias`: a parameter's tensor, whatever its owner is called.
+_PARAMETER_STORAGE = re.compile(r"\.(?:data|weight|bias)\b")
+
+
+def _converts_parameter_storage(call: CallSite, facts: AmpFacts) -> bool:
+    """A cast of a parameter's tensor (`p.data.half()`, `layer.weight.half()`), of a name last
+    bound to one (`tensor = param.data`), or written back into one (`param.data =
+    tensor.to(torch.bfloat16)` in SimpleTuner's trainer): assigning to `.data` replaces a
+    parameter's storage in place, converting the model's weights; inputs are rebound, never
+    written through `.data`."""
+    converted = _chain_below(call)[1]
+    sources = [converted] if converted is not None else []
+    bound = facts.reaching_assignment(dotted_name(converted), call.where) if isinstance(converted, cst.Name) else None
+    if bound is not None:
+        sources.append(bound.value)
+    if any(_PARAMETER_STORAGE.search(facts.module.code_for_node(source)) for source in sources):
+        return True
+    statement = facts.parent_of.get(id(_outermost_method_call(call.node, facts)))
+    return isinstance(statement, cst.Assign) and any(
+        isinstance(target.target, cst.Attribute) and target.target.attr.value == "data" for target in statement.targets
+    )
 
 
 def _checked_to_be_a_tensor(name: str, call: CallSite, facts: AmpFacts) -> bool:
