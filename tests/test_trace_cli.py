@@ -863,3 +863,72 @@ def test_a_zipapp_still_runs_as_python_runs_it(tmp_path: Path) -> None:
     plain = subprocess.run([sys.executable, "app.pyz", "--epochs", "1"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == plain.returncode == 0, proc.stderr
     assert proc.stdout == plain.stdout == "zipapp ['--epochs', '1']\n"
+
+
+@pytest.mark.parametrize(("ending", "status"), [("pass", 0), ("sys.exit(3)", 3), ("raise ValueError('diverged')", 1)])
+def test_atexit_handlers_run_traced_before_the_report_however_the_script_ends(tmp_path: Path, ending: str, status: int) -> None:
+    """Python runs the script's atexit handlers when it ends (after printing its traceback): a
+    save-on-exit checkpoint is part of the run, so the trace runs them before writing the report,
+    in Python's order, and a handler's exception is printed and ignored as Python does."""
+    write(
+        tmp_path,
+        "train.py",
+        f"""
+        import atexit
+        import sys
+        import torch
+
+        def summary():
+            print("final norm", torch.ones(4).norm().item(), flush=True)  # line 7
+            raise RuntimeError("upload failed")
+
+        atexit.register(summary)
+        atexit.register(print, "registered last, runs first", flush=True)
+        {ending}
+        """,
+    )
+    proc = trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    plain = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == plain.returncode == status
+    assert proc.stdout == plain.stdout == "registered last, runs first\nfinal norm 2.0\n"
+
+    def python_lines(stderr: str) -> list[str]:
+        import re
+
+        kept = ("Traceback", "  File", "ValueError", "RuntimeError", "Exception ignored")
+        return [re.sub(r" at 0x[0-9a-f]+", "", line) for line in stderr.splitlines() if line.startswith(kept)]
+
+    assert python_lines(proc.stderr) == python_lines(plain.stderr)
+    assert "Exception ignored in atexit callback: <function summary" in proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["exit"]["code"] == status
+    assert any(op["line"] == 7 for op in report["ops"])  # the handler ran while traced
+
+
+def test_sys_exit_with_a_code_beyond_a_byte_reports_the_status_the_process_ends_with(tmp_path: Path) -> None:
+    write(tmp_path, "train.py", "import sys\nimport torch\nsys.exit(300)\n")
+    proc = trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    plain = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == plain.returncode == 44
+    assert json.loads((tmp_path / "r.json").read_text())["exit"] == {"status": "exit", "code": 44, "exception": None}
+
+
+def test_the_script_sees_the_main_module_and_sys_path_of_a_plain_run(tmp_path: Path) -> None:
+    """`__main__` as Python makes it (a SourceFileLoader, the builtins module, `__annotations__`),
+    and sys.path with the script's folder first and not amplint's own start folder."""
+    write(
+        tmp_path,
+        "jobs/train.py",
+        """
+        import sys
+        import torch
+        print(type(__loader__).__name__, __loader__.name, type(__builtins__).__name__, __annotations__)
+        print(sorted(name for name in globals() if name.startswith("__")))
+        print(sys.path)
+        """,
+    )
+    proc = trace(tmp_path, "-q", "jobs/train.py")
+    plain = subprocess.run([sys.executable, "jobs/train.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == plain.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout
+    assert proc.stdout.startswith("SourceFileLoader __main__ module {}\n")

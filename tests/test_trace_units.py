@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 from amplint.model import Finding, Severity  # noqa: E402
 from amplint.trace import policy  # noqa: E402
 from amplint.trace.confirm import Facts, confirm_findings  # noqa: E402
-from amplint.trace.report import merge_reports, rank_path  # noqa: E402
-from amplint.trace.state import DeferredValues, ScalerInfo, ScalerStep, SchedulerStep, TraceState  # noqa: E402
+from amplint.trace.report import merge_reports, nonfinite_section, rank_path  # noqa: E402
+from amplint.trace.state import DeferredValues, NonFinite, ScalerInfo, ScalerStep, SchedulerStep, TraceState  # noqa: E402
 
 FILE = os.path.abspath("train.py")
 
@@ -113,18 +113,25 @@ def test_unknown_rules_are_listed_unchecked_not_given_a_status() -> None:
     ("op", "device", "inputs", "outputs", "expected", "matches"),
     [
         ("aten::addmm", "cpu", ["bfloat16"] * 3, ["bfloat16"], "bfloat16", True),
-        ("aten::mm", "cpu", ["float32", "float32"], ["float32"], "bfloat16", False),
+        # the out= variant has no autocast kernel: autocast lets it run in float32
+        ("aten::mm.out", "cpu", ["float32", "float32"], ["float32"], "bfloat16", False),
         ("aten::_softmax", "cuda", ["bfloat16"], ["float32"], "float32", True),
         # F.cross_entropy passes log_softmax its input's dtype, which CUDA autocast honours
         ("aten::_log_softmax", "cuda", ["float16"], ["float16"], "float32", True),
         ("aten::sum", "cuda", ["float16"], ["float16"], "float32", True),
-        ("aten::native_layer_norm", "cuda", ["bfloat16"], ["bfloat16", "float32", "float32"], "float32", False),
+        ("aten::native_group_norm", "cuda", ["bfloat16"], ["bfloat16", "float32", "float32"], "float32", False),
         ("aten::mse_loss", "cpu", ["float32", "float32"], ["float32"], "float32", True),
     ],
 )
 def test_policy_check(op, device, inputs, outputs, expected, matches) -> None:
     verdict = policy.check(op, {"device": device, "dtype": "bfloat16"}, inputs, outputs)
     assert verdict["expected"] == expected and verdict["matches"] is matches
+
+
+def test_policy_ignores_an_op_autocast_would_have_cast_that_kept_other_inputs() -> None:
+    """A listed op with an autocast kernel that got float32 inputs under bfloat16 autocast ran
+    inside another op (the math kernel of scaled_dot_product_attention), where autocast is off."""
+    assert policy.check("aten::bmm", {"device": "cpu", "dtype": "bfloat16"}, ["float32"] * 2, ["float32"]) is None
 
 
 def test_policy_ignores_unlisted_float64_and_no_autocast() -> None:
@@ -134,6 +141,14 @@ def test_policy_ignores_unlisted_float64_and_no_autocast() -> None:
     # softmax is not on a CPU list: CPU keeps it in bf16, which is not a departure
     assert policy.category("aten::_softmax", "cpu") is None
     assert policy.category("aten::_softmax", "cuda") == "float32"
+
+
+@pytest.mark.parametrize(("rerun_from_step", "hint"), [(3, "rerun with `--nan op --nan-from-step 3`"), (None, None)])
+def test_a_cheap_find_suggests_a_rerun_only_where_one_would_search_further(rerun_from_step, hint) -> None:
+    """None: this run's op check already searched from that step, so the hint would repeat it."""
+    found = NonFinite("gradients", ("t.py", 9), "backward", 3, "float16", None, "cheap", detail="why", rerun_from_step=rerun_from_step)
+    section = nonfinite_section(found, str, TraceState())
+    assert (section.get("hint") or "").startswith(hint or "") and (hint is not None) == ("hint" in section)
 
 
 def test_deferred_values_read_after_the_fact() -> None:
@@ -295,3 +310,99 @@ def test_a_tensor_without_storage_of_its_own_is_never_taken_for_a_gradient() -> 
     assert _storage(torch.ones(3)) is not None
     assert _storage(torch.empty(0)) is None  # every empty tensor has data pointer 0
     assert _storage(torch.ones(2, 2).to_sparse()) is None
+
+
+def op_checked(monitor, op, *args, phase: str = "backward", line: int = 10):
+    """Run an aten op and hand it to the op check, as the dispatch recorder does."""
+    from amplint.trace.recorder import OpInfo
+
+    out = op(*args)
+    monitor.check_op(OpInfo(op), args, {}, out, (FILE, line), phase, None)
+    return out
+
+
+def scaled_run(mode: str = "op", from_step: int = 0):
+    """A state with an enabled GradScaler whose scaled loss is in flight, and its monitor."""
+    from amplint.trace.nonfinite import NonFiniteMonitor
+
+    state = TraceState()
+    state.scalers.append(ScalerInfo(0, (FILE, 5), None, True, "cpu", 65536.0, scaled=True))
+    return state, NonFiniteMonitor(state, mode, from_step)
+
+
+def overflow(monitor, line: int = 10):
+    """A float16 backward op overflowing from finite inputs."""
+    big = torch.full((4,), 60000.0, dtype=torch.float16)
+    return op_checked(monitor, torch.ops.aten.add.Tensor, big, big, line=line)
+
+
+def test_an_overflow_is_handled_only_when_a_scaler_step_found_it_and_skipped() -> None:
+    from amplint.trace.state import Update
+
+    state, monitor = scaled_run()
+    overflow(monitor)  # step 0: the scaler has not stepped yet, so the search goes on
+    assert monitor.searching and state.nonfinite_candidates == []
+    state.scaler_steps.append(ScalerStep(0, 1, 0, (FILE, 20), applied=False))
+    state.step = 1
+    assert monitor.searching and state.handled_overflow_steps == {0}
+    overflow(monitor, line=11)  # step 1: the scaler steps and applies it
+    state.scaler_steps.append(ScalerStep(0, 1, 1, (FILE, 20), applied=True))
+    state.step = 2
+    assert monitor.searching  # another optimizer's scaler step may still skip, until the update
+    state.updates.append(Update(0, 2, 0))
+    assert not monitor.searching
+    found = monitor.resolve([])
+    assert (found.callsite, found.step, found.handled_by_scaler) == ((FILE, 11), 1, False)
+    assert state.handled_overflow_steps == {0}
+
+
+def test_an_overflow_no_scaler_step_saw_is_not_handled() -> None:
+    """AMP006: `optimizer.step()` outside the scaler took the gradients; nothing skipped."""
+    state, monitor = scaled_run()
+    overflow(monitor)
+    state.step = 1  # an optimizer.step() with the scaled loss still in flight
+    assert not monitor.searching
+    found = monitor.resolve([])
+    assert (found.step, found.handled_by_scaler) == (0, False) and state.handled_overflow_steps == set()
+
+
+def test_a_fused_optimizers_skip_read_after_the_run_decides_whether_it_was_handled() -> None:
+    for found_inf, handled in ((1.0, True), (0.0, False)):
+        state, monitor = scaled_run()
+        overflow(monitor)
+        state.scaler_steps.append(ScalerStep(0, 1, 0, (FILE, 20), applied=None, found_inf_slot=0))
+        state.step = 1
+        assert monitor.searching  # unknown until the deferred found_inf is read
+        assert monitor.resolve([found_inf]).handled_by_scaler is handled
+
+
+def test_an_in_place_op_counts_what_it_overwrote_among_its_inputs() -> None:
+    """`clip_grad_norm_` multiplies infinite gradients by a zero coefficient: the NaN starts
+    there, from inputs that were not finite; an in-place op overflowing finite values it
+    overwrote (after `zero_` cleared an earlier inf) starts from finite inputs."""
+    from amplint.trace.nonfinite import NonFiniteMonitor
+
+    aten = torch.ops.aten
+    state = TraceState()
+    monitor = NonFiniteMonitor(state, "op", 0)
+    grad = op_checked(monitor, aten.mul.Tensor, torch.full((3,), 1e30), torch.full((3,), 1e30))
+    op_checked(monitor, aten._foreach_mul_.Tensor, [grad], torch.zeros(()), phase="other", line=21)
+    op_checked(monitor, aten.zero_.default, grad, phase="other", line=22)
+    op_checked(monitor, aten.add_.Tensor, grad, torch.full((3,), 3e38), phase="other", line=23)
+    op_checked(monitor, aten.mul_.Tensor, grad, torch.full((), 2.0), phase="other", line=24)
+    found = [(c.callsite[1], c.op, c.inputs_finite) for c in state.nonfinite_candidates]
+    assert found == [(10, "aten::mul.Tensor", True), (21, "aten::_foreach_mul_.Tensor", False), (24, "aten::mul_.Tensor", True)]
+
+
+def test_a_cheap_find_the_op_check_already_searched_for_says_why_instead_of_a_rerun() -> None:
+    from amplint.trace.nonfinite import NonFiniteMonitor
+
+    nan_loss = torch.tensor(float("nan"))
+    for mode, from_step, rerun in (("cheap", 0, 2), ("op", 3, 2), ("op", 2, None), ("op", 0, None)):
+        state = TraceState()
+        state.step = 3
+        monitor = NonFiniteMonitor(state, mode, from_step)
+        monitor.check_loss(nan_loss, (FILE, 30))
+        found = monitor.resolve([])
+        assert found.rerun_from_step == rerun, (mode, from_step)
+        assert ("the op check ran from step" in found.detail) is (rerun is None)

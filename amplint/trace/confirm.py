@@ -1,7 +1,8 @@
 """Join the static findings with what the run saw, and turn runtime-only problems into findings.
 
 A static finding matches runtime events whose user callsite lies in the finding's file and line
-range. Status: `confirmed` when the problem happened there, `refuted` when the lines ran and it
+range, or whose call stack went through it (a helper's call: the event inside the helper confirms
+the finding at the call, rather than standing as a second finding). Status: `confirmed` when the problem happened there, `refuted` when the lines ran and it
 did not, `not-reached` when they never ran, or ran without the case the finding is about (a CUDA
 scaler or autocast region that disabled itself on a machine without CUDA; the evidence's `note`).
 Rules the tracer has no runtime check for are not given a status (they are listed under
@@ -52,6 +53,7 @@ class Facts:
     applied: dict = field(default_factory=dict)  # id(ScalerStep) -> bool
     display: callable = str  # absolute filename -> report path
     events: dict = field(default_factory=dict)  # code -> [RuleEvent] (rule_events, built by confirm_findings)
+    callers: dict = field(default_factory=dict)  # probe callsite -> user lines above it (Probes.callers)
 
     def where(self, site: Callsite | None) -> str | None:
         return None if site is None else f"{self.display(site[0])}:{site[1]}"
@@ -72,6 +74,9 @@ class _Site:
         return first <= self.lines[-1] and self.lines[0] <= last and os.path.normcase(os.path.abspath(filename)) == self.filename
 
     def joins(self, event: RuleEvent) -> bool:
+        return self.joins_directly(event) or any(self.matches(caller) for caller in event.callers)
+
+    def joins_directly(self, event: RuleEvent) -> bool:
         return any(self.matches(s) for s in event.sites) or any(self.overlaps(span) for span in event.spans)
 
 
@@ -255,6 +260,9 @@ def _event_check(code: str):
         evidence = dict(hit.evidence) if hit else {}
         if len(events) > 1:
             evidence["places"] = len(events)
+        in_callees = sorted({facts.where(e.anchor) for e in events if e.anchor and not site.joins_directly(e)})
+        if in_callees:
+            evidence["seen_in_callee_at"] = in_callees  # where the helper called from this line did it
         return count, bool(events) or _reached(site, facts), evidence
 
     return check

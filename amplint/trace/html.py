@@ -118,8 +118,9 @@ def render(report: dict, cwd: str) -> str:
             f"{' [' + _e(nf['node']) + ']' if nf.get('node') else ''} at <span class=\"mono\">{_e(nf['path'])}:{_e(nf['line'])}</span>, "
             f"{_e(nf['phase'])}, step {_e(nf['step'])}, {_e(nf['dtype'])}{handled}</p>"
         )
-        if nf.get("hint"):
-            out.append(f"<p>{_e(nf['hint'])}</p>")
+        unlocalised = nf.get("check") == "cheap" and nf.get("detail")  # why this run's op check did not find it
+        if nf.get("hint") or unlocalised:
+            out.append(f"<p>{_e(nf.get('hint') or nf['detail'])}</p>")
 
     out.append("<h2>Op dtypes by source line (after autocast's casts)</h2>")
     if report.get("autocast_policy_label"):

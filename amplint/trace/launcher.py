@@ -1,19 +1,25 @@
 """Run the user's script (or module) as `__main__`, exactly as `python SCRIPT ARGS` would, and
 record how it ended instead of letting it end the process: the report must be written first.
 
-The caller prints the script's traceback (`print_script_traceback`) and exits with `exit_code`.
+What Python does when a script ends happens here too, before the report: the traceback of an
+uncaught exception is printed, then the `atexit` handlers the script registered run (a
+save-on-exit checkpoint is part of the run). The caller exits with `exit_code`.
 """
 
 from __future__ import annotations
 
+import atexit
+import builtins
 import os
 import runpy
 import signal
+import struct
 import sys
 import traceback
 import types
 import zipfile
 from dataclasses import dataclass
+from importlib.machinery import PathFinder, SourceFileLoader
 from types import TracebackType
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -35,7 +41,7 @@ _MODE_EXIT_FRAMES = {(os.path.join("torch", "_ops.py"), "__call__")}
 class RunOutcome:
     status: str  # "ok" | "exception" | "exit"
     code: int
-    exception: BaseException | None = None  # kept to print its traceback after the report
+    exception: BaseException | None = None  # the script's uncaught exception (its traceback is printed)
     message: str | None = None  # "RuntimeError: ..." for the report
 
     @property
@@ -50,14 +56,12 @@ def resolve_target(target: str, module: bool, cwd: str) -> tuple[str, str | None
         if os.path.isdir(path):
             path = os.path.join(path, "__main__.py")
         return path, None
-    # `python -m` puts the current folder first on sys.path before resolving the name.
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    spec = _find_without_importing(target)
+    search_path = _sys_path_for_main(cwd)  # where `python -m` looks for the name
+    spec = _find_without_importing(target, search_path)
     if spec is None:
         raise LookupError(f"no module named {target!r}")
     if spec.submodule_search_locations is not None:  # a package: runs pkg.__main__
-        main_spec = _find_without_importing(f"{target}.__main__")
+        main_spec = _find_without_importing(f"{target}.__main__", search_path)
         if main_spec is None or not main_spec.origin:
             raise LookupError(f"{target!r} is a package and cannot be directly executed (no __main__)")
         return os.path.abspath(main_spec.origin), target
@@ -72,13 +76,21 @@ def script_import_folder(path: str) -> str:
     return os.path.dirname(os.path.realpath(path))
 
 
-def _find_without_importing(name: str):
-    """The spec of a module found on sys.path, its packages looked up but not imported:
-    `importlib.util.find_spec("pkg.mod")` would run `pkg/__init__.py` before the trace starts."""
-    from importlib.machinery import PathFinder
+def _sys_path_for_main(folder: str) -> list[str]:
+    """sys.path as `python SCRIPT` (`folder`: the script's) or `python -m` (the current folder)
+    starts it: `folder` first, in the place of the entry Python put there for amplint's own start
+    (its console script's folder, or the current folder under `python -m amplint`), which a plain
+    run does not have. Under `-P`/PYTHONSAFEPATH Python puts no such entry, for either."""
+    if sys.flags.safe_path:
+        return sys.path[:]
+    return [folder, *sys.path[1:]]
 
+
+def _find_without_importing(name: str, search_path: list[str]):
+    """The spec of a module found on `search_path`, its packages looked up but not imported:
+    `importlib.util.find_spec("pkg.mod")` would run `pkg/__init__.py` before the trace starts."""
     parts = name.split(".")
-    spec, path = None, None
+    spec, path = None, search_path
     for depth in range(1, len(parts) + 1):
         if spec is not None and spec.submodule_search_locations is None:
             return None  # `mod.sub` where `mod` is not a package
@@ -95,18 +107,31 @@ def _describe(exc: BaseException) -> str:
 
 
 def run_target(path: str, module_name: str | None, args: list[str], argv0: str | None = None) -> RunOutcome:
-    """Run the target; never raises (the outcome says how it ended). `argv0` is the script as the
-    user typed it: `python ../train.py` gives the script `sys.argv[0] == "../train.py"`, while
+    """Run the target, then what Python runs when a script ends (its traceback, its atexit
+    handlers); never raises (the outcome says how it ended). `argv0` is the script as the user
+    typed it: `python ../train.py` gives the script `sys.argv[0] == "../train.py"`, while
     `python -m` gives the module's full path, which is `path`."""
-    saved_argv = sys.argv[:]
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [argv0 or path, *args]
-    script_folder = script_import_folder(path)
-    if module_name is None:
-        # Like `python script.py`: the script's folder comes first on sys.path.
-        sys.path.insert(0, script_folder)
+    sys.path[:] = _sys_path_for_main(script_import_folder(path) if module_name is None else os.getcwd())
     previous_sigterm = _raise_on_sigterm()
     real_os_exit = os._exit
     os._exit = _os_exit_that_says_so(real_os_exit)
+    try:
+        with _ExitHandlers() as exit_handlers:
+            outcome = _run_main(path, module_name)
+            _print_script_traceback(outcome)
+            exit_handlers.run()
+        return outcome
+    finally:
+        os._exit = real_os_exit
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+
+
+def _run_main(path: str, module_name: str | None) -> RunOutcome:
     try:
         if module_name is None and _is_source(path):
             _run_script(path)
@@ -120,7 +145,7 @@ def run_target(path: str, module_name: str | None, args: list[str], argv0: str |
         if code is None:
             return RunOutcome("exit", 0)
         if isinstance(code, int):
-            return RunOutcome("exit", int(code))  # `sys.exit(True)` exits 1
+            return RunOutcome("exit", _process_status(code))  # `sys.exit(True)` exits 1
         # Python prints a non-integer exit argument to stderr and exits with 1.
         print(code, file=sys.stderr)
         return RunOutcome("exit", 1, message=str(code))
@@ -128,13 +153,64 @@ def run_target(path: str, module_name: str | None, args: list[str], argv0: str |
         return RunOutcome("exception", 130, exc, _describe(exc))
     except BaseException as exc:  # noqa: BLE001 - the script's own failure, reported and re-printed
         return RunOutcome("exception", 1, exc, _describe(exc))
-    finally:
-        os._exit = real_os_exit
-        if previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, previous_sigterm)
-        sys.argv = saved_argv
-        if module_name is None and script_folder in sys.path:
-            sys.path.remove(script_folder)
+
+
+_C_LONG_BITS = 8 * struct.calcsize("l")
+
+
+def _process_status(code: int) -> int:
+    """The status `sys.exit(code)` ends the process with: Python reads the code as a C long (-1
+    when it does not fit) and the system keeps its low byte, so `sys.exit(300)` exits 44."""
+    if not -(2 ** (_C_LONG_BITS - 1)) <= code < 2 ** (_C_LONG_BITS - 1):
+        code = -1
+    return code & 0xFF if os.name == "posix" else code & 0xFFFFFFFF
+
+
+class _ExitHandlers:
+    """The `atexit` handlers registered while the script runs. Python runs them when the script
+    ends, however it ends (but `os._exit`): they belong to the run, so they run before the
+    report, last registered first, each with the script's `__main__` in place (a checkpoint of a
+    model class defined in the script pickles by `__main__.Net`). Those registered earlier, by
+    amplint's own imports, still run when the process exits."""
+
+    def __init__(self) -> None:
+        self._handlers: list = []  # (function, args, kwargs, __main__ when it was registered)
+
+    def __enter__(self) -> _ExitHandlers:
+        self._real = atexit.register, atexit.unregister
+        atexit.register, atexit.unregister = self.register, self.unregister
+        return self
+
+    def __exit__(self, *exc) -> None:
+        atexit.register, atexit.unregister = self._real
+
+    def register(self, func, *args, **kwargs):
+        if not callable(func):
+            raise TypeError("the first argument must be callable")
+        self._handlers.append((func, args, kwargs, sys.modules.get("__main__")))
+        return func
+
+    def unregister(self, func) -> None:
+        self._handlers = [handler for handler in self._handlers if handler[0] != func]
+        self._real[1](func)  # one registered before the run
+
+    def run(self) -> None:
+        # Like Python: a handler registered by a handler does not run, and a handler's exception
+        # (SystemExit included) is printed and ignored: the exit status stays the script's.
+        handlers, self._handlers = self._handlers, []
+        saved_main = sys.modules.get("__main__")
+        try:
+            for func, args, kwargs, main in reversed(handlers):
+                sys.modules["__main__"] = main
+                try:
+                    func(*args, **kwargs)
+                except BaseException as exc:  # noqa: BLE001 - printed as Python prints it
+                    _strip_amplint_frames(exc, set())
+                    stream = _stderr()
+                    print(f"Exception ignored in atexit callback: {func!r}", file=stream)
+                    traceback.print_exception(type(exc), exc, exc.__traceback__, file=stream)
+        finally:
+            sys.modules["__main__"] = saved_main
 
 
 def _is_source(path: str) -> bool:
@@ -146,8 +222,10 @@ def _run_script(path: str) -> None:
     was given, which is absolute here): a fresh `__main__` module for the run, as Python makes."""
     with open(path, "rb") as handle:  # bytes: compile() honours a coding cookie, as Python does
         code = compile(handle.read(), path, "exec", dont_inherit=True)
-    main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__=None, __spec__=None)
+    main = types.ModuleType("__main__")  # __name__, __doc__, __package__, __loader__, __spec__
+    main.__dict__.update(
+        __loader__=SourceFileLoader("__main__", path), __annotations__={}, __builtins__=builtins, __file__=path, __cached__=None
+    )
     saved_main = sys.modules.get("__main__")
     sys.modules["__main__"] = main
     try:
@@ -230,14 +308,20 @@ def _strip_amplint_frames(exc: BaseException | None, seen: set[int]) -> None:
         exc = exc.__context__
 
 
-def print_script_traceback(outcome: RunOutcome) -> None:
+def _stderr():
+    """sys.stderr, open: the process's own stream where the script closed the one it put there."""
+    if getattr(sys.stderr, "closed", False):
+        sys.stderr = sys.__stderr__
+    return sys.stderr
+
+
+def _print_script_traceback(outcome: RunOutcome) -> None:
     exc = outcome.exception
     if exc is None:
         return
     _strip_amplint_frames(exc, set())
     tb = exc.__traceback__
-    if getattr(sys.stderr, "closed", False):
-        sys.stderr = sys.__stderr__  # the script closed the stream it put there
+    _stderr()  # the hook writes to sys.stderr
     hook = sys.excepthook
     try:
         hook(type(exc), exc, tb)  # respects a hook the script installed (rich, IPython...)

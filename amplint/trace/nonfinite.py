@@ -9,26 +9,37 @@
           with a non-finite output and finite inputs, or with a NaN output and no NaN input (a
           softmax over a fully masked row). Infinities the forward pass is handed on purpose
           (`torch.full(..., float("-inf"))`, `masked_fill(mask, -inf)`: attention masks) are
-          not a find; one written into a gradient is.
+          not a find; one written into a gradient is. An in-place op's inputs include what it
+          overwrote (the gradients `clip_grad_norm_` scales): what the check last saw written there.
 
-A non-finite value in backward (or in gradients at `scaler.step`) while an enabled GradScaler has
-a scaled loss in flight is what the scaler exists for: it is recorded as "handled by GradScaler"
-and the search goes on for an unhandled one.
+A non-finite value outside the forward pass (backward, gradients at the optimizer step, a
+gradient handled by hand such as a clip) in a step whose `scaler.step` found it and skipped is
+what the scaler exists for: it is recorded as "handled by GradScaler" and the search goes on for
+an unhandled one. Whether the scaler skips is known only once it has stepped, so such a find waits
+for that step; one that no `scaler.step` skipped (an `optimizer.step()` outside the scaler took the
+gradients) is unhandled. A non-finite forward pass is never handled: the loss is non-finite before
+any scale applies, whatever the scaler then does.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
+from bisect import bisect_left
 from itertools import count
+from operator import attrgetter
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from amplint.trace.state import NonFinite, TraceState
 
 _FLOATING = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
 # Uninitialised memory holds anything; these never count (feasibility §7).
 UNINITIALISED_OPS = ("empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "resize_", "set_")
+# Entries for storages that have since been freed are dropped when the table reaches this size,
+# then twice its live size: it stays as small as the non-finite tensors alive at once.
+_PRUNE_WRITTEN_FROM = 1024
 
 
 def floating_tensors(value) -> list[torch.Tensor]:
@@ -77,17 +88,32 @@ class NonFiniteMonitor:
         self.mode = mode
         self.from_step = from_step
         self._seq = count()
-        self.found_unhandled = False
-        self.found_handled = False
+        self._found_unhandled = False
+        self._found_handled = False
+        # step -> its first find waiting for the scaler (the op check and the gradient check see
+        # the same overflow: one step, one outcome)
+        self._awaiting_scaler: dict[int, NonFinite] = {}
+        self._settled_at: tuple[int, int] | None = None  # (steps, updates) when last settled
         # By identity: a WeakSet compares live tensors with `==`, and `nan == nan` is false, so a
         # NaN literal was never found in it.
         self._constants: dict[int, weakref.ref] = {}
+        # storage -> (a weak reference to it, holds a NaN): the non-finite values the op check saw
+        # written. An in-place op has overwritten its inputs by the time it is checked; what they
+        # held before is what was last written there. By storage, not tensor: autograd stores a
+        # gradient as a detached alias of the tensor the backward op returned.
+        self._nonfinite_written: dict[int, tuple[StorageWeakRef, bool]] = {}
+        self._prune_written_at = _PRUNE_WRITTEN_FROM
 
     # -- shared -------------------------------------------------------------------------
     @property
     def searching(self) -> bool:
-        """The `module` and `op` checks run from `--nan-from-step` on, until a first find."""
-        return not self.found_unhandled and self.state.step >= self.from_step
+        """The `module` and `op` checks run from `--nan-from-step` on, until a first unhandled find."""
+        return not self.found_unhandled() and self.state.step >= self.from_step
+
+    def found_unhandled(self) -> bool:
+        if self._awaiting_scaler and not self._found_unhandled:
+            self._settle()
+        return self._found_unhandled
 
     def scaler_in_flight(self) -> bool:
         """An enabled scaler has scaled a loss whose update has not happened yet."""
@@ -95,15 +121,63 @@ class NonFiniteMonitor:
 
     def record(self, item: NonFinite) -> None:
         item.seq = next(self._seq)
-        if item.handled_by_scaler:
-            # per step: the op check and the gradient check see the same overflow
+        self._admit(item)
+
+    def _admit(self, item: NonFinite) -> None:
+        if not item.awaits_scaler:
+            self._conclude(item, handled=False)
+            return
+        earlier = self._awaiting_scaler.get(item.step)
+        if earlier is None or item.seq < earlier.seq:
+            self._awaiting_scaler[item.step] = item
+
+    def _conclude(self, item: NonFinite, *, handled: bool) -> None:
+        item.handled_by_scaler = handled
+        if handled:
             self.state.handled_overflow_steps.add(item.step)
-            if self.found_handled:
+            if self._found_handled:
                 return
-            self.found_handled = True
+            self._found_handled = True
         else:
-            self.found_unhandled = True
+            self._found_unhandled = True
         self.state.nonfinite_candidates.append(item)
+
+    def _settle(self, values: list | None = None, *, final: bool = False) -> None:
+        """Conclude the finds whose scaler has stepped (all of them after the run). Outcomes change
+        only when a step or an update happens: the recorder asks at every op."""
+        progress = (self.state.step, len(self.state.updates))
+        if progress == self._settled_at and not final:
+            return
+        self._settled_at = progress
+        for step, item in list(self._awaiting_scaler.items()):
+            skipped = self._scaler_skipped(step, values, final=final)
+            if skipped is not None:
+                del self._awaiting_scaler[step]
+                self._conclude(item, handled=skipped)
+
+    def _scaler_skipped(self, step: int, values: list | None, *, final: bool) -> bool | None:
+        """Whether a `scaler.step` that took the gradients of `step` skipped (it found an inf):
+        those are the scaler steps from index `step` on (one per optimizer) up to the next
+        update. False when an `optimizer.step()` outside the scaler took them (no scaler step has
+        index `step`); None while that is not known yet (after the run: False)."""
+        scaler_steps, index = self.state.scaler_steps, step
+        at = bisect_left(scaler_steps, step, key=attrgetter("step"))
+        while at < len(scaler_steps) and scaler_steps[at].step == index:
+            applied = scaler_steps[at].applied_given(values)
+            if applied is False:
+                return True
+            if applied is None:  # a fused optimizer's found_inf, read after the run
+                return False if final else None
+            if self._updated_after(index):
+                return False
+            at, index = at + 1, index + 1
+        return False if final or index < self.state.step else None
+
+    def _updated_after(self, step: int) -> bool:
+        """`scaler.update()` ran right after the scaler step with index `step`."""
+        updates = self.state.updates
+        at = bisect_left(updates, step + 1, key=attrgetter("step"))
+        return at < len(updates) and updates[at].step == step + 1
 
     def _check(self, tensors, make: callable) -> None:
         """Immediate on CPU, deferred elsewhere (only the cheap checks call this)."""
@@ -121,29 +195,52 @@ class NonFiniteMonitor:
         self.state.nonfinite_pending.append((slot, item))
 
     # -- cheap --------------------------------------------------------------------------
+    def _rerun_from_step(self, step: int, op: str) -> int | None:
+        """The step a `--nan op` rerun starts at to localise a cheap find; None when this run's op
+        check already searched from there and no op it saw made the value.
+
+        A non-finite loss may come from weights the step before wrote (a NaN learning rate): the
+        op check then starts one step early, where the update that made them runs."""
+        start = max(0, step - 1) if op == "loss" else step
+        return None if self.mode == "op" and self.from_step <= start else start
+
+    def _why_unlocalised(self) -> str:
+        """Why this run's op check, searching at the step, did not find the op that made a value."""
+        return (
+            f"the op check ran from step {self.from_step} and no op it saw made this value from finite inputs: "
+            "it came in from outside them (a tensor read from a file or raw memory, a DataLoader worker, "
+            "another thread) or from an infinity written on purpose"
+        )
+
+    def _cheap_find(self, op: str, callsite, phase: str, floats: list, detail: str, *, awaits_scaler: bool) -> NonFinite:
+        step = self.state.step
+        rerun_from_step = self._rerun_from_step(step, op)
+        return NonFinite(
+            op=op,
+            callsite=callsite,
+            phase=phase,
+            step=step,
+            dtype=str(floats[0].dtype).replace("torch.", ""),
+            inputs_finite=None,
+            check="cheap",
+            awaits_scaler=awaits_scaler,
+            detail=detail if rerun_from_step is not None else f"{detail}; {self._why_unlocalised()}",
+            rerun_from_step=rerun_from_step,
+        )
+
     def check_loss(self, tensors, callsite) -> None:
-        if self.mode == "off" or self.found_unhandled:  # cheap checks run at every step
+        if self.mode == "off" or self.found_unhandled():  # cheap checks run at every step
             return
         floats = floating_tensors(tensors)
         if not floats:
             return
-        step = self.state.step
-        self._check(
-            floats,
-            lambda: NonFinite(
-                op="loss",
-                callsite=callsite,
-                phase="forward",
-                step=step,
-                dtype=str(floats[0].dtype).replace("torch.", ""),
-                inputs_finite=None,
-                check="cheap",
-                detail="the tensor passed to backward() is non-finite",
-            ),
-        )
+        detail = "the tensor passed to backward() is non-finite"
+        self._check(floats, lambda: self._cheap_find("loss", callsite, "forward", floats, detail, awaits_scaler=False))
 
     def check_gradients(self, optimizer, callsite, *, handled: bool) -> None:
-        if self.mode == "off" or self.found_unhandled:  # cheap checks run at every step
+        """`handled`: the gradients go to an enabled scaler's `scaler.step` with a scaled loss in
+        flight, which handles them if it skips the step."""
+        if self.mode == "off" or self.found_unhandled():  # cheap checks run at every step
             return
         grads = [
             p.grad
@@ -153,21 +250,8 @@ class NonFiniteMonitor:
         ]
         if not grads:
             return
-        step = self.state.step
-        self._check(
-            grads,
-            lambda: NonFinite(
-                op="gradients",
-                callsite=callsite,
-                phase="backward",
-                step=step,
-                dtype=str(grads[0].dtype).replace("torch.", ""),
-                inputs_finite=None,
-                check="cheap",
-                handled_by_scaler=handled,
-                detail="a parameter gradient is non-finite at the optimizer step",
-            ),
-        )
+        detail = "a parameter gradient is non-finite at the optimizer step"
+        self._check(grads, lambda: self._cheap_find("gradients", callsite, "backward", grads, detail, awaits_scaler=handled))
 
     # -- module -------------------------------------------------------------------------
     def module_hook(self, module, inputs, output) -> None:
@@ -193,6 +277,7 @@ class NonFiniteMonitor:
                 dtype=str(outs[0].dtype).replace("torch.", ""),
                 inputs_finite=True,
                 check="module",
+                awaits_scaler=in_backward and self.scaler_in_flight(),
             )
         )
 
@@ -203,24 +288,29 @@ class NonFiniteMonitor:
 
     def check_op(self, info, args, kwargs, out, callsite, phase, node) -> None:
         """Called by the recorder after each op (already outside the mode: our ops are unseen)."""
-        outs = floating_tensors(out)
-        if info.mutated:
-            outs += floating_tensors([args[i] for i in info.mutated if i < len(args)])
-        if not outs or all_finite_now(outs):
+        overwritten = floating_tensors([args[i] for i in info.mutated if i < len(args)]) if info.mutated else []
+        outs = floating_tensors(out) + overwritten
+        if not outs:
             return
+        if all_finite_now(outs):
+            self._forget_written(overwritten)
+            return
+        held_before = [self._held_before(t) for t in overwritten]  # before `outs` are remembered
+        self._remember_written(outs)
         inputs = [a for i, a in enumerate(args) if i not in info.mutated]
         tensors = floating_tensors(inputs) + floating_tensors(list((kwargs or {}).values()))
         # A literal written by the user (`grad[0] = float("inf")`) is where the value starts.
         tensors = [t for t in tensors if not self._is_constant(t)]
-        # A NaN made from infinities (a softmax over a fully masked row, inf - inf) starts here too.
-        makes_nan = any_nan_now(outs) and not any_nan_now(tensors)
-        if not makes_nan and not all_finite_now(tensors):
+        inputs_finite = all_finite_now(tensors) and not any(held_before)
+        # A NaN made from infinities (a softmax over a fully masked row, inf - inf, a clip's
+        # inf * 0) starts here too.
+        makes_nan = any_nan_now(outs) and not any_nan_now(tensors) and "nan" not in held_before
+        if not makes_nan and not inputs_finite:
             return
         if phase == "forward" and self._handles_gradients(tensors + outs):
             phase = "other"  # a gradient read or written by hand, outside backward and the optimizer
         if phase == "forward" and not makes_nan and self._writes_infinite_literal(inputs, kwargs):
             return  # an attention mask (`torch.full(..., float("-inf"))`): infinite on purpose
-        handled = phase == "backward" and self.scaler_in_flight()
         self.record(
             NonFinite(
                 op=info.name,
@@ -228,12 +318,45 @@ class NonFiniteMonitor:
                 phase=phase,
                 step=self.state.step,
                 dtype=str(outs[0].dtype).replace("torch.", ""),
-                inputs_finite=not makes_nan or all_finite_now(tensors),
+                inputs_finite=inputs_finite,
                 check="op",
-                handled_by_scaler=handled,
+                awaits_scaler=phase != "forward" and self.scaler_in_flight(),
                 node=node,
             )
         )
+
+    def _held_before(self, tensor: torch.Tensor) -> str | None:
+        """What an in-place op's overwritten input held, as last seen written: "nan", "inf"
+        (non-finite, no NaN) or None (finite, or never seen non-finite)."""
+        entry = self._nonfinite_written.get(_storage(tensor))
+        if entry is None or entry[0].expired():  # a freed storage whose address was reused
+            return None
+        return "nan" if entry[1] else "inf"
+
+    def _remember_written(self, tensors: list[torch.Tensor]) -> None:
+        """Note which of an op's outputs hold non-finite values, and whether NaN, by storage."""
+        written = self._nonfinite_written
+        for tensor in tensors:
+            key = _storage(tensor)
+            if key is None:
+                continue
+            if all_finite_now([tensor]):
+                self._forget_written([tensor])
+            else:
+                written[key] = (StorageWeakRef(tensor.untyped_storage()), any_nan_now([tensor]))
+        if len(written) >= self._prune_written_at:
+            for key in [key for key, (storage, _) in written.items() if storage.expired()]:
+                del written[key]
+            self._prune_written_at = max(_PRUNE_WRITTEN_FROM, 2 * len(written))
+
+    def _forget_written(self, tensors: list[torch.Tensor]) -> None:
+        """Finite values overwrote these. Only a write over a whole storage clears it: one into
+        part of it (`grad[0] = 0.0`) leaves the rest as it was."""
+        if self._nonfinite_written:
+            for tensor in tensors:
+                key = _storage(tensor)
+                if key is not None and tensor.numel() * tensor.element_size() == tensor.untyped_storage().nbytes():
+                    self._nonfinite_written.pop(key, None)
 
     def _writes_infinite_literal(self, inputs: list, kwargs: dict | None) -> bool:
         """The op was handed an infinite Python number, or a tensor lifted from one."""
@@ -265,9 +388,8 @@ class NonFiniteMonitor:
         for slot, item in self.state.nonfinite_pending:
             flag = values[slot]
             if flag is not None and flag < 0.5:
-                self.state.nonfinite_candidates.append(item)
-                if item.handled_by_scaler:
-                    self.state.handled_overflow_steps.add(item.step)
+                self._admit(item)
+        self._settle(values, final=True)
         candidates = sorted(self.state.nonfinite_candidates, key=lambda c: c.seq)
         unhandled = [c for c in candidates if not c.handled_by_scaler]
         if unhandled:

@@ -5,6 +5,9 @@ The recorder sees aten ops after decomposition (`linear` -> `t` + `addmm`, `soft
 `_softmax`), so aten names are mapped back to the names the docs use. An op is compared only when
 it ran under an enabled autocast on the same device and had an eligible input (floating, not
 float64); unlisted ops are never compared ("run in their input dtype" holds by construction).
+Nor are ops that ran inside another op's kernel or decomposition, where autocast is off (the
+float32 `bmm` of `scaled_dot_product_attention`'s math kernel): the policy is about the ops
+autocast dispatches, and a plain run computes those nested ops the same way.
 """
 
 from __future__ import annotations
@@ -87,13 +90,36 @@ def expected_dtype(op: str, device: str, autocast_dtype: str, input_dtypes: list
     return cat, widest
 
 
+@functools.lru_cache(maxsize=None)
+def _has_autocast_kernel(op: str, device: str) -> bool:
+    import torch
+
+    key = getattr(torch._C.DispatchKey, f"Autocast{device.upper()}", None)
+    try:
+        return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+    except (RuntimeError, AttributeError):  # not a dispatcher operator, or a torch without the hook
+        return False
+
+
+def bypassed_autocast(op: str, device: str, expected: str, input_dtypes: list[str]) -> bool:
+    """The op has an autocast kernel on this device, which casts every eligible input to the
+    expected dtype, yet an input arrived in another: autocast never saw this call, it ran nested
+    inside another op (autocast is off in there). An op called with an explicit `dtype=` keeps
+    its inputs through its kernel, so its inputs tell nothing."""
+    return (
+        doc_name(op) not in _EXPLICIT_DTYPE_HONOURED
+        and any(d != expected for d in input_dtypes if d in _FLOATS)
+        and _has_autocast_kernel(op, device)
+    )
+
+
 def check(op: str, autocast: dict | None, input_dtypes: list[str], output_dtypes: list[str]) -> dict | None:
     """The policy verdict for one op record, or None when it is not comparable."""
     if not autocast or "float64" in input_dtypes:
         return None
     cat, expected = expected_dtype(op, autocast["device"], autocast["dtype"], input_dtypes)
     floating_out = [d for d in output_dtypes if d in _FLOATS]
-    if cat is None or expected is None or not floating_out:
+    if cat is None or expected is None or not floating_out or bypassed_autocast(op, autocast["device"], expected, input_dtypes):
         return None
     verdict = {
         "device": autocast["device"],

@@ -37,6 +37,9 @@ _AMP_WARNING = re.compile(
     r"is_autocast_(cpu|xla|ipu)_enabled|autocast|GradScaler|lr_scheduler\.step\(\)` before `optimizer\.step\(\)",
 )
 _DEPRECATED_API = re.compile(r"`?(torch\.(?:cuda|cpu)\.amp\.[\w.]+)\(args\.\.\.\)`? is deprecated")
+# How many user frames above a probe's line are kept: the caller of a helper, and of a helper's
+# helper; bounded, so a deep (recursive) stack costs no more.
+_CALLERS_KEPT = 8
 # torch.compile's AOT autograd calls `torch.autograd.grad` on fake tensors to build the backward
 # graph, from the user's line that called the compiled model: the compiler's backward, not the script's.
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
@@ -65,6 +68,7 @@ class Probes:
         self._undo: list = []
         self._forward_pre_hook = None
         self._scaler_objects: dict[int, weakref.ref] = {}
+        self.callers: dict = {}  # probe callsite -> user lines on the call stack above it (confirm.Facts)
 
     # -- plumbing -------------------------------------------------------------------------
     def _patch(self, owner, name: str, make) -> None:
@@ -76,9 +80,15 @@ class Probes:
         self._undo.append(lambda: setattr(owner, name, original))
 
     def _callsite(self, depth: int = 1):
-        site = self.classifier.user_callsite(depth + 1)
-        if site is not None:
-            self.state.lines_seen.add(site)
+        """The user's line that called the probed API; the user lines above it on the call stack
+        are kept in `callers` (a helper's callers: a static finding may point at the helper's call)."""
+        stack = self.classifier.user_callsites(depth + 1, limit=1 + _CALLERS_KEPT)
+        if not stack:
+            return None
+        site = stack[0]
+        self.state.lines_seen.add(site)
+        if len(stack) > 1:
+            self.callers.setdefault(site, set()).update(stack[1:])
         return site
 
     def watch_scaled_gradient_use(self, site) -> None:

@@ -147,11 +147,8 @@ def nonfinite_section(item, display, state) -> dict | None:
         out["node"] = item.node
     if item.detail:
         out["detail"] = item.detail
-    if item.check == "cheap":
-        # A non-finite loss may come from weights the step before wrote (a NaN learning rate):
-        # the op check then starts one step early, where the update that made them runs.
-        start = max(0, item.step - 1) if item.op == "loss" else item.step
-        out["hint"] = f"rerun with `--nan op --nan-from-step {start}` to find the op and line that produced it"
+    if item.check == "cheap" and item.rerun_from_step is not None:  # None: this run's op check already looked there
+        out["hint"] = f"rerun with `--nan op --nan-from-step {item.rerun_from_step}` to find the op and line that produced it"
     return out
 
 

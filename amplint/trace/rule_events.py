@@ -1,9 +1,10 @@
 """The runtime evidence of AMP007-AMP010 and AMP012-AMP017, as events a static finding joins with.
 
 An event has the places it can be matched against (callsites, or a span of lines such as a class
-body), the place a runtime-only finding is reported at (`anchor`), a count (0: the code ran and the
-problem did not happen there, which refutes a finding) and its evidence. Built after the run from
-the records in `TraceState` (see probes.py and amp_probes.py for what records them).
+body, and the user lines that were on the call stack above its callsites: `callers`), the place a
+runtime-only finding is reported at (`anchor`), a count (0: the code ran and the problem did not
+happen there, which refutes a finding) and its evidence. Built after the run from the records in
+`TraceState` (see probes.py and amp_probes.py for what records them).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ class RuleEvent:
     sites: tuple = ()
     spans: tuple = ()  # (filename, first line, last line)
     runtime_only: bool = True  # may stand as a finding of its own where no static finding points
+    # User lines on the call stack above `sites` when it happened: a problem seen inside a helper
+    # (the `torch.save` of `save_checkpoint(...)`) joins the static finding at the helper's call.
+    callers: tuple = ()
 
 
 def _first(items):
@@ -334,4 +338,7 @@ BUILDERS = {
 
 
 def rule_events(facts) -> dict[str, list[RuleEvent]]:
-    return {code: build(facts) for code, build in BUILDERS.items()}
+    events = {code: build(facts) for code, build in BUILDERS.items()}
+    for event in (e for built in events.values() for e in built):
+        event.callers = tuple({caller for site in event.sites for caller in facts.callers.get(site, ())})
+    return events

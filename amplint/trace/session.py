@@ -1,8 +1,8 @@
 """One traced run, start to end: lint, instrument, run, resolve, confirm, report.
 
-The report is written whatever way the script ends (return, exception, sys.exit, Ctrl-C, SIGTERM);
-then the script's traceback is printed as Python would, and the script's exit status returned
-(or 1 under --strict when something was confirmed).
+The report is written whatever way the script ends (return, exception, sys.exit, Ctrl-C, SIGTERM),
+after what Python runs at the script's end (its traceback, its atexit handlers: see launcher.py),
+and the script's exit status returned (or 1 under --strict when something was confirmed).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from amplint.trace.launcher import RunOutcome, print_script_traceback, resolve_target, run_target, script_import_folder
+from amplint.trace.launcher import RunOutcome, resolve_target, run_target, script_import_folder
 from amplint.trace.options import TraceOptions
 
 _ACTIVE_STATE = None  # the state a fork must switch off; os.register_at_fork cannot be undone
@@ -161,11 +161,9 @@ class TraceSession:
             self.write(report)
         except KeyboardInterrupt:
             print("amplint trace: interrupted while writing the report", file=sys.stderr)
-            print_script_traceback(outcome)
             return outcome.exit_code
         except OSError as exc:  # the script removed the report's folder, or it is not writable
             unwritten = f"cannot write the report: {exc.filename or ''}: {exc.strerror or exc}"
-        print_script_traceback(outcome)
         _flush_replaced_streams(streams)
         sys.stdout, sys.stderr = streams
         if not options.quiet and self.prints_summary:
@@ -207,7 +205,7 @@ class TraceSession:
 
         state = self.state
         values = state.deferred.resolve()
-        facts = Facts(state=state, values=values, display=self.display)
+        facts = Facts(state=state, values=values, display=self.display, callers=self.probes.callers)
         for step in state.scaler_steps:
             if step.applied is None and step.found_inf_slot is not None:
                 found_inf = values[step.found_inf_slot]

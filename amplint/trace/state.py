@@ -94,6 +94,14 @@ class ScalerStep:
     found_inf_slot: int | None = None
     optimizer_seconds: float = 0.0  # inside optimizer.step() (AMP010 counts the scaler's own time)
 
+    def applied_given(self, values: list | None) -> bool | None:
+        """Whether the optimizer step ran, reading a deferred found_inf from `values`
+        (`DeferredValues.resolve()`); None while it is unread, or when there is none to read."""
+        if self.applied is not None or self.found_inf_slot is None or values is None:
+            return self.applied
+        found_inf = values[self.found_inf_slot]
+        return None if found_inf is None else found_inf == 0
+
 
 @dataclass
 class Update:
@@ -150,8 +158,14 @@ class NonFinite:
     check: str  # cheap | module | op
     seq: int = 0  # order of detection (deferred flags resolve after the run)
     handled_by_scaler: bool = False
+    # Found outside the forward pass while an enabled GradScaler had a scaled loss in flight:
+    # handled if that scaler then skips the step, which is known only once it has stepped.
+    awaits_scaler: bool = False
     node: str | None = None
     detail: str | None = None
+    # A cheap find: the `--nan-from-step` of the `--nan op` rerun that localises it; None when
+    # this run's op check already searched from there (the rerun would be this run again).
+    rerun_from_step: int | None = None
 
 
 class AutocastMirror(threading.local):

@@ -265,8 +265,9 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
                 style="bold red" if not nf.get("handled_by_scaler") else "yellow",
             )
         )
-        if nf.get("hint"):
-            console.print(Text(nf["hint"], style="dim"))
+        unlocalised = nf.get("check") == "cheap" and nf.get("detail")  # why this run's op check did not find it
+        if nf.get("hint") or unlocalised:
+            console.print(Text(nf.get("hint") or nf["detail"], style="dim"))
 
     kernels = report.get("kernels") or []
     if kernels:
