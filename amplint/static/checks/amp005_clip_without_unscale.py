@@ -180,7 +180,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     for function in functions:
         events = _events_with_helpers(function, facts, own)
         stepped_optimizers = {e.optimizer for e in events if e.kind == "step" and e.optimizer}
-        scales: list[_Event] = []  # scaled backwards since the last update()
+        scales: list[_Event] = _scaled_on_entry(events)  # scaled backwards since the last update()
         unscales: list[_Event] = []  # unscale_ calls since then that no clip has used yet
         unscaled: set[str | None] = set()  # every optimizer unscaled since then
         for index, event in enumerate(events):
@@ -216,6 +216,15 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                     yield _accelerate_hit(event, scale.scaler)
                 else:
                     yield _hit(event, scale.scaler, advised, autofix.unscale_before(event, scale.scaler, advised, events, facts))
+
+
+def _scaled_on_entry(events: list[_Event]) -> list[_Event]:
+    """The evidence that the function was entered with scaled gradients: its first dealing with a
+    GradScaler is `scaler.unscale_(optimizer)`, which is only ever called on scaled gradients (an
+    optimizer wrapper's `backward(loss)` did the scaled backward, its `step()` unscales). That
+    `unscale_` stands in for the scaled backward, so gradients read before it are reported."""
+    first = next((e for e in events if e.kind in ("scale", "unscale", "step", "update")), None)
+    return [first] if first is not None and first.kind == "unscale" and not first.accelerate else []
 
 
 def _covering_unscale(owner: str | None, fresh: list[_Event], stepped: set[str], unscaled: set[str | None]) -> _Event | None:
