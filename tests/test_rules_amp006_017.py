@@ -1220,6 +1220,32 @@ def test_amp012_no_fix_where_the_dict_is_built_by_a_helper_that_cannot_see_the_s
     assert finding.fix is None and "does not see the scaler: pass it in" in finding.message
 
 
+TWO_SCALERS = "AMP012/bad_two_scalers_each_stepping_its_own_optimizer.py"
+
+
+def test_amp012_restore_names_the_scaler_that_steps_the_restored_optimizer() -> None:
+    restore_gen, restore_disc, _ = fixture_findings(TWO_SCALERS, "AMP012")
+    assert "(`scaler.load_state_dict(...)`)" in restore_gen.message
+    assert "(`scaler_disc.load_state_dict(...)`)" in restore_disc.message
+
+
+def test_amp012_save_of_two_optimizers_names_and_adds_the_scaler_of_each() -> None:
+    *_, save = fixture_findings(TWO_SCALERS, "AMP012")
+    assert 'add `"scaler": scaler.state_dict()` and `"scaler_disc": scaler_disc.state_dict()` and restore them' in save.message
+    src = (STATIC_FIXTURES / TWO_SCALERS).read_text(encoding="utf-8")
+    entries = '"steps": train_steps,\n'
+    with_scalers = entries + '                "scaler": scaler.state_dict(),\n                "scaler_disc": scaler_disc.state_dict(),\n'
+    out = fixed(src, "AMP012", unsafe=True)
+    assert out == src.replace(entries, with_scalers)
+    assert lines(out, "AMP012") == [14, 15]  # the restores are left to the reader
+
+
+def test_amp012_save_of_one_optimizer_names_the_scaler_that_steps_it() -> None:
+    src = fixture_with(TWO_SCALERS, '                "optimizer": optimizer.state_dict(),\n', "")
+    *_, save = [f for f in lint_source(src, "t.py") if f.code == "AMP012"]
+    assert 'add `"scaler": scaler_disc.state_dict()` and restore it' in save.message
+
+
 def test_amp010_flag_named_for_bf16_in_a_file_without_autocast_says_the_name_is_the_only_evidence() -> None:
     findings = fixture_findings("AMP010/bad_scaler_built_only_for_bf16.py", "AMP010")
     assert findings and all("this file opens no autocast to confirm it" in f.message for f in findings)

@@ -111,7 +111,7 @@ def _saves_without_scaler(
 ) -> Iterator[Hit]:
     for site, obj in _saved_objects(facts, save):
         if _optimizer_state(facts, obj, site.scope):
-            hit = None if scaler_state_saved else _optimizer_state_alone(facts, site, scalers)
+            hit = None if scaler_state_saved else _optimizer_state_alone(facts, site, obj, scalers)
         else:
             hit = _save_without_scaler(facts, site, obj, scalers, reported)
         if hit is not None:
@@ -203,12 +203,12 @@ def _saves_a_scaler_state(facts: AmpFacts) -> bool:
     return False
 
 
-def _optimizer_state_alone(facts: AmpFacts, save: CallSite, scalers: list[str]) -> Hit:
-    scaler = _scaler_for(facts, save.scope, scalers) or "scaler"
+def _optimizer_state_alone(facts: AmpFacts, save: CallSite, obj: cst.BaseExpression, scalers: list[str]) -> Hit:
+    states = " and ".join(f"`{scaler}.state_dict()`" for scaler in _scalers_for(facts, save.scope, scalers, obj) or ["scaler"])
     return Hit(
         save.node,
         f"the optimizer state is saved on its own and this file never saves the GradScaler's"
-        f"{_when_on(facts)}; {_resumed_run(facts)}; save `{scaler}.state_dict()` next to it and "
+        f"{_when_on(facts)}; {_resumed_run(facts)}; save {states} next to it and "
         f"restore it with `load_state_dict`",
         save.where.statement,
     )
@@ -447,7 +447,32 @@ def _given_an_optimizer(facts: AmpFacts, call: CallSite, optimizers: set[str]) -
         return False
     if facts.called_function(call) is not None:
         return False  # this file's own helpers are followed to their torch.save
-    return any(dotted_name(arg.value) in optimizers for arg in call.node.args)
+    return any(_holds_an_optimizer(facts, arg.value, call.scope, optimizers) for arg in call.node.args)
+
+
+def _holds_an_optimizer(
+    facts: AmpFacts, value: cst.BaseExpression, scope: Scope, optimizers: set[str], depth: int = 0
+) -> bool:
+    """An optimizer object, or what may only be one or None: `optimizer if args.save_opt else None`,
+    or a name bound to that or to a plain alias (DDSP-SVC's `optimizer_save = optimizer if
+    args.train.save_opt else None`, then `saver.save_model(model, optimizer_save, ...)`): the helper
+    saves the optimizer's state whenever it is given one."""
+    arms = [arm for arm in arms_of(value) if not is_none(arm)]
+    return bool(arms) and all(_an_optimizer_or_its_alias(facts, arm, scope, optimizers, depth) for arm in arms)
+
+
+def _an_optimizer_or_its_alias(
+    facts: AmpFacts, value: cst.BaseExpression, scope: Scope, optimizers: set[str], depth: int
+) -> bool:
+    key = dotted_name(value)
+    if key is None:
+        return False
+    if key in optimizers:
+        return True
+    bound = facts.bindings(key, scope) if depth < 3 else []
+    return bool(bound) and all(
+        _holds_an_optimizer(facts, bound_value, bound_scope, optimizers, depth + 1) for bound_value, bound_scope in bound
+    )
 
 
 def _optimizer_handed_to_a_helper(facts: AmpFacts, call: CallSite, helper: str) -> Hit:
@@ -500,25 +525,23 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
     # The entry goes where the dict is built: a helper that returns it (OpenPCDet's
     # `checkpoint_state(model, optimizer, ...)`) may not see the scaler of the function that saves.
     builder = facts.function_holding(dict_node)
-    scaler = _scaler_for(facts, builder, scalers)
-    unseen = scaler is None and builder is not call.scope.function_scope and _scaler_for(facts, call.scope, scalers) is not None
-    built_under = _built_only_under(facts, scaler, builder) if scaler is not None else None
-    if _saves_objects(call):
-        saved = scaler or "scaler"
-    elif built_under is not None:
-        saved = f"{scaler}.state_dict() if {built_under} else None"
-    elif scaler is not None and _may_be_none(facts, scaler, builder):
-        saved = f"{scaler}.state_dict() if {scaler} is not None else None"
-    else:
-        saved = f"{scaler or 'scaler'}.state_dict()"
-    if isinstance(dict_node, cst.Dict) and dict_node.elements and scaler is not None:
+    chosen = _scalers_for(facts, builder, scalers, text)
+    unseen = not chosen and builder is not call.scope.function_scope and bool(_scalers_for(facts, call.scope, scalers, text))
+    # Several scalers (a GAN's generator and discriminator each have one) go in under their own names.
+    entries = [
+        (scaler.split(".")[-1] if len(chosen) > 1 else "scaler", _saved_state(facts, call, scaler, builder))
+        for scaler in chosen
+    ] or [("scaler", "scaler" if _saves_objects(call) else "scaler.state_dict()")]
+    distinct_keys = len({key for key, _ in entries}) == len(entries)  # `gen.scaler` and `disc.scaler` would clash
+    if isinstance(dict_node, cst.Dict) and dict_node.elements and chosen and distinct_keys:
         statement = _statement_of(facts, dict_node)
-        replacements = _with_scaler_entry(facts, dict_node, saved, statement) if statement is not None else None
+        replacements = _with_scaler_entries(facts, dict_node, entries, statement) if statement is not None else None
         fix = FixPlan(Applicability.UNSAFE, replacements) if replacements else None
-    add = f"add `\"scaler\": {saved}`"
+    add = "add " + " and ".join(f"`\"{key}\": {saved}`" for key, saved in entries)
     if unseen:
         add = f"`{builder.name}()`, which builds the checkpoint, does not see the scaler: pass it in, {add}"
-    restore = "restore it with `load_state_dict`" if not _saves_objects(call) else "`Checkpoint.load_objects` then restores it"
+    them = "them" if len(entries) > 1 else "it"
+    restore = f"restore {them} with `load_state_dict`" if not _saves_objects(call) else f"`Checkpoint.load_objects` then restores {them}"
     return Hit(
         call.node,
         f"this checkpoint saves the optimizer state but not the GradScaler's{_when_on(facts)}; "
@@ -526,6 +549,19 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
         call.where.statement,
         fix,
     )
+
+
+def _saved_state(facts: AmpFacts, call: CallSite, scaler: str, builder: Scope) -> str:
+    """What the checkpoint entry holds: the scaler itself for ignite, which calls `state_dict()`;
+    else its state, guarded where the scaler may be None or not exist."""
+    if _saves_objects(call):
+        return scaler
+    built_under = _built_only_under(facts, scaler, builder)
+    if built_under is not None:
+        return f"{scaler}.state_dict() if {built_under} else None"
+    if _may_be_none(facts, scaler, builder):
+        return f"{scaler}.state_dict() if {scaler} is not None else None"
+    return f"{scaler}.state_dict()"
 
 
 def _built_only_under(facts: AmpFacts, scaler: str, scope: Scope) -> str | None:
@@ -659,15 +695,44 @@ def _later_fills(facts: AmpFacts, key: str, scope: Scope, after: int = -1) -> li
     return texts
 
 
-def _scaler_for(facts: AmpFacts, scope: Scope, scalers: list[str]) -> str | None:
-    """The one scaler name that is bound in `scope`."""
+def _scalers_for(facts: AmpFacts, scope: Scope, scalers: list[str], saved: str | cst.BaseExpression) -> list[str]:
+    """The scalers, bound in `scope`, whose state goes with the optimizer states saved: those that
+    step an optimizer the saved code names (LlamaGen's VQ trainer: `scaler` steps `optimizer`,
+    `scaler_disc` steps `optimizer_disc`, and its checkpoint holds both), else the one scaler bound
+    there; none when that is ambiguous."""
     function = scope.function_scope
     visible = {
         key for key in scalers
         if facts.bindings(key, scope) and (key.startswith("self.") == (function.class_name is not None))
     }
     visible |= {p for p in function.params if "scaler" in p.lower()}
-    return visible.pop() if len(visible) == 1 else None
+    stepping = [scaler for scaler in _scalers_stepping(facts, saved) if scaler in visible]
+    if stepping:
+        return stepping
+    return list(visible) if len(visible) == 1 else []
+
+
+def _scalers_stepping(facts: AmpFacts, code: str | cst.BaseExpression) -> list[str]:
+    """The scalers that step or unscale an optimizer named in `code` (`scaler_disc.step(optimizer_disc)`),
+    in the order the file first does so."""
+    text = code if isinstance(code, str) else facts.module.code_for_node(code)
+    found: list[str] = []
+    for call in facts.calls:
+        optimizer = dotted_name(call.arg(0, "optimizer")) if call.method in ("step", "unscale_") else None
+        if (
+            optimizer is not None
+            and call.receiver_key not in found
+            and facts.is_scaler(call.receiver_key, call.scope)
+            and _names(text, optimizer)
+        ):
+            found.append(call.receiver_key)
+    return found
+
+
+def _names(text: str, key: str) -> bool:
+    """Whether code uses a name or attribute itself: not `self.optimizer` for `optimizer`, nor the
+    string key `"optimizer"`, nor `optimizer_disc`."""
+    return re.search(rf"(?<![\w.'\"]){re.escape(key)}(?![\w'\"])", text) is not None
 
 
 def _may_be_none(facts: AmpFacts, scaler: str, scope: Scope, depth: int = 0) -> bool:
@@ -693,8 +758,10 @@ def _none_or_none_branch(value: cst.BaseExpression) -> bool:
     return is_none(value)
 
 
-def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, saved: str, statement: cst.CSTNode) -> tuple[Replacement, ...] | None:
-    """Append `"scaler": <saved>` after the dict's last entry, in the dict's own layout."""
+def _with_scaler_entries(
+    facts: AmpFacts, node: cst.Dict, entries: list[tuple[str, str]], statement: cst.CSTNode
+) -> tuple[Replacement, ...] | None:
+    """Append `"scaler": <saved>` (one entry per key) after the dict's last entry, in the dict's own layout."""
     elements = list(node.elements)
     last = elements[-1]
     if not isinstance(last, cst.DictElement):
@@ -711,7 +778,7 @@ def _with_scaler_entry(facts: AmpFacts, node: cst.Dict, saved: str, statement: c
         separator = f",\n{indent}{whitespace.last_line.value}"
     else:
         separator = ", "
-    entry = f"{quote}scaler{quote}: {saved}"
+    entry = separator.join(f"{quote}{key}{quote}: {saved}" for key, saved in entries)
     comment = _comment_after(last, node)
     if comment is None:
         return (Replacement(last.value, f"{value_text}{separator}{entry}"),)
@@ -742,10 +809,14 @@ def _load_without_scaler(facts: AmpFacts) -> Iterator[Hit]:
     restores = [c for c in loads if facts.is_optimizer(c.receiver_key, c.scope)]
     for call in restores:
         if not _away_from_every_scaler(facts, call.scope):
+            # The scaler that steps this optimizer: a GAN's discriminator has its own.
+            restoring = " and ".join(
+                f"`{scaler}.load_state_dict(...)`" for scaler in _scalers_stepping(facts, call.receiver_key) or ["scaler"]
+            )
             yield Hit(
                 call.node,
                 f"the checkpoint restores `{call.receiver_key}` but this file never restores the "
-                f"GradScaler (`scaler.load_state_dict(...)`){_when_on(facts)}; {_resumed_run(facts)}",
+                f"GradScaler ({restoring}){_when_on(facts)}; {_resumed_run(facts)}",
                 call.where.statement,
             )
     if restores:
