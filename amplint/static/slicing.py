@@ -57,8 +57,10 @@ _SAVES = r"save(?<!\wsave)\s*\(|Checkpoint\s*\("
 _VERBS = "|".join(sorted(names.CHECKPOINT_WRITE_VERBS))
 _CONTENTS = "|".join(sorted(names.CHECKPOINT_CONTENTS))
 _CHECKPOINT_WRITER = rf"(?i:checkpoint|ckpt|(?:{_VERBS})\w*(?:{_CONTENTS})|(?:{_CONTENTS})\w*(?:{_VERBS}))"
-# AMP002's casts, and the AMP code a function holding one may reach through its helpers.
-_AMP002_CASTS = r"\.(?:half|bfloat16)\(|float16|half(?<!\whalf)\b|HalfTensor"
+# AMP002's casts, and the AMP code a function holding one may reach through its helpers. A cast
+# to a dtype held by a name (`.to(dtype=target_dtype)`, `.to(self.weight_dtype)`) is judged by
+# what the name is bound to elsewhere (a caller's argument, an attribute's assignments).
+_AMP002_CASTS = r"\.(?:half|bfloat16)\(|float16|half(?<!\whalf)\b|HalfTensor|torch_dtype|\.(?:to|type)\((?:[^()]|\([^()]*\))*?dtype"
 _AMP002_AMP = r"autocast|training_step|" + _SCALER  # a scaler used by name counts (semantics.is_scaler)
 # Words whose presence makes a function relevant to a rule. Rules not listed disable slicing.
 # Each alternative starts with its literal, and a whole word is checked after it (`amp(?<!\wamp)`
