@@ -49,6 +49,102 @@ def test_slicing_a_fixture_buried_in_a_large_module_keeps_its_findings(path: Pat
     assert _result(large, path.name, sliced=True) == _result(large, path.name, sliced=False)
 
 
+RULE_FIXTURES = sorted(p for p in ROOT.glob("fixtures/static/AMP0*/*.py") if p.parent.name != "AMP000")  # AMP000: the syntax check
+
+
+@pytest.mark.parametrize("path", RULE_FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_slicing_for_the_fixtures_rule_alone_keeps_its_findings(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--select AMPNNN`: the slice holds only what that rule's own words reach, not what other
+    rules' words happened to keep."""
+    monkeypatch.setattr(slicing, "SLICE_MIN_CHARS", 0)
+    source, code = path.read_bytes(), frozenset({path.parent.name})
+    whole = [(f.code, f.line, f.column, f.message) for f in analyse_source(source, path.name, code, slicing=False)]
+    assert [(f.code, f.line, f.column, f.message) for f in analyse_source(source, path.name, code, slicing=True)] == whole
+
+
+
+# What AMP002's exemptions read outside the function of a cast, each in a module whose other
+# functions would not keep it: (source, the lines the whole-file analysis reports).
+AMP002_READS = {
+    "a test's training through a helper": (
+        "import torch\ndef other(model):\n    model(1).backward()\ndef do_backward(loss):\n    loss.backward()\n"
+        "def test_half(model, x):\n    model.half()\n    with torch.autocast('cuda'):\n        loss = model(x)\n"
+        "    do_backward(loss)\n",
+        [7],
+    ),
+    "module-level code's training": (
+        "import torch\ndef other(m):\n    m(1).backward()\ndef test_half(model, x):\n    model.half()\n"
+        "    with torch.autocast('cuda'):\n        return model(x)\ndef fit(model):\n    model(1).sum().backward()\n"
+        "if __name__ == '__main__':\n    fit(None)\n",
+        [5],
+    ),
+    "a caller on the way to autocast": (
+        "import torch\ndef other(model, x):\n    model(x).backward()\ndef prepare(batch):\n    with torch.no_grad():\n"
+        "        return batch.half()\ndef step(model, x):\n    with torch.autocast('cuda'):\n        return model(x)\n"
+        "def train(model, loader):\n    for batch in loader:\n        loss = step(model, prepare(batch))\n",
+        [6],
+    ),
+    "callers that are tests without AMP": (
+        "import torch\ndef make(model):\n    return model.half()\ndef test_a(model):\n    m = make(model)\n    m(1)\n"
+        "def test_b(model, x):\n    with torch.autocast('cuda'):\n        model(x).sum().backward()\n",
+        [],
+    ),
+    "a mention of the helper as a value": (
+        "import threading\nimport torch\ndef make(model):\n    return model.half()\ndef test_a(model):\n    m = make(model)\n"
+        "    m(torch.ones(1, dtype=torch.float16))\ndef test_b(model, x):\n    with torch.autocast('cuda'):\n"
+        "        model(x).sum().backward()\ndef elsewhere(mod):\n    threading.Thread(target=mod.make).start()\n",
+        [4],
+    ),
+    "a nested helper's other uses": (
+        "import torch\nclass Opt(torch.optim.Optimizer):\n    def step(self):\n        def ortho(g):\n"
+        "            return g.bfloat16()\n        for p in self.params:\n            p.add_(ortho(p.grad))\n"
+        "def other(x):\n    return ortho(x)\ndef train(model, x):\n    with torch.autocast('cuda'):\n        loss = model(x)\n"
+        "    loss.backward()\n",
+        [5],
+    ),
+    "the callers of an autocast factory": (
+        "import torch\ndef get_ctx(amp):\n    return torch.autocast('cuda', enabled=amp != 'none')\ndef evaluate(model, x):\n"
+        "    with get_ctx('fp16'):\n        return model(x)\ndef main(args, model, x):\n    if args.full_bf16:\n"
+        "        assert args.amp == 'none'\n        model.bfloat16()\n    with get_ctx(args.amp):\n        loss = model(x)\n"
+        "    loss.backward()\n",
+        [10],
+    ),
+    "a builtin the file defines": (
+        "import torch\ndef print(*args):\n    return args\ndef train(model, x):\n    ref = load_reference().half()\n"
+        "    print(ref)\n    with torch.no_grad():\n        ref(x)\n    with torch.autocast('cuda'):\n        loss = model(x)\n"
+        "    loss.backward()\n",
+        [5],
+    ),
+    "helpers down to a wrapper": (
+        "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\ndef wrap_inner(m):\n    return DDP(m)\n"
+        "def wrap(m):\n    return wrap_inner(m)\ndef train(model, x):\n    enc = load_encoder().half()\n    enc = wrap(enc)\n"
+        "    with torch.no_grad():\n        f = enc(x)\n    with torch.autocast('cuda'):\n        loss = model(f)\n"
+        "    loss.backward()\n",
+        [],
+    ),
+    "a wrapper around a cast in a script": (
+        "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\ndef other(m):\n    m(1).backward()\n"
+        "def wrap(m):\n    return DDP(m)\nenc = wrap(load_encoder().half())\nfor x in loader:\n    with torch.no_grad():\n"
+        "        f = enc(x)\n    with torch.autocast('cuda'):\n        loss = model(f)\n    loss.backward()\n",
+        [],
+    ),
+    "AMP reached by a script's other branch": (
+        "import torch\ndef other(m):\n    m(1).backward()\ndef forward(net, x):\n    with torch.autocast('cuda'):\n"
+        "        return net(x)\ndef run_epoch(net, x):\n    return forward(net, x)\nif args.fp16:\n    model = model.half()\n"
+        "else:\n    run_epoch(model, 1)\n",
+        [],
+    ),
+}
+
+
+@pytest.mark.parametrize(("source", "lines"), AMP002_READS.values(), ids=AMP002_READS.keys())
+def test_amp002_alone_keeps_what_its_exemptions_read(source: str, lines: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slicing, "SLICE_MIN_CHARS", 0)
+    code = frozenset({"AMP002"})
+    whole = [(f.code, f.line, f.column, f.message) for f in analyse_source(source, "large.py", code, slicing=False)]
+    assert [line for _code, line, _column, _message in whole] == lines
+    assert [(f.code, f.line, f.column, f.message) for f in analyse_source(source, "large.py", code, slicing=True)] == whole
+
 def test_slicing_blanks_functions_that_no_rule_can_see() -> None:
     source = "import torch\n\n\ndef train():\n    with torch.autocast('cuda'):\n        loss.backward()\n" + FILLER
     codes, sliced = slicing.prepare(source, frozenset({"AMP003"}))

@@ -12,7 +12,10 @@ pass, ~13x cheaper than libcst) to find statement ranges, keeps
   (`self.amp_ctx`, `scaler`); the slice is the union over the rules;
 - what the facts read across functions: the functions that assign the `self` attributes kept
   code uses, those that build optimizers and schedulers, and for AMP012 `torch.load` and the
-  helpers a saved checkpoint is built by;
+  helpers a saved checkpoint is built by; for AMP002, what its exemptions read outside a cast's
+  function: the helpers on the way to a wrapper, to AMP code or (from a test) to training, the
+  functions that use the cast's function (called, named, or held in a module-level table) and
+  theirs, and the callers of a function whose autocast is switched by a parameter;
 
 and blanks every other line. Line numbers and columns are unchanged, so findings on the slice
 are findings on the file. Before slicing, rules that report a call inside an autocast region
@@ -28,7 +31,7 @@ import ast
 import re
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -62,6 +65,16 @@ _CHECKPOINT_WRITER = rf"(?i:checkpoint|ckpt|(?:{_VERBS})\w*(?:{_CONTENTS})|(?:{_
 # what the name is bound to elsewhere (a caller's argument, an attribute's assignments).
 _AMP002_CASTS = r"\.(?:half|bfloat16)\(|float16|half(?<!\whalf)\b|HalfTensor|torch_dtype|\.(?:to|type)\((?:[^()]|\([^()]*\))*?dtype"
 _AMP002_AMP = r"autocast|training_step|" + _SCALER  # a scaler used by name counts (semantics.is_scaler)
+# The calls AMP002 judges (low_precision_target): a unit holding none has no cast to exempt.
+_AMP002_CAST_CALL = re.compile(r"\.\s*(?:half|bfloat16|to|type|from_pretrained)\s*\(")
+# What AMP002 follows a model into (_wraps): torch's wrappers, a framework's `prepare` / `setup`.
+_AMP002_WRAPPERS = r"DataParallel|FullyShardedDataParallel|compile|prepare|setup"
+# Builtins AMP002 takes for a look at a model (_only_inspects), unless the file defines them.
+_AMP002_INSPECTIONS = frozenset({"type", "isinstance", "id", "str", "repr", "print", "hasattr"})
+# What a test must reach to train (_training_anchors): a backward, a GradScaler, an optimizer step.
+_AMP002_TRAINS = r"backward|GradScaler|\.\s*step\s*\("
+_DEFINED = re.compile(r"def(?<!\wdef)\s+(\w+)")  # the functions a unit defines: itself and those nested in it
+_TEST_NAME = re.compile(r"test(?:_\w*)?$")  # what the rule takes for a test (_test_function)
 # Words whose presence makes a function relevant to a rule. Rules not listed disable slicing.
 # Each alternative starts with its literal, and a whole word is checked after it (`amp(?<!\wamp)`
 # rather than `\bamp`): a leading `\b` or class makes `re` try every position, 5-10x slower.
@@ -456,11 +469,7 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
     for code in sorted(codes - {"AMP000"}):
         kept |= graph.reach(TRIGGERS[code], follow_calls=code in _FOLLOW_CALLS, function_classes=code in _FUNCTION_CLASS_RULES)
     if "AMP002" in codes:
-        # A cast is judged by the AMP code its function reaches through helpers (a test's own
-        # autocast, a branch's): only the helpers on the way from a cast to that code matter.
-        casts = graph.reach(_AMP002_CASTS, follow_calls=False, function_classes=False)
-        amp = graph.reach(_AMP002_AMP, follow_calls=False, function_classes=False)
-        kept |= graph.callees(casts) & graph.callers(amp)
+        kept |= _amp002_reads(graph)
     if not codes.isdisjoint(_ASK_FOR_A_BACKWARD):
         kept |= _backward_witness(graph, kept, screen)
     triggers = [TRIGGERS[code] for code in sorted(codes - {"AMP000"})]
@@ -586,6 +595,33 @@ def _inert_elements(tables: list[ast.expr], code_lines: list[str], keep: set[int
     return inert
 
 
+def _amp002_reads(graph: _CallGraph) -> set[_Unit]:
+    """What AMP002's exemptions read beyond the function of a cast (the rule's helpers named)."""
+    # The units, and module-level code (a script's), that may hold a cast the rule judges.
+    may_cast = graph.matching([*graph.units, graph.module_caller], re.compile(_AMP002_CASTS))
+    casts = frozenset(u for u in may_cast if _AMP002_CAST_CALL.search(u.text))
+    if not casts:
+        return set()
+    helpers = graph.callees(casts)
+    # _wraps: the helpers a model is handed to, down to the wrapper they return it in;
+    # _only_inspects: a builtin the file defines is called, not looked up.
+    kept = graph.toward(helpers, _AMP002_WRAPPERS)
+    kept |= {u for u in helpers if u.name in _AMP002_INSPECTIONS}
+    # region_of, _called_on_an_amp_path, _only_in_tests_without_amp, _used_only_by_optimizers: the
+    # functions that use a cast's function, and theirs, with the AMP each of them reaches (_amp_anchors).
+    users = graph.users(casts)
+    kept |= users | graph.toward(graph.callees(casts | users), _AMP002_AMP)
+    # _test_that_does_not_train: what a test holding a cast, or module-level code, reaches of training.
+    tests = frozenset(u for u in casts if any(_TEST_NAME.match(name) for name in _DEFINED.findall(u.text)))
+    if tests:
+        kept |= graph.toward(graph.callees(tests | {graph.module_caller}), _AMP002_TRAINS)
+    # _pinned_value: what the callers of a function whose autocast or GradScaler is switched by
+    # `enabled=` pass for the parameters the switch reads.
+    switched = graph.matching([u for u in graph.units if "enabled" in u.text], re.compile(_AMP002_AMP))
+    kept |= graph.callers(frozenset(switched))
+    return kept
+
+
 def _called_in_regions(graph: _CallGraph, screen: Screen, code: str) -> bool:
     """Whether what autocast's own reach holds (the functions that open a region, and those they
     call) may call what `code` reports inside a region. AMP003's steps, AMP015's threads and
@@ -632,7 +668,7 @@ class _CallGraph:
         self.functions = {u.name for u in self.units if u.owner is None}  # module-level ones
         self.module_calls = _plain_names(module_level) & self.functions
         # Module-level code as a caller: `model = Net()` then `model(x)` runs `Net.forward`.
-        self._module_caller = _Unit("<module>", None, 0, 0, module_level, None)
+        self.module_caller = _Unit("<module>", None, 0, 0, module_level, None)
         self._reached: dict[tuple[str, bool, bool], frozenset[_Unit]] = {}
 
     def global_names(self, trigger: re.Pattern[str]) -> set[str]:
@@ -688,6 +724,41 @@ class _CallGraph:
             found |= current
         return frozenset(found)
 
+    def matching(self, units: Iterable[_Unit], trigger: re.Pattern[str]) -> set[_Unit]:
+        """Those of `units` that hold a trigger word or a name bound to one."""
+        global_names = self.global_names(trigger)
+        return {u for u in units if trigger.search(u.text) or not global_names.isdisjoint(u.words)}
+
+    def toward(self, units: frozenset[_Unit], trigger: str) -> set[_Unit]:
+        """Those of `units` (what `callees` found) that hold a trigger word or call one that
+        does through others of them, as deep as the rules follow calls: the helpers on the way."""
+        reaching = self.matching(units, re.compile(trigger))
+        for _ in range(names.CALL_DEPTH):
+            added = {u for u in units - reaching if self._calls_any(u, reaching)}
+            if not added:
+                break
+            reaching |= added
+        return reaching
+
+    def users(self, units: frozenset[_Unit]) -> frozenset[_Unit]:
+        """The units that use a function `units` define, and those that use those, as deep as the
+        rules follow callers: a call as `callers` follows it, or any mention of the name
+        (`Thread(target=obj.f)`); at the first level also a mention of a module-level name bound to
+        something that mentions it (`BACKENDS = dict(ns=ns_step)`), as deep as the rules follow those."""
+        found, current = set(units), set(units)
+        for level in range(names.CALL_DEPTH):
+            used = {name for unit in current for name in _DEFINED.findall(unit.text)}
+            for _ in range(names.CALL_DEPTH if level == 0 else 0):
+                holders = set().union(*(bound for bound, text in self.bindings if not used.isdisjoint(_plain_names(text)))) - used
+                if not holders:
+                    break
+                used |= holders
+            current = {u for u in self.units if not used.isdisjoint(u.words) or self._calls_any(u, current)} - found
+            if not current:
+                break
+            found |= current
+        return frozenset(found - units)
+
     def with_binders(self, kept: set[_Unit]) -> set[_Unit]:
         """`kept` and the functions that assign the attributes kept ones use (`self.tower =
         resnet50()` in `__init__`): the facts read what a receiver is (a model, an optimizer, a
@@ -711,14 +782,9 @@ class _CallGraph:
         return kept
 
     def _reach(self, trigger: re.Pattern[str], follow_calls: bool, function_classes: bool) -> frozenset[_Unit]:
-        global_names = self.global_names(trigger)
-        kept = {
-            u
-            for u in self.units
-            if trigger.search(u.text)
-            or not global_names.isdisjoint(u.words)
-            or (function_classes and _defines_function_class(u, self.is_function_base))
-        }
+        kept = self.matching(self.units, trigger)
+        if function_classes:
+            kept |= {u for u in self.units if _defines_function_class(u, self.is_function_base)}
         if not follow_calls:
             return frozenset(kept)
         bound_attributes: dict[_Unit, set[str]] = {}
@@ -733,7 +799,7 @@ class _CallGraph:
                 unit
                 for unit in self.units
                 if (unit.owner is None and unit.name in self.module_calls)  # called at module level
-                or (unit.owner is not None and self._module_caller.calls_method_of(unit.owner, unit.name))
+                or (unit.owner is not None and self.module_caller.calls_method_of(unit.owner, unit.name))
                 or not kept_functions.isdisjoint(unit.plain_calls)  # a caller
                 or any((unit.owner, name) in kept_methods for name in unit.method_calls)
                 or any(unit.calls_method_of(owner, name) for owner, name in kept_methods)  # through an instance
