@@ -932,3 +932,75 @@ def test_the_script_sees_the_main_module_and_sys_path_of_a_plain_run(tmp_path: P
     assert proc.returncode == plain.returncode == 0, proc.stderr
     assert proc.stdout == plain.stdout
     assert proc.stdout.startswith("SourceFileLoader __main__ module {}\n")
+
+
+def test_each_gradscaler_gets_its_own_scale_history_in_the_summary_and_the_html(tmp_path: Path) -> None:
+    """Two scalers (one per optimizer): the discriminator's backs off at a skipped step, the
+    generator's does not; one history of both would zigzag between their scales."""
+    write(
+        tmp_path,
+        "gan.py",
+        """
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        gen, disc = nn.Linear(4, 8), nn.Linear(8, 1)
+        opt_g = torch.optim.SGD(gen.parameters(), lr=0.01)
+        opt_d = torch.optim.SGD(disc.parameters(), lr=0.01)
+        scaler_d = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        scaler_g = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        for it in range(4):
+            with torch.autocast("cpu", dtype=torch.float16):
+                fake = gen(torch.randn(4, 4))
+                loss_d = disc(fake.detach()).mean() - disc(torch.randn(4, 8)).mean()
+            opt_d.zero_grad()
+            scaler_d.scale(loss_d).backward()
+            if it == 1:
+                disc.weight.grad[0, 0] = float("inf")
+            scaler_d.step(opt_d)
+            scaler_d.update()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss_g = -disc(fake).mean()
+            opt_g.zero_grad()
+            scaler_g.scale(loss_g).backward()
+            scaler_g.step(opt_g)
+            scaler_g.update()
+        """,
+    )
+    proc = trace(tmp_path, "--html", "r.html", "gan.py")
+    assert proc.returncode == 0, proc.stderr
+    summary = " ".join(proc.stderr.split())
+    assert "scaler built at gan.py:8: 4 step(s), 1 skipped; scale after each update: 1024, 512 x3" in summary
+    assert "scaler built at gan.py:9: 4 step(s), 0 skipped; scale after each update: 1024 x4" in summary
+    html = (tmp_path / "r.html").read_text()
+    assert html.count("<h3>scaler built at") == 2 and html.count("<polyline") == 2
+
+
+def test_an_autocast_context_kept_in_a_variable_is_confirmed_at_its_construction(tmp_path: Path) -> None:
+    """AMP009 points at `torch.autocast(...)`; the region is entered at each `with amp:`. The run's
+    evidence joins the finding there, not a runtime-only finding at the backward line."""
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        model = nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        amp = torch.autocast("cpu", dtype=torch.float16)
+        for step in range(3):
+            with amp:
+                out = model(torch.randn(4, 8))
+            loss = out.float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        """,
+    )
+    proc = trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    assert proc.returncode == 0, proc.stderr
+    findings = json.loads((tmp_path / "r.json").read_text())["findings"]
+    assert [(f["code"], f["line"], f["source"], f["status"], f["count"]) for f in findings] == [("AMP009", 7, "static", "confirmed", 3)]
+    evidence = findings[0]["evidence"]
+    assert (evidence["autocast_entered_at"], evidence["autocast_created_at"], evidence["backward_at"]) == ("train.py:9", "train.py:7", "train.py:12")

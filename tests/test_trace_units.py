@@ -406,3 +406,95 @@ def test_a_cheap_find_the_op_check_already_searched_for_says_why_instead_of_a_re
         found = monitor.resolve([])
         assert found.rerun_from_step == rerun, (mode, from_step)
         assert ("the op check ran from step" in found.detail) is (rerun is None)
+
+
+# -- sparse gradients, several scalers, several float16 regions ------------------------------------
+def test_a_sparse_tensors_stored_values_are_checked_as_its_consumers_coalesce_them() -> None:
+    """float16 values at one index overflow once summed (GradScaler coalesces float16 sparse
+    gradients before its inf check); dense kernels such as isfinite take no sparse layout."""
+    from amplint.trace.nonfinite import all_finite_now, floating_tensors
+
+    repeated = torch.sparse_coo_tensor(torch.tensor([[0, 0, 2]]), torch.tensor([60000.0, 60000.0, 1.0]).half(), (4,))
+    assert not repeated.is_coalesced()
+    assert not all_finite_now(floating_tensors(repeated))
+    assert all_finite_now(floating_tensors(torch.eye(3).to_sparse()))
+    assert all_finite_now(floating_tensors(torch.eye(3).to_sparse_csr()))
+    assert floating_tensors(torch.zeros(5).to_sparse()) == []  # nothing stored: nothing to check
+
+
+def test_a_sparse_gradient_overflow_the_scaler_skipped_is_handled() -> None:
+    state, monitor = scaled_run("cheap")
+    weight = torch.nn.Parameter(torch.zeros(4, 2))
+    weight.grad = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.full((1, 2), float("inf")), (4, 2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    monitor.check_gradients(optimizer, (FILE, 20), handled=True)
+    state.scaler_steps.append(ScalerStep(0, id(optimizer), 0, (FILE, 20), applied=False))
+    state.step = 1
+    found = monitor.resolve([])
+    assert (found.op, found.step, found.handled_by_scaler) == ("gradients", 0, True)
+
+
+def test_each_scaler_keeps_its_own_history_and_step_counts() -> None:
+    """A GAN's two scalers: the discriminator's skips and backs off, the generator's does not;
+    the contract's scale_history keeps every update in call order."""
+    from amplint.trace.report import scaler_section
+    from amplint.trace.state import Update
+
+    state = TraceState()
+    state.scalers += [ScalerInfo(0, (FILE, 10), None, True, "cpu", 1024.0), ScalerInfo(1, (FILE, 11), None, True, "cpu", 1024.0)]
+    scales = [1024.0, 1024.0, 512.0, 1024.0]
+    facts = facts_for(state, scales)
+    for step, (scaler, applied) in enumerate(((0, True), (1, True), (0, False), (1, True))):
+        record = ScalerStep(scaler, scaler, step, (FILE, 20 + scaler), applied=applied)
+        state.scaler_steps.append(record)
+        facts.applied[id(record)] = applied
+        state.updates.append(Update(scaler, step + 1, step))
+    section = scaler_section(state, facts, os.path.relpath)
+    per_scaler = [(c["line"], c["steps_attempted"], c["steps_skipped"], c["scale_history"]) for c in section["constructions"]]
+    assert per_scaler == [(10, 2, 1, [1024.0, 512.0]), (11, 2, 0, [1024.0, 1024.0])]
+    assert section["scale_history"] == scales and section["steps_skipped"] == 1
+    assert [(t["scaler"], t["scale"]) for t in section["timeline"]] == [
+        ("train.py:10", 1024.0), ("train.py:11", 1024.0), ("train.py:10", 512.0), ("train.py:11", 1024.0)
+    ]
+
+
+def test_a_step_of_a_scaler_updated_after_another_scalers_step_gets_its_own_scale() -> None:
+    """step(opt_d), step(opt_g), then both updates: each step's scale is its own scaler's."""
+    from amplint.trace.report import scaler_section
+    from amplint.trace.state import Update
+
+    state = TraceState()
+    state.scalers += [ScalerInfo(0, (FILE, 10), None, True, "cpu", 8.0), ScalerInfo(1, (FILE, 11), None, True, "cpu", 4.0)]
+    state.scaler_steps += [ScalerStep(0, 0, 0, None, applied=True), ScalerStep(1, 1, 1, None, applied=True)]
+    state.updates += [Update(0, 2, 0), Update(1, 2, 1)]
+    section = scaler_section(state, facts_for(state, [8.0, 4.0]), os.path.relpath)
+    assert [t["scale"] for t in section["timeline"]] == [8.0, 4.0]
+
+
+def test_a_loss_comes_from_the_regions_whose_autograd_nodes_its_graph_holds() -> None:
+    """An encoder's and a decoder's region both feed the loss; an evaluation under no_grad in a
+    float16 region does not, though autocast's weight cache may build nodes there."""
+    from amplint.trace.probes import Probes
+    from amplint.trace.state import Float16Region
+
+    layer = torch.nn.Linear(4, 4)
+
+    def in_region(line: int, work):
+        region = Float16Region("cpu", (FILE, line), (FILE, line))
+        first = torch.autograd._get_sequence_nr()
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = work()
+        region.node_ranges.append((first, torch.autograd._get_sequence_nr()))
+        return region, out
+
+    def evaluate():
+        with torch.no_grad():
+            return layer(torch.randn(2, 4))
+
+    encoder, hidden = in_region(1, lambda: layer(torch.randn(2, 4)))
+    evaluation, _ = in_region(2, evaluate)
+    hidden = hidden.float().relu()
+    decoder, out = in_region(3, lambda: layer(hidden))
+    loss = out.float().sum()
+    assert Probes._regions_in_graph(loss, [encoder, evaluation, decoder]) == (0, 2)
+    assert Probes._regions_in_graph((loss,), [evaluation]) == ()

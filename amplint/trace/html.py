@@ -11,7 +11,7 @@ from collections import defaultdict
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222;max-width:1200px}
-h1{font-size:20px}h2{font-size:16px;margin-top:1.6em;border-bottom:1px solid #ddd}
+h1{font-size:20px}h2{font-size:16px;margin-top:1.6em;border-bottom:1px solid #ddd}h3{font-size:14px;margin:1em 0 .3em}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}code,.mono{font-family:ui-monospace,monospace;font-size:12px}
 .confirmed{color:#b00;font-weight:bold}.refuted{color:#070}.not-reached{color:#a60}
@@ -105,7 +105,14 @@ def render(report: dict, cwd: str) -> str:
     )
     for note in scaler.get("notes", []):
         out.append(f'<p class="note">note: {_e(note)}</p>')
-    out.append(scale_plot(scaler.get("timeline", [])))
+    timeline = scaler.get("timeline", [])
+    if len(scaler["constructions"]) > 1:  # one plot per scaler: each backs off on its own
+        for c in scaler["constructions"]:
+            label = f"{c['path']}:{c['line']}"
+            out.append(f'<h3>scaler built at <span class="mono">{_e(label)}</span></h3>')
+            out.append(scale_plot([t for t in timeline if t.get("scaler") == label]))
+    else:
+        out.append(scale_plot(timeline))
 
     out.append("<h2>First non-finite value</h2>")
     nf = report["nonfinite"]

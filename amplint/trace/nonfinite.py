@@ -42,9 +42,27 @@ UNINITIALISED_OPS = ("empty", "new_empty", "empty_like", "empty_strided", "new_e
 _PRUNE_WRITTEN_FROM = 1024
 
 
+_COMPRESSED_SPARSE = {torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc}
+
+
+def stored_values(tensor: torch.Tensor) -> torch.Tensor:
+    """The values a check reads: a dense tensor itself; a sparse tensor's stored values (dense
+    kernels such as `isfinite` do not take sparse layouts, and the elements it leaves out are
+    zeros). A COO tensor is coalesced first, as GradScaler and the sparse optimizers coalesce it:
+    float16 values at a repeated index can overflow only once summed."""
+    if tensor.layout is torch.sparse_coo:
+        return tensor.detach().coalesce().values()
+    if tensor.layout in _COMPRESSED_SPARSE:
+        return tensor.detach().values()
+    return tensor
+
+
 def floating_tensors(value) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
-        return [value] if value.dtype in _FLOATING and value.numel() else []
+        if value.dtype not in _FLOATING:
+            return []
+        values = stored_values(value)
+        return [values] if values.numel() else []
     if isinstance(value, (list, tuple)):
         found = []
         for item in value:
@@ -242,12 +260,7 @@ class NonFiniteMonitor:
         flight, which handles them if it skips the step."""
         if self.mode == "off" or self.found_unhandled():  # cheap checks run at every step
             return
-        grads = [
-            p.grad
-            for group in optimizer.param_groups
-            for p in group["params"]
-            if p.grad is not None and p.grad.dtype in _FLOATING and not p.grad.is_sparse
-        ]
+        grads = floating_tensors([p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None])
         if not grads:
             return
         detail = "a parameter gradient is non-finite at the optimizer step"

@@ -28,8 +28,8 @@ import torch.optim.lr_scheduler as lr_scheduler_module
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from amplint.trace.callsite import CodeClassifier
-from amplint.trace.nonfinite import NonFiniteMonitor
-from amplint.trace.state import ClipEvent, Conversion, SchedulerStep, ScalerInfo, ScalerStep, TraceState, Update, WarningRecord
+from amplint.trace.nonfinite import NonFiniteMonitor, stored_values
+from amplint.trace.state import ClipEvent, Conversion, Float16Region, SchedulerStep, ScalerInfo, ScalerStep, TraceState, Update, WarningRecord
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _AMP_WARNING = re.compile(
@@ -195,11 +195,10 @@ class Probes:
                 mirror.entered.append((site, created) if enabled else None)
                 device = getattr(self_, "device", None)
                 dtype = _dtype_name(getattr(self_, "fast_dtype", None))
-                mirror.regions.append((device, bool(enabled), dtype, site))
                 if enabled:
                     probes.state.last_region = (device, dtype, site)
-                    if dtype == "float16":  # AMP009: a loss from here needs scaling
-                        probes.state.fp16_region = (device, site)
+                fp16_entry = probes._enter_fp16_region(device, site, created) if enabled and dtype == "float16" else None
+                mirror.regions.append((device, bool(enabled), dtype, site, fp16_entry))
                 if mirror.suppressed or (not enabled and len(mirror.regions) > 1):
                     probes._refresh_suppressed()
                 # A CUDA region a CPU-only machine disabled: --simulate cuda shadows it anyway.
@@ -221,7 +220,9 @@ class Probes:
                     if mirror.requested:
                         mirror.requested.pop()
                     if mirror.regions:
-                        mirror.regions.pop()
+                        fp16_entry = mirror.regions.pop()[4]
+                        if fp16_entry is not None:
+                            probes._exit_fp16_region(*fp16_entry)
                         if mirror.suppressed:
                             probes._refresh_suppressed()
 
@@ -231,6 +232,22 @@ class Probes:
         self._patch(autocast_cls, "__init__", wrap_init)
         self._patch(autocast_cls, "__enter__", wrap_enter)
         self._patch(autocast_cls, "__exit__", wrap_exit)
+
+    def _enter_fp16_region(self, device, site, created) -> tuple[Float16Region, int]:
+        """AMP009: a loss from this float16 region needs scaling. Returns what its exit reads."""
+        key = (site, created)
+        region = self.state.fp16_regions.get(key)
+        if region is None:
+            region = self.state.fp16_regions[key] = Float16Region(device, site, created)
+        region.open += 1
+        return region, torch.autograd._get_sequence_nr()
+
+    @staticmethod
+    def _exit_fp16_region(region: Float16Region, nodes_at_entry: int) -> None:
+        region.open -= 1
+        nodes_at_exit = torch.autograd._get_sequence_nr()  # per thread: a region exits where it entered
+        if nodes_at_exit > nodes_at_entry:
+            region.node_ranges.append((nodes_at_entry, nodes_at_exit))
 
     def _refresh_mirror(self) -> None:
         mirror = self.state.mirror
@@ -248,7 +265,7 @@ class Probes:
         mirror = self.state.mirror
         innermost: dict = {}
         outer_enabled: dict = {}
-        for device, enabled, dtype, site in mirror.regions:
+        for device, enabled, dtype, site, _fp16 in mirror.regions:
             if enabled:
                 outer_enabled[device] = (dtype, site)
             innermost[device] = (enabled, site)
@@ -290,8 +307,7 @@ class Probes:
                 if evidence and site not in state.backward_autocast:
                     state.backward_autocast[site] = dict(evidence, step=state.step)
                 monitor.check_loss(tensors, site)
-                if state.fp16_region is not None or state.compiled_pending is not None:
-                    probes._backward_events(site, evidence)
+                probes._backward_events(site, evidence, tensors)
                 state.scaled_since_backward = False
                 outer = state.backward_callsite
                 state.backward_callsite = site
@@ -326,20 +342,25 @@ class Probes:
         self._patch(torch.autograd, "backward", wrap_backward)
         self._patch(torch.autograd, "grad", wrap_grad)
 
-    def _backward_events(self, site, evidence) -> None:
+    def _backward_events(self, site, evidence, tensors) -> None:
         state = self.state
-        region = state.fp16_region
-        if region is not None:
-            state.fp16_region = None
-            if not state.scaled_since_backward:  # AMP009: an fp16 loss, unscaled
-                record = state.unscaled_fp16_backward.get(site)
-                if record is None:
-                    record = state.unscaled_fp16_backward[site] = {
-                        "site": site, "count": 0, "device": region[0], "region": region[1], "first_step": state.step
-                    }
-                    if state.zero_grad_pending is None:
-                        state.zero_grad_pending = record
-                record["count"] += 1
+        # AMP009: the loss may come from any float16 region of this training step (an encoder and
+        # a decoder in two regions), not only from the last one entered.
+        regions = state.end_fp16_window()
+        if not state.scaled_since_backward:
+            regions = self._loss_sources(site, tensors, regions)
+        for region in regions:
+            key = (region.entered_at, region.created_at)
+            record = state.fp16_backwards.get(key)
+            if record is None:
+                record = state.fp16_backwards[key] = {"region": region, "unscaled": 0, "scaled": 0}
+            if state.scaled_since_backward:
+                record["scaled"] += 1
+                continue
+            if not record["unscaled"]:
+                record.update(first_step=state.step, backward_at=site)
+                state.zero_grad_pending.append(record)
+            record["unscaled"] += 1
         pending = state.compiled_pending
         if pending is not None:
             state.compiled_pending = None
@@ -356,6 +377,34 @@ class Probes:
                 record.setdefault("backward_at", site)
                 record.setdefault("autocast", autocast)
                 record["setting"] = setting if isinstance(setting, str) else repr(setting)
+
+    def _loss_sources(self, site, tensors, regions: list[Float16Region]) -> list[Float16Region]:
+        """AMP009: the regions whose autograd nodes the graph of `tensors` holds, and those still
+        open (backward runs inside them). A region of the step whose output the loss does not use
+        (an evaluation under no_grad, a metric) is no source of the loss."""
+        ended = [region for region in regions if not region.open]
+        pattern = (site, tuple((region.entered_at, region.created_at) for region in ended))
+        sources = self.state.fp16_loss_sources.get(pattern)
+        if sources is None:
+            sources = self.state.fp16_loss_sources[pattern] = self._regions_in_graph(tensors, ended)
+        return [region for region in regions if region.open] + [ended[i] for i in sources]
+
+    @staticmethod
+    def _regions_in_graph(tensors, regions: list[Float16Region]) -> tuple[int, ...]:
+        """Indices of the regions that built a node of the graph backward() starts from `tensors`."""
+        roots = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+        stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor)]
+        missing = set(range(len(regions)))
+        seen = set()
+        while stack and missing:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            number = node._sequence_nr()
+            missing -= {i for i in missing if any(first <= number < end for first, end in regions[i].node_ranges)}
+            stack.extend(child for child, _index in node.next_functions)
+        return tuple(i for i in range(len(regions)) if i not in missing)
 
     # -- optimizers ----------------------------------------------------------------------------
     def _install_optimizer(self) -> None:
@@ -394,9 +443,11 @@ class Probes:
                 if probes.still_scaled([p for g in optimizer.param_groups for p in g["params"]]) is not None:
                     state.bypass_steps[site] += 1
                 monitor.check_gradients(optimizer, site, handled=False)
-                pending = state.zero_grad_pending
-                if pending is not None and "zero_grad_fraction" not in pending:
-                    probes._zero_grad_fraction(optimizer, pending)
+                fraction = probes._zero_grad_fraction(optimizer) if state.zero_grad_pending else None
+                if fraction is not None:
+                    for record in state.zero_grad_pending:
+                        record["zero_grad_fraction"] = fraction
+                    state.zero_grad_pending.clear()
             state.in_optimizer += 1
             return _with_closure_outside_the_step(args, kwargs)
 
@@ -429,21 +480,24 @@ class Probes:
             if current is None or current.optimizer != id(optimizer):
                 record = ScalerStep(-1, id(optimizer), state.step, None, True)
                 state.last_step_of_optimizer[id(optimizer)] = record
-                state.step += 1
+                state.step_completed()
 
         pre = register_optimizer_step_pre_hook(pre_hook)
         post = register_optimizer_step_post_hook(post_hook)
         self._undo.append(pre.remove)
         self._undo.append(post.remove)
 
-    def _zero_grad_fraction(self, optimizer, record: dict) -> None:
-        """AMP009 evidence, once per run: the share of gradient elements that are exactly zero."""
+    def _zero_grad_fraction(self, optimizer) -> float | None:
+        """AMP009 evidence, at the optimizer step after a region's first unscaled backward: the
+        share of gradient elements that are exactly zero (of a sparse gradient, of its stored
+        values: the rows a batch did not touch are no underflow). None without gradients."""
         with self.state.pause(), torch.no_grad():
-            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            grads = [stored_values(p.grad) for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
             total = sum(g.numel() for g in grads)
-            if total:
-                zeros = sum(int((g == 0).sum()) for g in grads)
-                record["zero_grad_fraction"] = round(zeros / total, 4)
+            if not total:
+                return None
+            zeros = sum(int((g == 0).sum()) for g in grads)
+            return round(zeros / total, 4)
 
     def owners_of(self, params: list) -> list:
         ids = {id(p) for p in params}
@@ -607,7 +661,7 @@ class Probes:
                 info.window.append((id(optimizer), site))
                 state.scaler_steps.append(record)
                 state.last_step_of_optimizer[id(optimizer)] = record
-                state.step += 1
+                state.step_completed()
                 return result
 
             return step

@@ -3,6 +3,7 @@ torchrun, and the merged summary of all ranks.
 
 Extensions beyond the contract (consumers may ignore them): `name`/`summary` on findings,
 `node`/`policy` on ops, `policy_departures`, `scaler.timeline/enabled/notes/optimizer_steps`,
+`scaler.constructions[].steps_attempted/steps_applied/steps_skipped/scale_history/device/init_scale`,
 `nonfinite.check/handled_by_scaler/node/detail/hint`, `kernels[].status/signatures`,
 `simulation`, `unchecked_findings`, `notes`, `rank`, `ranks`.
 """
@@ -14,7 +15,9 @@ import math
 import os
 import platform
 import time
+from bisect import bisect_right
 from collections import defaultdict
+from operator import attrgetter
 
 from amplint.trace import policy
 
@@ -74,28 +77,49 @@ def policy_departures(rows: list[dict]) -> list[dict]:
 
 def scaler_section(state, facts, display) -> dict:
     values = facts.values
-    constructions: dict = defaultdict(lambda: {"count": 0, "enabled": False})
+    applied_of = facts.applied
+
+    def place(scaler) -> tuple:
+        return (display(scaler.callsite[0]), scaler.callsite[1]) if scaler.callsite else ("<unknown>", 0)
+
+    # One entry per construction line, with that line's own steps and scales: several scalers
+    # (one per optimizer of a GAN) each back off on their own, and one history of all of them
+    # would interleave their scales. Scalers built at one line (one per epoch) share its entry.
+    constructions: dict = defaultdict(
+        lambda: {"count": 0, "enabled": False, "steps_attempted": 0, "steps_applied": 0, "steps_skipped": 0, "scale_history": []}
+    )
+    place_of = {}
     for scaler in state.scalers:
-        key = (display(scaler.callsite[0]), scaler.callsite[1]) if scaler.callsite else ("<unknown>", 0)
+        place_of[scaler.index] = key = place(scaler)
         entry = constructions[key]
         entry["count"] += 1
         entry["enabled"] = entry["enabled"] or scaler.enabled
         entry.setdefault("device", scaler.device)
         entry.setdefault("init_scale", scaler.init_scale)
     steps = state.scaler_steps
-    applied = sum(1 for s in steps if facts.applied.get(id(s)) is True)
-    skipped = sum(1 for s in steps if facts.applied.get(id(s)) is False)
-    scale_history = [values[u.scale_slot] for u in state.updates]
-    after_skip = [s for s in state.scheduler_steps if s.after is not None and facts.applied.get(id(s.after)) is False]
+    for s in steps:
+        entry = constructions[place_of[s.scaler]]
+        entry["steps_attempted"] += 1
+        entry["steps_applied"] += applied_of.get(id(s)) is True
+        entry["steps_skipped"] += applied_of.get(id(s)) is False
+    updates_of: dict = defaultdict(list)  # scaler index -> its updates, in call order
+    for u in state.updates:
+        updates_of[u.scaler].append(u)
+        constructions[place_of[u.scaler]]["scale_history"].append(values[u.scale_slot])
+    applied = sum(entry["steps_applied"] for entry in constructions.values())
+    skipped = sum(entry["steps_skipped"] for entry in constructions.values())
+    scale_history = [values[u.scale_slot] for u in state.updates]  # every scaler's, in call order
+    after_skip = [s for s in state.scheduler_steps if s.after is not None and applied_of.get(id(s.after)) is False]
 
-    # One timeline entry per scaler.step, with the scale after the update that followed it.
-    updates_by_step = {u.step: values[u.scale_slot] for u in state.updates}
+    def scale_after(step) -> float | None:
+        """The scale after the same scaler's first update() that followed this step."""
+        updates = updates_of[step.scaler]
+        at = bisect_right(updates, step.step, key=attrgetter("step"))
+        return values[updates[at].scale_slot] if at < len(updates) else None
+
+    # One timeline entry per scaler.step, with its scaler's construction line.
     timeline = [
-        {
-            "step": s.step,
-            "applied": facts.applied.get(id(s)),
-            "scale": updates_by_step.get(s.step + 1),
-        }
+        {"step": s.step, "applied": applied_of.get(id(s)), "scale": scale_after(s), "scaler": ":".join(map(str, place_of[s.scaler]))}
         for s in steps
     ]
     notes = []

@@ -117,18 +117,31 @@ def _amp008(facts) -> list[RuleEvent]:
 
 
 def _amp009(facts) -> list[RuleEvent]:
+    """One event per float16 region (where it was entered and where the autocast object was built:
+    a `with ctx:` of a context kept in a variable, a decorated function's call), counting the
+    unscaled backward() calls of the training steps it ran in; one whose losses were all scaled
+    refutes a finding there."""
     events = []
-    for site, record in facts.state.unscaled_fp16_backward.items():
+    for record in facts.state.fp16_backwards.values():
+        region = record["region"]
         evidence = {
-            "backward_calls_unscaled": record["count"],
-            "autocast": {"device": record["device"], "dtype": "float16"},
-            "autocast_entered_at": facts.where(record["region"]),
-            "first_step": record["first_step"],
+            "backward_calls_unscaled": record["unscaled"],
+            "backward_calls_scaled": record["scaled"],
+            "autocast": {"device": region.device, "dtype": "float16"},
+            "autocast_entered_at": facts.where(region.entered_at),
+            "autocast_created_at": facts.where(region.created_at),
         }
+        if record["unscaled"]:
+            evidence["first_step"] = record["first_step"]
+            evidence["backward_at"] = facts.where(record["backward_at"])
         if "zero_grad_fraction" in record:
             evidence["zero_grad_fraction"] = record["zero_grad_fraction"]
-        message = f"backward() ran on a loss computed under float16 autocast (entered at {evidence['autocast_entered_at']}) with no GradScaler.scale()"
-        events.append(RuleEvent("AMP009", site, record["count"], evidence, message, (site, record["region"])))
+        message = (
+            f"backward() ({evidence.get('backward_at')}) ran {record['unscaled']} time(s) on a loss computed under this "
+            "float16 autocast region with no GradScaler.scale()"
+        )
+        sites = tuple(site for site in (region.entered_at, region.created_at) if site)
+        events.append(RuleEvent("AMP009", region.entered_at, record["unscaled"], evidence, message, sites))
     return events
 
 

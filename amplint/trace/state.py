@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,6 +168,21 @@ class NonFinite:
     rerun_from_step: int | None = None
 
 
+@dataclass
+class Float16Region:
+    """AMP009: a float16 autocast region (one place: where it was entered and where it was built)
+    entered since the last backward or optimizer step."""
+
+    device: str | None
+    entered_at: Callsite | None
+    created_at: Callsite | None
+    open: int = 0  # entries not exited yet
+    # [first, end) of the autograd node numbers each exited entry built (autograd numbers the
+    # nodes it makes, per thread): a loss comes from the region when its graph holds one of them.
+    # The latest entries only: a run that never steps (inference) enters its regions forever.
+    node_ranges: deque = field(default_factory=lambda: deque(maxlen=64))
+
+
 class AutocastMirror(threading.local):
     """The autocast state per thread, kept by our `torch.set_autocast_enabled/dtype` wrappers,
     because `torch.is_autocast_enabled` lies inside `__torch_dispatch__` (feasibility §2)."""
@@ -178,7 +193,9 @@ class AutocastMirror(threading.local):
         self.active: tuple = ()  # ((device, dtype), ...) of the enabled devices
         self.entered: list = []  # (entered at, created at) of open enabled `with autocast` blocks
         self.requested: list = []  # dtype of open CUDA blocks disabled for want of a GPU
-        self.regions: list = []  # (device, enabled, dtype name, entered at) of every open `with autocast`
+        # (device, enabled, dtype name, entered at, AMP009 (Float16Region, autograd node count at
+        # entry) or None) of every open `with autocast`
+        self.regions: list = []
         # AMP014: ((device, outer dtype, outer entered at, disabled entered at), ...) while a region
         # disables autocast on a device an outer region enabled
         self.suppressed: tuple = ()
@@ -245,10 +262,13 @@ class TraceState:
         self.pairing: list[dict] = []  # AMP007: missing update / update without step
         self.unscales: list[dict] = []  # AMP008: unscale_ again before step/update, unscale_ with no step
         self.last_region: tuple | None = None  # (device, dtype, entered at) of the last enabled region entered
-        self.fp16_region: tuple | None = None  # AMP009: an fp16 region entered since the last backward
+        self.fp16_regions: dict = {}  # AMP009: (entered at, created at) -> Float16Region
         self.scaled_since_backward = False
-        self.unscaled_fp16_backward: dict = {}  # AMP009: backward callsite -> record
-        self.zero_grad_pending: dict | None = None
+        self.fp16_backwards: dict = {}  # AMP009: (entered at, created at) -> record of the backward calls after it
+        # AMP009: (backward callsite, regions that ended their entries) -> those the loss's graph held:
+        # the graph is walked once per pattern of a training step, not at every step
+        self.fp16_loss_sources: dict = {}
+        self.zero_grad_pending: list = []  # AMP009: records waiting for the next optimizer step's zero-gradient share
         self.saves: dict = {}  # AMP012: torch.save callsite -> record
         self.custom_functions: dict = {}  # AMP013: class -> record (None: not a user class)
         self.disabled_region_ops: Counter = Counter()  # AMP014: (disabled at, op line, op, in dtypes, outer dtype)
@@ -258,6 +278,22 @@ class TraceState:
         self.bce_devices: dict = {}  # AMP016: callsite -> autocast devices binary_cross_entropy ran under
         self.compiled: list = []  # AMP017: records of torch.compile results
         self.compiled_pending = None  # a compiled call under autocast since the last backward
+
+    def step_completed(self) -> None:
+        """A `scaler.step()`/`optimizer.step()` attempt ended: the training step it closes took its
+        losses' gradients, so its float16 regions have nothing more to answer for (AMP009)."""
+        self.step += 1
+        self.end_fp16_window()
+
+    def end_fp16_window(self) -> list[Float16Region]:
+        """AMP009: the float16 regions a loss reaching backward() now can come from: those entered
+        since the last backward or optimizer step that are still open or built autograd nodes.
+        The next window starts with the open ones only."""
+        sources = [region for region in self.fp16_regions.values() if region.open or region.node_ranges]
+        self.fp16_regions = {key: region for key, region in self.fp16_regions.items() if region.open}
+        for region in self.fp16_regions.values():
+            region.node_ranges.clear()
+        return sources
 
     @property
     def paused(self) -> int:

@@ -82,7 +82,7 @@ def _evidence_text_amp007_017(code: str, count: int, ev: dict) -> str:
         return f"{count} unscale_ call(s) with no step before update()"
     if code == "AMP009":
         if not count:
-            return "every float16 loss was scaled"
+            return "every float16 loss was scaled" if ev.get("backward_calls_scaled") else "no backward() took a loss from this region"
         zero = f"; {100 * ev['zero_grad_fraction']:.1f}% zero grads" if "zero_grad_fraction" in ev else ""
         return f"{count} backward() on unscaled float16 loss(es){zero}"
     if code == "AMP010":
@@ -241,7 +241,13 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
             f"steps: {scaler['steps_attempted']} attempted, {scaler['steps_applied']} applied, "
             f"[bold]{scaler['steps_skipped']} skipped[/bold]; scheduler steps right after a skip: {scaler['scheduler_steps_after_skip']}"
         )
-        if scaler["scale_history"]:
+        if len(scaler["constructions"]) > 1:  # the run's one history would interleave their scales
+            for c in scaler["constructions"]:
+                console.print(
+                    f"scaler built at {c['path']}:{c['line']}: {c['steps_attempted']} step(s), {c['steps_skipped']} skipped; "
+                    f"scale after each update: {_scale_runs(c['scale_history']) or '-'}"
+                )
+        elif scaler["scale_history"]:
             console.print(f"scale after each update: {_scale_runs(scaler['scale_history'])}")
         skipped = [t["step"] for t in scaler.get("timeline", []) if t["applied"] is False]
         if skipped:
