@@ -1754,8 +1754,9 @@ def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
 
 
 def and_operands(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """`a and (b and c)`: a, b and c; any other expression alone."""
-    expr = _bare(expr)
+    """`a and (b and c)`: a, b and c, in their order; any other expression alone. The nodes as
+    written, not copies (`condition` and `_bare` drop their parentheses), so that they can key
+    the facts' caches (`conjuncts`) and be printed in place."""
     if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.And):
         return and_operands(expr.left) + and_operands(expr.right)
     return [expr]

@@ -19,6 +19,7 @@ from amplint.static.semantics import (
     CallSite,
     Context,
     Scope,
+    and_operands,
     argument,
     arms_of,
     dotted_name,
@@ -263,17 +264,10 @@ def _stated_condition(facts: AmpFacts, call: CallSite) -> list[cst.BaseExpressio
     enabled = argument(call.node, None, "enabled")
     parent = facts.parent_of.get(id(call.node))
     if enabled is not None:
-        return [] if is_true(enabled) else _and_operands(enabled)
+        return [] if is_true(enabled) else and_operands(enabled)
     if isinstance(parent, cst.IfExp) and parent.body is call.node:
-        return _and_operands(parent.test)
-    return [operand for guard in _guarding_ifs(call.where) for operand in _and_operands(guard.test)]
-
-
-def _and_operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """`a and (b or c)`: `a` and `(b or c)`, as the nodes written, in their order."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _and_operands(test.left) + _and_operands(test.right)
-    return [test]
+        return and_operands(parent.test)
+    return [operand for guard in _guarding_ifs(call.where) for operand in and_operands(guard.test)]
 
 
 def _condition_text(facts: AmpFacts, operand: cst.BaseExpression, alone: bool) -> str:
