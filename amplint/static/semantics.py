@@ -295,6 +295,15 @@ def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
             yield value
 
 
+def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """`node` and every node under it (not in source order), as `children` sees them."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(children(current))
+
+
 # The recorder's `visit_<Type>` / `leave_<Type>` hooks, looked up once per node type.
 _VISITS: dict[type, Callable | None] = {}
 _LEAVES: dict[type, Callable | None] = {}

@@ -12,7 +12,7 @@ from amplint.static import names
 from amplint.static.checks import FixPlan, Hit, Replacement
 from amplint.static.checks import _training_step as ts
 from amplint.static.semantics import (
-    AmpFacts, CallSite, Scope, argument, children, dotted_name, identifiers, is_none, mutually_exclusive,
+    AmpFacts, CallSite, Scope, argument, children, descendants, dotted_name, identifiers, is_none, mutually_exclusive,
 )
 
 CODE = "AMP013"
@@ -234,14 +234,11 @@ def _operands(function: cst.FunctionDef) -> set[str]:
     """Names used as operands of arithmetic (`x * weight`, `x += bias`): tensors, whatever ctx
     keeps of them."""
     found: set[str] = set()
-    stack: list[cst.CSTNode] = [function.body]
-    while stack:
-        node = stack.pop()
+    for node in descendants(function.body):
         if isinstance(node, cst.BinaryOperation):
             found |= {side.value for side in (node.left, node.right) if isinstance(side, cst.Name)}
         elif isinstance(node, cst.AugAssign):
             found |= {side.value for side in (node.target, node.value) if isinstance(side, cst.Name)}
-        stack.extend(children(node))
     return found
 
 
@@ -346,7 +343,7 @@ def _handles_autocast_by_hand(
         function for function in (facts.scope_of_function(forward), facts.scope_of_function(_method(scope, "setup_context")))
         if function is not None
     ]
-    readers = {id(call.node) for function in recorders for call in function.calls if _reads_autocast_state(facts, call)}
+    readers = set().union(*(_state_readers(facts, function) for function in recorders))
     function = facts.scope_of_function(backward)
     if not readers or function is None:
         return False
@@ -411,15 +408,11 @@ def _casts_an_input_by(facts: AmpFacts, forward: cst.FunctionDef, function: Scop
 def _uses_state(body: cst.CSTNode, state: set[str]) -> bool:
     """A cast to a dtype taken from the state (`grad.to(ctx.autocast_dtype)`), or an `if` on it
     (`if ctx.autocast_enabled:`), anywhere in the code."""
-    stack: list[cst.CSTNode] = [body]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (cst.If, cst.IfExp, cst.While)) and _mentions(node.test, state, set()):
-            return True
-        if isinstance(node, cst.Call) and _casts_by(node, state, set()):
-            return True
-        stack.extend(children(node))
-    return False
+    return any(
+        (isinstance(node, (cst.If, cst.IfExp, cst.While)) and _mentions(node.test, state, set()))
+        or (isinstance(node, cst.Call) and _casts_by(node, state, set()))
+        for node in descendants(body)
+    )
 
 
 def _casts_by(call: cst.Call, state: set[str], readers: set[int]) -> bool:
@@ -444,13 +437,7 @@ def _mentions(expr: cst.CSTNode, keys: set[str], calls: set[int]) -> bool:
 
 
 def _holds_a_call(expr: cst.CSTNode) -> bool:
-    stack: list[cst.CSTNode] = [expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Call):
-            return True
-        stack.extend(children(node))
-    return False
+    return any(isinstance(node, cst.Call) for node in descendants(expr))
 
 
 def _reads_autocast_state(facts: AmpFacts, call: CallSite) -> bool:
@@ -459,6 +446,11 @@ def _reads_autocast_state(facts: AmpFacts, call: CallSite) -> bool:
         return True
     helper = facts.called_function(call)
     return helper is not None and any(_AUTOCAST_STATE.search(inner.name) for inner in helper.calls)
+
+
+def _state_readers(facts: AmpFacts, function: Scope) -> set[int]:
+    """The ids of the calls in `function` that read the autocast state."""
+    return {id(call.node) for call in function.calls if _reads_autocast_state(facts, call)}
 
 
 def _applied_only_with_autocast_off(facts: AmpFacts, scope: Scope) -> bool:
@@ -548,7 +540,7 @@ def _inputs_cast_to_autocast_dtype(facts: AmpFacts, call: CallSite) -> bool:
     them. A `**kwargs` handed on holds what the wrapper's caller passed by keyword, which the file
     does not show: it is no evidence of a mix."""
     function = call.scope.function_scope
-    readers = {id(c.node) for c in function.calls if _reads_autocast_state(facts, c)}
+    readers = _state_readers(facts, function)
     state = _bound_to_state(facts, function, readers)
 
     def cast_by_state(expr: cst.BaseExpression) -> bool:
@@ -591,7 +583,7 @@ def _value_at(facts: AmpFacts, name: str, call: CallSite) -> cst.BaseExpression 
 
 def _tests_autocast_on(facts: AmpFacts, test: cst.BaseExpression, function: Scope) -> bool:
     """`torch.is_autocast_enabled()`, or a name bound to such a reading (`enabled = ...; if enabled:`)."""
-    readers = {id(c.node) for c in function.calls if _reads_autocast_state(facts, c)}
+    readers = _state_readers(facts, function)
     return id(test) in readers or dotted_name(test) in _bound_to_state(facts, function, readers)
 
 
