@@ -1217,12 +1217,15 @@ class AmpFacts:
         func = call.func
         if not (isinstance(func, cst.Attribute) and func.attr.value == "autocast"):
             return False
-        owner = dotted_name(func.value)
-        if owner is None:
+        return self.is_framework_object(dotted_name(func.value), scope)
+
+    def is_framework_object(self, key: str | None, scope: Scope) -> bool:
+        """`accelerator`, `fabric`, or a name bound to an Accelerator or a Fabric."""
+        if key is None:
             return False
-        if owner.rsplit(".", 1)[-1] in names.FRAMEWORK_AUTOCAST_OWNERS:
+        if key.rsplit(".", 1)[-1] in names.FRAMEWORK_AUTOCAST_OWNERS:
             return True
-        return any(built in names.FRAMEWORK_AUTOCAST_CLASSES for _, built in self.constructed(owner, scope))
+        return any(built in names.FRAMEWORK_AUTOCAST_CLASSES for _, built in self.constructed(key, scope))
 
     def _bound_among(self, bound: list[tuple[cst.BaseExpression, Scope]], qualnames: Container[str]) -> str | None:
         """The first of `qualnames` that one of the values a name is bound to names (`ctx = suppress`)."""

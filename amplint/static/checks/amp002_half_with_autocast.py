@@ -953,7 +953,7 @@ def _wraps(call: CallSite, facts: AmpFacts, depth: int = 0) -> bool:
     return model`), up to names.CALL_DEPTH calls deep."""
     if call.qualname in _MODULE_WRAPPERS:
         return True
-    if call.method in _FRAMEWORK_WRAPPING_METHODS and _a_framework_object(call.receiver_key, call.scope, facts):
+    if call.method in _FRAMEWORK_WRAPPING_METHODS and facts.is_framework_object(call.receiver_key, call.scope):
         return True
     helper = facts.called_function(call)
     if helper is None or not helper.returns or depth >= names.CALL_DEPTH:
@@ -966,15 +966,6 @@ def _wraps(call: CallSite, facts: AmpFacts, depth: int = 0) -> bool:
         site is not None and site.node.args and dotted_name(site.node.args[0].value) in helper.params and _wraps(site, facts, depth + 1)
         for site in sites
     )
-
-
-def _a_framework_object(key: str | None, scope: Scope, facts: AmpFacts) -> bool:
-    """`accelerator`, `fabric`, or a name bound to an Accelerator or a Fabric."""
-    if key is None:
-        return False
-    if key.rsplit(".", 1)[-1] in names.FRAMEWORK_AUTOCAST_OWNERS:
-        return True
-    return any(built in names.FRAMEWORK_AUTOCAST_CLASSES for _, built in facts.constructed(key, scope))
 
 
 def _call_sites(facts: AmpFacts) -> dict[int, CallSite]:
