@@ -100,6 +100,9 @@ CLIP_GRAD = {
     "torch.nn.utils.clip_grads_with_norm_",
     "torch.nn.utils.clip_grad.clip_grads_with_norm_",
 }
+# Builtins that only look at an object (its type, identity or text): `print(type(model))` does not
+# run a model (AMP002's frozen-model exemption; the slicer keeps a file's own function so named).
+INSPECTION_BUILTINS = frozenset({"type", "isinstance", "id", "str", "repr", "print", "hasattr"})
 # Take the gradients' norm and clip nothing (a logged maximum, a norm handed to
 # `clip_grads_with_norm_` later): read before `unscale_`, it is scale x norm.
 GRAD_NORM = {"torch.nn.utils.get_total_norm", "torch.nn.utils.clip_grad.get_total_norm"}
@@ -175,3 +178,8 @@ SCALER_WORD = re.compile(
 # A loop over epochs, by what it is written with (`for epoch in range(args.epochs)`).
 EPOCH = re.compile(r"epoch")
 FEATURE_SCALER = re.compile(r"(?:standard|min_?max|robust|max_?abs)_?scaler|^sklearn\.", re.IGNORECASE)
+
+
+def names_a_test(function_name: str) -> bool:
+    """`test` or `test_...`: what pytest and unittest collect as a test."""
+    return function_name == "test" or function_name.startswith("test_")

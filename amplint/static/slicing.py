@@ -69,12 +69,9 @@ _AMP002_AMP = r"autocast|training_step|" + _SCALER  # a scaler used by name coun
 _AMP002_CAST_CALL = re.compile(r"\.\s*(?:half|bfloat16|to|type|from_pretrained)\s*\(")
 # What AMP002 follows a model into (_wraps): torch's wrappers, a framework's `prepare` / `setup`.
 _AMP002_WRAPPERS = r"DataParallel|FullyShardedDataParallel|compile|prepare|setup"
-# Builtins AMP002 takes for a look at a model (_only_inspects), unless the file defines them.
-_AMP002_INSPECTIONS = frozenset({"type", "isinstance", "id", "str", "repr", "print", "hasattr"})
 # What a test must reach to train (_training_anchors): a backward, a GradScaler, an optimizer step.
 _AMP002_TRAINS = r"backward|GradScaler|\.\s*step\s*\("
 _DEFINED = re.compile(r"def(?<!\wdef)\s+(\w+)")  # the functions a unit defines: itself and those nested in it
-_TEST_NAME = re.compile(r"test(?:_\w*)?$")  # what the rule takes for a test (_test_function)
 # Words whose presence makes a function relevant to a rule. Rules not listed disable slicing.
 # Each alternative starts with its literal, and a whole word is checked after it (`amp(?<!\wamp)`
 # rather than `\bamp`): a leading `\b` or class makes `re` try every position, 5-10x slower.
@@ -606,13 +603,13 @@ def _amp002_reads(graph: _CallGraph) -> set[_Unit]:
     # _wraps: the helpers a model is handed to, down to the wrapper they return it in;
     # _only_inspects: a builtin the file defines is called, not looked up.
     kept = graph.toward(helpers, _AMP002_WRAPPERS)
-    kept |= {u for u in helpers if u.name in _AMP002_INSPECTIONS}
+    kept |= {u for u in helpers if u.name in names.INSPECTION_BUILTINS}
     # region_of, _called_on_an_amp_path, _only_in_tests_without_amp, _used_only_by_optimizers: the
     # functions that use a cast's function, and theirs, with the AMP each of them reaches (_amp_anchors).
     users = graph.users(casts)
     kept |= users | graph.toward(graph.callees(casts | users), _AMP002_AMP)
     # _test_that_does_not_train: what a test holding a cast, or module-level code, reaches of training.
-    tests = frozenset(u for u in casts if any(_TEST_NAME.match(name) for name in _DEFINED.findall(u.text)))
+    tests = frozenset(u for u in casts if any(names.names_a_test(name) for name in _DEFINED.findall(u.text)))
     if tests:
         kept |= graph.toward(graph.callees(tests | {graph.module_caller}), _AMP002_TRAINS)
     # _pinned_value: what the callers of a function whose autocast or GradScaler is switched by

@@ -752,7 +752,7 @@ def _pinned_value(
 def _test_function(scope: Scope) -> Scope | None:
     """The test (`def test_...`, a function or a method) a scope belongs to, if any."""
     while scope is not None:
-        if scope.kind == "function" and (scope.name == "test" or scope.name.startswith("test_")):
+        if scope.kind == "function" and names.names_a_test(scope.name):
             return scope
         scope = scope.parent
     return None
@@ -973,14 +973,10 @@ def _call_sites(facts: AmpFacts) -> dict[int, CallSite]:
     return cached(facts, "AMP002 call sites", lambda: {id(c.node): c for c in facts.calls})
 
 
-# Builtins that only look at an object: its type, identity or text.
-_INSPECTIONS = frozenset({"type", "isinstance", "id", "str", "repr", "print", "hasattr"})
-
-
 def _only_inspects(call: CallSite, facts: AmpFacts) -> bool:
     """`type(m)`, `isinstance(m, FSDP)`, `print(m)`: nothing runs or trains the module."""
     return (
-        call.callee in _INSPECTIONS
+        call.callee in names.INSPECTION_BUILTINS
         and call.scope.resolve_head(call.callee) is None
         and facts.called_function(call) is None
     )
