@@ -100,6 +100,18 @@ CLIP_GRAD = {
     "torch.nn.utils.clip_grads_with_norm_",
     "torch.nn.utils.clip_grad.clip_grads_with_norm_",
 }
+# Wrappers that hand a module back sharded, replicated or compiled: running the wrapper runs the module.
+MODULE_WRAPPERS = frozenset({
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+    "torch.distributed.fsdp.FullyShardedDataParallel",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
+    "torch.compile",
+})
+# What accelerate's Accelerator and Lightning's Fabric wrap a module with.
+FRAMEWORK_WRAPPING_METHODS = frozenset({"prepare", "prepare_model", "setup", "setup_module"})
 # Builtins that only look at an object (its type, identity or text): `print(type(model))` does not
 # run a model (AMP002's frozen-model exemption; the slicer keeps a file's own function so named).
 INSPECTION_BUILTINS = frozenset({"type", "isinstance", "id", "str", "repr", "print", "hasattr"})

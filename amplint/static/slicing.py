@@ -68,7 +68,9 @@ _AMP002_AMP = r"autocast|training_step|" + _SCALER  # a scaler used by name coun
 # The calls AMP002 judges (low_precision_target): a unit holding none has no cast to exempt.
 _AMP002_CAST_CALL = re.compile(r"\.\s*(?:half|bfloat16|to|type|from_pretrained)\s*\(")
 # What AMP002 follows a model into (_wraps): torch's wrappers, a framework's `prepare` / `setup`.
-_AMP002_WRAPPERS = r"DataParallel|FullyShardedDataParallel|compile|prepare|setup"
+_AMP002_WRAPPERS = "|".join(
+    sorted({wrapper.rsplit(".", 1)[-1] for wrapper in names.MODULE_WRAPPERS} | names.FRAMEWORK_WRAPPING_METHODS)
+)
 # What a test must reach to train (_training_anchors): a backward, a GradScaler, an optimizer step.
 _AMP002_TRAINS = r"backward|GradScaler|\.\s*step\s*\("
 _DEFINED = re.compile(r"def(?<!\wdef)\s+(\w+)")  # the functions a unit defines: itself and those nested in it

@@ -903,18 +903,6 @@ def _reads_a_subject(call: CallSite, subjects: set[str]) -> bool:
 # Methods that return a part of a module: of a model loaded and cut on the spot
 # (`AutoModelForCausalLM.from_pretrained(...).get_decoder()`), the part is all that is kept.
 _SUBMODULE_GETTERS = frozenset({"get_decoder", "get_encoder", "get_submodule", "get_input_embeddings", "get_output_embeddings"})
-# Wrappers that hand a module back sharded, replicated or compiled: running the wrapper runs the module.
-_MODULE_WRAPPERS = {
-    "torch.nn.DataParallel",
-    "torch.nn.parallel.DataParallel",
-    "torch.nn.parallel.DistributedDataParallel",
-    "torch.nn.parallel.distributed.DistributedDataParallel",
-    "torch.distributed.fsdp.FullyShardedDataParallel",
-    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
-    "torch.compile",
-}
-# What accelerate's Accelerator and Lightning's Fabric wrap a module with.
-_FRAMEWORK_WRAPPING_METHODS = frozenset({"prepare", "prepare_model", "setup", "setup_module"})
 
 
 def _hands_on(call: CallSite, subjects: set[str], facts: AmpFacts) -> bool:
@@ -951,9 +939,9 @@ def _wraps(call: CallSite, facts: AmpFacts, depth: int = 0) -> bool:
     training framework's (`accelerator.prepare(m)`), or a function of the file whose every return
     is one applied to one of its parameters (`def setup_fsdp(model): model = FSDP(model, ...);
     return model`), up to names.CALL_DEPTH calls deep."""
-    if call.qualname in _MODULE_WRAPPERS:
+    if call.qualname in names.MODULE_WRAPPERS:
         return True
-    if call.method in _FRAMEWORK_WRAPPING_METHODS and facts.is_framework_object(call.receiver_key, call.scope):
+    if call.method in names.FRAMEWORK_WRAPPING_METHODS and facts.is_framework_object(call.receiver_key, call.scope):
         return True
     helper = facts.called_function(call)
     if helper is None or not helper.returns or depth >= names.CALL_DEPTH:
