@@ -4,10 +4,13 @@ library nor an installed package. Classification is cached per code object, so a
 
 from __future__ import annotations
 
+import itertools
 import os
 import site
 import sys
 import sysconfig
+from collections.abc import Iterator
+from types import FrameType
 
 Callsite = tuple[str, int]  # (absolute filename, line)
 
@@ -55,32 +58,22 @@ class CodeClassifier:
 
     def user_callsite(self, depth: int = 1) -> Callsite | None:
         """The innermost user frame above the caller's `depth`-th frame."""
+        return next(self._user_frames(sys._getframe(depth + 1)), None)
+
+    def user_callsites(self, depth: int = 1, limit: int = 2) -> list[Callsite]:
+        """The innermost `limit` user frames (a helper's line and the line that called it)."""
+        return list(itertools.islice(self._user_frames(sys._getframe(depth + 1)), limit))
+
+    def _user_frames(self, frame: FrameType | None) -> Iterator[Callsite]:
         internal = self._internal_by_code
-        frame = sys._getframe(depth + 1)
         while frame is not None:
             code = frame.f_code
             is_internal = internal.get(code)
             if is_internal is None:
                 is_internal = internal[code] = self.is_library_file(code.co_filename)
             if not is_internal:
-                return (code.co_filename, frame.f_lineno)
+                yield (code.co_filename, frame.f_lineno)
             frame = frame.f_back
-        return None
-
-    def user_callsites(self, depth: int = 1, limit: int = 2) -> list[Callsite]:
-        """The innermost `limit` user frames (a helper's line and the line that called it)."""
-        found: list[Callsite] = []
-        internal = self._internal_by_code
-        frame = sys._getframe(depth + 1)
-        while frame is not None and len(found) < limit:
-            code = frame.f_code
-            is_internal = internal.get(code)
-            if is_internal is None:
-                is_internal = internal[code] = self.is_library_file(code.co_filename)
-            if not is_internal:
-                found.append((code.co_filename, frame.f_lineno))
-            frame = frame.f_back
-        return found
 
 
 def display_path(filename: str, cwd: str) -> str:
