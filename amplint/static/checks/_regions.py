@@ -8,7 +8,7 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, Autocast, CallSite, Scope, dotted_name
+from amplint.static.semantics import AmpFacts, Autocast, CallSite, Scope, arms_of, dotted_name
 
 FLOAT16 = {"torch.float16", "torch.half"}
 BFLOAT16 = {"torch.bfloat16"}
@@ -58,15 +58,30 @@ def possible_dtypes(facts: AmpFacts, region: Autocast, call: CallSite) -> set[st
     literal = literal_dtype(facts, region, call)
     if literal is not None:
         return {literal}
-    expr = _dtype_argument(region, call)
-    bound = facts.bindings(dotted_name(expr), call.scope) if isinstance(expr, (cst.Name, cst.Attribute)) else [(expr, call.scope)]
-    if len(bound) != 1 or not isinstance(bound[0][0], cst.IfExp):
+    choice = conditional_choice(facts, _dtype_argument(region, call), call.scope)
+    if choice is None:
         return None
-    choice, scope = bound[0]
-    arms = {facts.qualname(arm, scope) for arm in (choice.body, choice.orelse)}
-    if not all(arm and arm.startswith("torch.") for arm in arms):
+    arms, scope = choice
+    qualified = {facts.qualname(arm, scope) for arm in arms}
+    if not all(arm and arm.startswith("torch.") for arm in qualified):
         return None
-    return {_canonical(arm) for arm in arms}
+    return {_canonical(arm) for arm in qualified}
+
+
+def conditional_choice(
+    facts: AmpFacts, expr: cst.BaseExpression | None, scope: Scope
+) -> tuple[list[cst.BaseExpression], Scope] | None:
+    """The arms of the conditional expression an argument is, written in place or bound once to a
+    name (`dtype = torch.bfloat16 if args.bf16 else torch.float16`), through nested conditionals,
+    with the scope they are read in; None when the argument is not one."""
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        bound = facts.bindings(dotted_name(expr), scope)
+        if len(bound) != 1:
+            return None
+        expr, scope = bound[0]
+    if not isinstance(expr, cst.IfExp):
+        return None
+    return list(arms_of(expr)), scope
 
 
 def has_dtype_argument(region: Autocast, call: CallSite) -> bool:

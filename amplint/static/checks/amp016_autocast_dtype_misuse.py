@@ -15,7 +15,6 @@ from amplint.static.semantics import (
     Autocast,
     CallSite,
     argument,
-    arms_of,
     constructor_of,
     dotted_name,
     string_literal,
@@ -99,13 +98,10 @@ def _possible_devices(facts: AmpFacts, region: Autocast, call: CallSite) -> set[
         return {region.device}
     if region.deprecated or region.node is not call.node:  # a factory's construction answers for its own
         return set()
-    chosen = argument(call.node, 0, "device_type")
-    if isinstance(chosen, cst.Name):
-        values = facts.bindings(chosen.value, call.scope)
-        chosen = values[0][0] if len(values) == 1 else None
-    if not isinstance(chosen, cst.IfExp):
+    choice = rg.conditional_choice(facts, argument(call.node, 0, "device_type"), call.scope)
+    if choice is None:
         return set()
-    devices = {string_literal(arm) for arm in arms_of(chosen)}
+    devices = {string_literal(arm) for arm in choice[0]}
     return set() if None in devices else devices
 
 
