@@ -1093,7 +1093,40 @@ class AmpFacts:
             for part in parts:
                 text, positive = self.condition(part)
                 (held if positive == (label == "body") else failed).add(text)
+        opposite = self._complementary_flags
+        if opposite:
+            held, failed = held | {opposite[f] for f in failed if f in opposite}, failed | {opposite[h] for h in held if h in opposite}
         return frozenset(held), frozenset(failed)
+
+    @cached_property
+    def _complementary_flags(self) -> dict[str, str]:
+        """Flags that always hold opposite values: every place that sets one sets the other to the
+        other boolean literal (a GAN's `step_gen, step_dis = True, False` in one branch, `False,
+        True` in the other), and nothing else binds them; `if step_gen:` then runs exactly where
+        `if step_dis:` does not."""
+        literal_values: dict[str, dict[tuple, bool]] = {}
+        excluded = set(self._unpackings_by_key)
+        excluded |= {dotted_name(target) for target, _ in self.loop_targets}
+        excluded |= {param for function in self.functions for param in function.params}
+        for assignment in self.assignments:
+            value = assignment.value
+            place = (id(assignment.where.scope.function_scope), assignment.where.branches)
+            values = literal_values.setdefault(assignment.key, {})
+            if not (isinstance(value, cst.Name) and value.value in ("True", "False")) or place in values:
+                excluded.add(assignment.key)  # another value, or set twice in one block
+            else:
+                values[place] = value.value == "True"
+        flags = {key: values for key, values in literal_values.items() if key not in excluded}
+        by_places: dict[frozenset, list[str]] = {}
+        for key, values in flags.items():
+            by_places.setdefault(frozenset(values), []).append(key)
+        opposite = {}
+        for keys in by_places.values():
+            for a in keys:
+                partners = [b for b in keys if all(flags[a][place] != flags[b][place] for place in flags[a])]
+                if len(partners) == 1:
+                    opposite[a] = partners[0]
+        return opposite
 
     def condition(self, test: cst.BaseExpression) -> tuple[str, bool]:
         """A condition as written, without its negation, and whether it was negated: `not x` is
