@@ -929,6 +929,14 @@ class AmpFacts:
             table.setdefault(function.name, []).append(function)
         return table
 
+    def call_site(self, node: cst.CSTNode) -> CallSite | None:
+        """The recorded call whose node this is (`model = FSDP(model)`: the value's CallSite)."""
+        return self._calls_by_node.get(id(node))
+
+    @cached_property
+    def _calls_by_node(self) -> dict[int, CallSite]:
+        return {id(call.node): call for call in self.calls}
+
     def called_function(self, call: CallSite) -> Scope | None:
         """The in-file function or method a call runs: `f()`, `self.f()`, `cls.f()`."""
         if call.callee is None:

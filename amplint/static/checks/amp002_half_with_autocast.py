@@ -928,7 +928,7 @@ def _model_after(node: cst.Call, facts: AmpFacts) -> cst.Call:
     while True:
         node = [node, *_methods_called_on(node, facts, _SAME_OBJECT | _SUBMODULE_GETTERS)][-1]
         wrapper = _handed_to(node, facts)
-        site = _call_sites(facts).get(id(wrapper))
+        site = facts.call_site(wrapper)
         if site is None or wrapper.args[0].value is not node or not _wraps(site, facts):
             return node
         node = wrapper
@@ -949,16 +949,11 @@ def _wraps(call: CallSite, facts: AmpFacts, depth: int = 0) -> bool:
     returned = []
     for expr in helper.returns:  # `return FSDP(model)`, or `return model` after `model = FSDP(model)`
         returned.extend([value for value, _ in facts.bindings(dotted_name(expr), helper)] or [expr])
-    sites = [_call_sites(facts).get(id(value)) for value in returned]
+    sites = [facts.call_site(value) for value in returned]
     return all(
         site is not None and site.node.args and dotted_name(site.node.args[0].value) in helper.params and _wraps(site, facts, depth + 1)
         for site in sites
     )
-
-
-def _call_sites(facts: AmpFacts) -> dict[int, CallSite]:
-    """The file's calls by the id of their node."""
-    return cached(facts, "AMP002 call sites", lambda: {id(c.node): c for c in facts.calls})
 
 
 def _only_inspects(call: CallSite, facts: AmpFacts) -> bool:

@@ -157,11 +157,11 @@ def _skip_flags(facts: AmpFacts, function) -> set[str]:
     step helper that returns such a test (K-Planes: `step_successful = self.train_step(data)`,
     which returns `scale <= self.gscaler.get_scale()`): tests on them are skip checks."""
     flags = set()
-    calls = {id(call.node): call for call in function.calls}
     for assignment in facts.assignments:
         if assignment.where.scope.function_scope is not function:
             continue
-        helper = facts.called_function(calls[id(assignment.value)]) if id(assignment.value) in calls else None
+        site = facts.call_site(assignment.value)
+        helper = facts.called_function(site) if site is not None else None
         if _SKIP_CHECK.search(facts.module.code_for_node(assignment.value)) or (helper and _returns_a_skip_test(facts, helper)):
             flags.add(assignment.key.split(".")[-1])
     return flags
