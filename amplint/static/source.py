@@ -87,3 +87,26 @@ def physical_lines(text: str) -> list[str]:
 def lines_with_endings(text: str) -> list[str]:
     """The lines, each with its own ending."""
     return _LINE.findall(text)
+
+
+def code_only(text: str) -> str:
+    """The text with its comments and string literals blanked (lines and columns kept): what a
+    text search for code reads, so that a word in a comment, a docstring or a message never
+    counts as code. Text that does not tokenize (a fragment) is returned as it is."""
+    lines = lines_with_endings(text)
+    blanked = [list(line) for line in lines]
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type not in (tokenize.COMMENT, tokenize.STRING):
+                continue
+            (first, start), (last, end) = token.start, token.end
+            for row in range(first - 1, last):
+                line = blanked[row]
+                stop = end if row == last - 1 else len(line)
+                for column in range(start if row == first - 1 else 0, stop):
+                    if line[column] not in "\r\n":
+                        line[column] = " "
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return text
+    return "".join("".join(line) for line in blanked)
+

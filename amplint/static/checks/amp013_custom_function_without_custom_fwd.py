@@ -12,8 +12,18 @@ from amplint.static import names
 from amplint.static.checks import FixPlan, Hit, Replacement
 from amplint.static.checks import _training_step as ts
 from amplint.static.semantics import (
-    AmpFacts, CallSite, Scope, argument, children, descendants, dotted_name, identifiers, is_none, mutually_exclusive,
+    AmpFacts,
+    CallSite,
+    Scope,
+    argument,
+    children,
+    descendants,
+    dotted_name,
+    identifiers,
+    is_none,
+    mutually_exclusive,
 )
+from amplint.static.source import code_only
 
 CODE = "AMP013"
 
@@ -176,7 +186,7 @@ def _undecorated(
         )
     elif backward is None:
         return  # forward-only: its ops are autocast's as anywhere else, and no backward to mismatch
-    elif _AUTOCAST_OPS.search(facts.module.code_for_node(forward.body)):
+    elif _AUTOCAST_OPS.search(code_only(facts.module.code_for_node(forward.body))):
         message = (
             f"`{scope.name}` is a custom autograd.Function without `@torch.amp.custom_fwd`: under "
             f"autocast the matmuls, convolutions or extension calls in its forward run in float16 "

@@ -10,6 +10,7 @@ import libcst as cst
 from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.semantics import AmpFacts, CallSite, dotted_name
+from amplint.static.source import code_only
 
 CODE = "AMP015"
 
@@ -73,7 +74,7 @@ def _target_does_no_tensor_work(facts: AmpFacts, target: cst.BaseExpression | No
     function = facts._function_named(target, call.scope)
     if function is None:
         return False
-    text = facts.module.code_for_node(function.node)
+    text = code_only(facts.module.code_for_node(function.node))
     if _MODEL_WORK.search(text) or any(_torch_compute(c) for c in function.calls):
         return False
     bookkeeping = all(

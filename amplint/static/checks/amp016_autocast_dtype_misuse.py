@@ -19,6 +19,7 @@ from amplint.static.semantics import (
     dotted_name,
     string_literal,
 )
+from amplint.static.source import code_only
 
 CODE = "AMP016"
 
@@ -76,7 +77,7 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
             and not _named_for_bfloat16(call)
         ):
             if guarded is None:
-                guarded = bool(rg.BF16_SUPPORT_CHECK.search(facts.text)) or _needs_bf16_hardware(facts)
+                guarded = bool(rg.BF16_SUPPORT_CHECK.search(code_only(facts.text))) or _needs_bf16_hardware(facts)
             if not guarded:
                 # A GradScaler matters only where float16 gradients are computed.
                 fallback = "float16 with a GradScaler" if rg.trains(facts) and not rg.inference_only(facts, call) else "float16"
