@@ -1,4 +1,4 @@
-"""Shared queries about autocast constructions for AMP009, AMP010, AMP014-AMP017."""
+"""Shared queries about autocast constructions and casts for AMP002, AMP009, AMP010, AMP014-AMP017."""
 
 from __future__ import annotations
 
@@ -19,6 +19,21 @@ BF16_SUPPORT_CALL = re.compile(r"is_bf16_supported|bf16_supported|get_device_cap
 BF16_SUPPORT_CHECK = re.compile(BF16_SUPPORT_CALL.pattern + r"|is_ampere|sm_?8\d|\bcapability\b")
 _EVAL_FUNCTION = re.compile(r"eval|valid|test|infer|predict(?!or)|generat|sampl|inference|benchmark|export|trace|profil|serve|serving")
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad"}
+
+
+# Methods that return the module or tensor they are called on, moved, cast or switched.
+SAME_OBJECT = frozenset({"to", "cuda", "cpu", "half", "float", "bfloat16", "eval", "train", "requires_grad_", "type"})
+
+
+def chain_below(call: CallSite) -> tuple[list[cst.Call], cst.BaseExpression | None]:
+    """The same-object calls a cast is made on, innermost first, and what they start from:
+    `model.cuda()` and `model` for `model.cuda().bfloat16()`, `Net()` for `Net().cuda().half()`."""
+    calls: list[cst.Call] = []
+    node = call.receiver
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in SAME_OBJECT:
+        calls.insert(0, node)
+        node = node.func.value
+    return calls, node
 
 
 def autocasts(facts: AmpFacts) -> list[tuple[CallSite, Autocast]]:

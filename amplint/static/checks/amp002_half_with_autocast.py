@@ -157,7 +157,7 @@ def _checkpoint_surgery(call: CallSite, facts: AmpFacts) -> bool:
     function = call.scope.function_scope
     if _amp_anchors(facts)[id(function)] or not any(c.qualname in _CHECKPOINT_READS for c in function.calls):
         return False
-    computed = _chain_below(call)[1]
+    computed = rg.chain_below(call)[1]
     if isinstance(computed, cst.Subscript):  # `checkpoint["pos_embed"].half()`
         return True
     function_name = (dotted_name(computed.func) or "").rsplit(".", 1)[-1] if isinstance(computed, cst.Call) else ""
@@ -413,7 +413,7 @@ def _created_in_low_precision(call: CallSite, facts: AmpFacts) -> bool:
     scale in apex's kernel tests; `torch.tensor([2.0]).cuda().half()`): creation with a dtype, which
     the rule leaves alone when it is written `dtype=torch.float16`, not a conversion of the model
     or of its data. `torch.tensor(batch).half()` converts data and stays reported."""
-    created = _chain_below(call)[1]
+    created = rg.chain_below(call)[1]
     if not isinstance(created, cst.Call):
         return False
     factory = facts.qualname(created.func, call.scope)
@@ -911,7 +911,7 @@ def _hands_on(call: CallSite, subjects: set[str], facts: AmpFacts) -> bool:
     (`ref = FSDP(ref)`, `ref = accelerator.prepare(ref)`), when what it gives back is bound to
     names that are followed in turn, or dropped. A model handed on anywhere else
     (`DDP(ref)(x)`, `ref, opt = accelerator.prepare(ref, opt)`) counts as run."""
-    if call.method in _SAME_OBJECT | _SUBMODULE_GETTERS:
+    if call.method in rg.SAME_OBJECT | _SUBMODULE_GETTERS:
         handed = any(_names_or_a_part_of(call.receiver_key, subject) for subject in subjects)
     else:
         handed = bool(call.node.args) and dotted_name(call.node.args[0].value) in subjects and _wraps(call, facts)
@@ -926,7 +926,7 @@ def _model_after(node: cst.Call, facts: AmpFacts) -> cst.Call:
     on it that return it or a part of it (`.get_decoder().cuda()`) and the wrappers it is handed
     straight to (`DDP(Net().half().cuda())`)."""
     while True:
-        node = [node, *_methods_called_on(node, facts, _SAME_OBJECT | _SUBMODULE_GETTERS)][-1]
+        node = [node, *_methods_called_on(node, facts, rg.SAME_OBJECT | _SUBMODULE_GETTERS)][-1]
         wrapper = _handed_to(node, facts)
         site = facts.call_site(wrapper)
         if site is None or wrapper.args[0].value is not node or not _wraps(site, facts):
@@ -972,7 +972,7 @@ def _names_bound_to(node: cst.CSTNode, facts: AmpFacts) -> set[str]:
 
 def _same_object_chain(call: CallSite, facts: AmpFacts) -> list[cst.Call]:
     """The calls of `x.to(device).half().eval()` around a cast, innermost first, outermost last."""
-    return [*_chain_below(call)[0], call.node, *_methods_called_on(call.node, facts, _SAME_OBJECT)]
+    return [*rg.chain_below(call)[0], call.node, *_methods_called_on(call.node, facts, rg.SAME_OBJECT)]
 
 
 def _freezes(node: cst.Call, where: Context, facts: AmpFacts) -> bool:
@@ -983,23 +983,9 @@ def _freezes(node: cst.Call, where: Context, facts: AmpFacts) -> bool:
     return is_false(flag) or dotted_name(flag) in facts.failed_conditions(where)
 
 
-# Methods that return the module or tensor they are called on, moved, cast or switched.
-_SAME_OBJECT = frozenset({"to", "cuda", "cpu", "half", "float", "bfloat16", "eval", "train", "requires_grad_", "type"})
-
-
-def _chain_below(call: CallSite) -> tuple[list[cst.Call], cst.BaseExpression | None]:
-    """The same-object calls a cast is made on, innermost first, and what they start from."""
-    calls: list[cst.Call] = []
-    node = call.receiver
-    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _SAME_OBJECT:
-        calls.insert(0, node)
-        node = node.func.value
-    return calls, node
-
-
 def _converted(call: CallSite) -> str | None:
     """The name of what a conversion converts: `teacher` in `teacher.to(device).half()`."""
-    return dotted_name(_chain_below(call)[1])
+    return dotted_name(rg.chain_below(call)[1])
 
 
 def _may_scale(facts: AmpFacts) -> bool:
@@ -1068,7 +1054,7 @@ def _is_data(call: CallSite, facts: AmpFacts) -> bool:
         return False
     if _converts_parameter_storage(call, facts):
         return False
-    converted = _chain_below(call)[1]
+    converted = rg.chain_below(call)[1]
     text = facts.module.code_for_node(converted) if converted is not None else ""
     if any(_DATA_WORD.match(word) for word in re.findall(r"[A-Za-z_]\w*", text.lower())):
         return True
@@ -1087,7 +1073,7 @@ def _converts_parameter_storage(call: CallSite, facts: AmpFacts) -> bool:
     tensor.to(torch.bfloat16)` in SimpleTuner's trainer): assigning to `.data` replaces a
     parameter's storage in place, converting the model's weights; inputs are rebound, never
     written through `.data`."""
-    converted = _chain_below(call)[1]
+    converted = rg.chain_below(call)[1]
     sources = [converted] if converted is not None else []
     bound = facts.reaching_assignment(dotted_name(converted), call.where) if isinstance(converted, cst.Name) else None
     if bound is not None:

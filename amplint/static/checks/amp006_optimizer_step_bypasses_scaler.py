@@ -10,62 +10,74 @@ import libcst as cst
 from amplint.model import Applicability
 from amplint.static.checks import FixPlan, Hit
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, dotted_name
+from amplint.static.semantics import AmpFacts, Scope, dotted_name, identifiers
 
 CODE = "AMP006"
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
     reported: set[int] = set()
-    for function in ts.functions_with_events(facts):
-        events = ts.events_of(facts, function)
-        scaled = [e for e in events if e.kind == "scale_backward"]
-        if not scaled:
+    # A step is judged first in the function it is written in, then as a helper's step seen from
+    # its callers: the fix can only be built where `opt.step()` is written, and a caller analysed
+    # earlier (`main()` called at module level) must not claim the step without one.
+    for written_here in (True, False):
+        for function in ts.functions_with_events(facts):
+            yield from _steps_bypassing_the_scaler(facts, function, written_here, reported)
+
+
+def _steps_bypassing_the_scaler(facts: AmpFacts, function: Scope, written_here: bool, reported: set[int]) -> Iterator[Hit]:
+    """The optimizer steps of a function's events, those written in it or those of the helpers it
+    calls, that follow a scaled backward without going through the scaler."""
+    events = ts.events_of(facts, function)
+    scaled = [e for e in events if e.kind == "scale_backward"]
+    if not scaled:
+        return
+    scaler_steps = [e for e in events if e.kind == "step"]
+    for event in events:
+        if event.kind != "opt_step" or id(event.call.node) in reported or (event.anchor is event.call.where) != written_here:
             continue
-        scaler_steps = [e for e in events if e.kind == "step"]
-        for event in events:
-            if event.kind != "opt_step" or id(event.call.node) in reported:
-                continue
-            if "scaler" in facts.module.code_for_node(event.call.node).lower():
-                continue  # a custom optimizer that is handed the scaler (`opt.step(grad_scaler=...)`)
-            again = _stepped_by_the_scaler_before(facts, event, scaler_steps)
-            if again is not None:
-                reported.add(id(event.call.node))
-                yield Hit(
-                    event.call.node,
-                    f"`{event.target}.step()` runs again after `{again.scaler}.step({again.target})` (line "
-                    f"{{0}}) in the same iteration: the weights are updated twice, and the second update "
-                    f"applies the steps the scaler skipped for inf/NaN gradients; remove it, or make it "
-                    f"the other branch of the `if` that chooses AMP",
-                    event.call.where.statement,
-                    related=(again.call.node,),
-                )
-                continue
-            if any(ts.same_object(s.target, event.target) for s in scaler_steps) or _fed_by_its_own_backward(facts, event):
-                continue
-            # A scaled backward before the step, or after it in a loop both run in (the next
-            # iteration's step follows it); one that only follows the step is not its partner.
-            partners = [
-                s for s in scaled
-                if not ts.exclusive(facts, s, event) and (s.order < event.order or _share_a_loop(s, event))
-                and not _own_plain_backward(facts, s, event, events)
-            ]
-            if not partners:
-                continue
+        if "scaler" in identifiers(event.call.node).lower():
+            # A custom optimizer that is handed the scaler (`opt.step(grad_scaler=...)`); a comment
+            # in the call that names it hands nothing.
+            continue
+        again = _stepped_by_the_scaler_before(facts, event, scaler_steps)
+        if again is not None:
             reported.add(id(event.call.node))
-            before = [s for s in partners if s.order < event.order]
-            partner = before[-1] if before else partners[0]
-            scaler = partner.scaler
             yield Hit(
                 event.call.node,
-                f"`{event.target}.step()` is called directly after `{scaler}.scale(...).backward()` "
-                f"(line {{0}}): the gradients are still multiplied by the scale and steps with inf/NaN "
-                f"gradients are not skipped; call `{scaler}.step({event.target})` and then "
-                f"`{scaler}.update()`",
+                f"`{event.target}.step()` runs again after `{again.scaler}.step({again.target})` (line "
+                f"{{0}}) in the same iteration: the weights are updated twice, and the second update "
+                f"applies the steps the scaler skipped for inf/NaN gradients; remove it, or make it "
+                f"the other branch of the `if` that chooses AMP",
                 event.call.where.statement,
-                _fix(facts, event, scaler, events) if _same_condition(partner, event) else None,
-                related=(partner.call.node,),
+                related=(again.call.node,),
             )
+            continue
+        if any(ts.same_object(s.target, event.target) for s in scaler_steps) or _fed_by_its_own_backward(facts, event):
+            continue
+        # A scaled backward before the step, or after it in a loop both run in (the next
+        # iteration's step follows it); one that only follows the step is not its partner.
+        partners = [
+            s for s in scaled
+            if not ts.exclusive(facts, s, event) and (s.order < event.order or _share_a_loop(s, event))
+            and not _own_plain_backward(facts, s, event, events)
+        ]
+        if not partners:
+            continue
+        reported.add(id(event.call.node))
+        before = [s for s in partners if s.order < event.order]
+        partner = before[-1] if before else partners[0]
+        scaler = partner.scaler
+        yield Hit(
+            event.call.node,
+            f"`{event.target}.step()` is called directly after `{scaler}.scale(...).backward()` "
+            f"(line {{0}}): the gradients are still multiplied by the scale and steps with inf/NaN "
+            f"gradients are not skipped; call `{scaler}.step({event.target})` and then "
+            f"`{scaler}.update()`",
+            event.call.where.statement,
+            _fix(facts, event, scaler, events) if _same_condition(partner, event) else None,
+            related=(partner.call.node,),
+        )
 
 
 def _stepped_by_the_scaler_before(facts: AmpFacts, step: ts.Event, scaler_steps: list[ts.Event]) -> ts.Event | None:

@@ -45,9 +45,18 @@ def _bf16_model(facts: AmpFacts) -> CallSite | None:
             )
         if not bf16:
             continue
-        if facts.value_kind(call.receiver, call.scope) == "model" or _MODEL_NAME.search((call.receiver_key or "").split(".")[-1].lower()):
+        # What the cast converts: the start of the calls that return their module before it
+        # (`model.cuda().bfloat16()`, `Net().to(device).bfloat16()`), a model by kind or name.
+        converted = rg.chain_below(call)[1]
+        if facts.value_kind(converted, call.scope) == "model" or _MODEL_NAME.search(_name_of(converted).lower()):
             return call
     return None
+
+
+def _name_of(converted: cst.BaseExpression | None) -> str:
+    """The last name of a variable or attribute, or of the class a constructor call builds."""
+    named = converted.func if isinstance(converted, cst.Call) else converted
+    return (dotted_name(named) or "").split(".")[-1]
 
 
 def _built_only_for_bf16(facts: AmpFacts, call: CallSite) -> cst.BaseExpression | None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import io
 import re
 import tokenize
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import libcst as cst
 
 from amplint.model import Applicability
 from amplint.static import names
+from amplint.static.source import code_only
 from amplint.static.checks import FixPlan, Hit, Replacement
 from amplint.static.checks import _training_step as ts
 from amplint.static.semantics import (
@@ -198,8 +199,40 @@ def _saves_a_scaler_state(facts: AmpFacts) -> bool:
             return True
         run = _call_it_runs(facts, call)  # `Thread(target=save_checkpoint, args=(..., scaler))` hands it too
         if _saves_or_restores_a_checkpoint(run.name) and any(
-            _names_a_scaler(facts, facts.module.code_for_node(arg.value), call.scope) for arg in run.node.args
+            _holds_a_scaler(facts, facts.module.code_for_node(arg.value), call.scope) for arg in run.node.args
         ):
+            return True
+    return False
+
+
+# A name or attribute chain in code, then whether it is called: `self.scaler.state_dict(`.
+_DOTTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*)(\s*\()?")
+_KEYWORD = re.compile(r"\s*=(?!=)")
+
+
+def _holds_a_scaler(facts: AmpFacts, code: str, scope: Scope, state_variables: Collection[str] = ()) -> bool:
+    """Whether code that fills a checkpoint or is handed to a save helper holds a GradScaler or its
+    state: a scaler (`self.scaler`, `scaler if cfg.TRAIN.MIXED_PRECISION else None`), a name that
+    says it is one (`scaler_state`, `loss_scaler`), a scaler's `state_dict()` (apex's
+    `amp.state_dict()`) or a name bound to one (`state_variables`). A word in a string literal
+    (`"precision": "amp"`, the key `"scaler"` itself), a flag (`"amp": args.amp`) and a keyword's
+    name (`dict(scaler=None)`) hold nothing."""
+    code = code_only(code)
+    feature_scalers = ts.feature_scalers(facts)
+    for match in _DOTTED.finditer(code):
+        if _KEYWORD.match(code, match.end(1)):
+            continue
+        segments = [segment.strip() for segment in match.group(1).split(".")]
+        prefixes = [".".join(segments[:length]) for length in range(1, len(segments) + 1)]
+        if any(
+            prefix in state_variables
+            or facts.is_scaler(prefix, scope)
+            or ("scaler" in prefix.split(".")[-1].lower() and prefix not in feature_scalers)
+            for prefix in prefixes
+        ):
+            return True
+        called_state_dict = match.group(2) and len(segments) > 1 and segments[-1] == "state_dict"
+        if called_state_dict and _names_a_scaler(facts, prefixes[-2], scope):
             return True
     return False
 
@@ -508,9 +541,9 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
         return None
     dict_node, texts = built
     text = _without_comments("\n".join(texts))  # `# "scaler": scaler.state_dict(),  # TODO` saves nothing
-    if _SCALER.search(_without_feature_scalers(facts, text)) or not _OPTIMIZER_STATE.search(text):
-        return None
-    if any(re.search(rf"\b{re.escape(name)}\b", text) for name in _scaler_state_variables(facts, dict_node)):
+    # Strings blanked fill by fill: one that does not tokenize leaves the others blanked.
+    code = "\n".join(code_only(fill) for fill in texts)
+    if not _OPTIMIZER_STATE.search(text) or _holds_a_scaler(facts, code, call.scope, _scaler_state_variables(facts, dict_node)):
         return None
     if isinstance(dict_node, cst.Dict) and any(isinstance(e, cst.StarredDictElement) for e in dict_node.elements):
         return None  # `**extra`: the scaler may be in there
