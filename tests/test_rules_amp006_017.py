@@ -768,7 +768,12 @@ def test_amp013_inputs_cast_to_the_autocast_dtype_by_every_caller_are_not_said_t
     assert "receives a mix" not in cast.message
     assert "cast_inputs" not in cast.message
     assert "backward runs with autocast in an unknown state" in cast.message
-    assert "receives a mix of float16 and float32" in partly_cast.message
+    assert "receives a mix of float16/bfloat16 and float32" in partly_cast.message  # no region says which
+
+
+def test_amp013_names_the_precision_of_the_files_autocast_regions():
+    (finding,) = fixture_findings("AMP013/bad_function_under_bfloat16_autocast.py", "AMP013")
+    assert "receives a mix of bfloat16 and float32" in finding.message
 
 
 # --------------------------------------------------------------------------------- AMP014

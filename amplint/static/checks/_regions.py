@@ -175,6 +175,23 @@ def enabled(region: Autocast) -> bool:
     return region.enabled != "no"
 
 
+def low_precision_words(facts: AmpFacts) -> str:
+    """The low precision the file's enabled autocast regions compute in, as a message says it:
+    "float16", "bfloat16", or "float16/bfloat16" when they differ or are not known."""
+    found: set[str | None] = set()
+    for call, region in autocasts(facts):
+        if not enabled(region):
+            continue
+        if not has_dtype_argument(region, call) and region.device in ("cuda", "cpu"):
+            found.add("torch.float16" if region.device == "cuda" else "torch.bfloat16")  # the device's default
+            continue
+        dtypes = possible_dtypes(facts, region, call)
+        found |= {None} if dtypes is None else dtypes & LOW
+    if len(found) == 1 and None not in found:
+        return next(iter(found)).removeprefix("torch.")
+    return "float16/bfloat16"
+
+
 def inference_only(facts: AmpFacts, call: CallSite) -> bool:
     """Code under no_grad/inference_mode or in an evaluation function never back-propagates."""
     return in_no_grad(facts, call) or in_eval_function(call)

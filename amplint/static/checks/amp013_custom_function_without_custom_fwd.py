@@ -10,6 +10,7 @@ import libcst as cst
 from amplint.model import Applicability
 from amplint.static import names
 from amplint.static.checks import FixPlan, Hit, Replacement
+from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
 from amplint.static.semantics import (
     AmpFacts,
@@ -177,10 +178,11 @@ def _undecorated(
     # Callers that cast every input to the autocast dtype leave forward no mix; its backward still
     # runs outside the autocast state forward ran with.
     callers_cast = mixes_inputs and _applied_only_on_autocast_dtype(facts, scope)
+    low = rg.low_precision_words(facts)
     if mixes_inputs and not callers_cast:
         message = (
             f"`{scope.name}` is a custom autograd.Function without `@torch.amp.custom_fwd`: under "
-            f"autocast its forward receives a mix of float16 and float32 tensors"
+            f"autocast its forward receives a mix of {low} and float32 tensors"
             + (" (and its backward runs with autocast in an unknown state)" if backward is not None else "")
             + f"; {decorate}"
         )
@@ -189,15 +191,15 @@ def _undecorated(
     elif _AUTOCAST_OPS.search(code_only(facts.module.code_for_node(forward.body))):
         message = (
             f"`{scope.name}` is a custom autograd.Function without `@torch.amp.custom_fwd`: under "
-            f"autocast the matmuls, convolutions or extension calls in its forward run in float16 "
+            f"autocast the matmuls, convolutions or extension calls in its forward run in {low} "
             f"while its backward runs with autocast in an unknown state, so the gradients mix "
-            f"float16 and float32; {decorate}"
+            f"{low} and float32; {decorate}"
         )
     elif _recomputes_in_backward(facts, backward):
         message = (
             f"`{scope.name}` recomputes forward in `backward` without the autocast state forward ran "
             f"with: backward runs outside autocast, so the recomputed activations are float32 where "
-            f"forward's were float16; record `torch.is_autocast_enabled()` and "
+            f"forward's were {low}; record `torch.is_autocast_enabled()` and "
             f"`torch.get_autocast_dtype(...)` on ctx in forward and re-enter `torch.autocast(...)` with "
             f"them around the recomputation, or decorate `forward` with "
             f"`@torch.amp.custom_fwd(device_type=...)` and `backward` with `@torch.amp.custom_bwd(device_type=...)`"
