@@ -530,6 +530,13 @@ def test_a_stored_baseline_finds_the_specs_classes_after_the_spec_moves(tmp_path
     assert later.returncode == 0, later.stderr
 
 
+def test_a_dataset_class_of_the_spec_reaches_dataloader_workers_started_by_spawn(tmp_path):
+    result = amplint(str(FIXTURES / "dataloader_spawn_workers.py"), "--no-gains", "--json", str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [case["id"] for case in report["baseline"]["cases"]] == [f"review-{index}" for index in range(8)]
+
+
 @pytest.mark.parametrize(
     "container",
     [

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pickle
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -184,6 +188,23 @@ def test_a_spec_can_import_a_helper_beside_it(tmp_path):
 def test_a_spec_may_use_dataclasses(tmp_path):
     spec = load_spec(write_spec(tmp_path, "import dataclasses\n@dataclasses.dataclass\nclass Config:\n    width: int = 2\n" + MINIMAL))
     assert spec.model().out_features == 2
+
+
+def test_specs_named_like_a_module_or_like_each_other_stay_apart_and_import_again_in_a_new_process(tmp_path):
+    """A spawned DataLoader worker unpickles the spec's classes by module name: a fresh process
+    must find each spec's own file, and `json.py` must not take the place of the real `json`."""
+    markers = []
+    for folder in ("first", "second"):
+        (tmp_path / folder).mkdir()
+        body = f"class Marker:\n    WHERE = {folder!r}\ndef model():\n    pass\ndef cases():\n    return []\n"
+        spec = load_spec(write_spec(tmp_path / folder, body, name="json.py"))
+        markers.append(vars(sys.modules[spec.model.__module__])["Marker"]())
+    assert sys.modules["json"].__file__ != str(tmp_path / "second" / "json.py")
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import pickle, sys; print(*(m.WHERE for m in pickle.load(sys.stdin.buffer)))"],
+        input=pickle.dumps(markers), capture_output=True, check=False, cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert fresh.stdout.decode().split() == ["first", "second"], fresh.stderr.decode()
 
 
 def test_criteria_changed_since_a_baseline_are_named_one_by_one():

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from amplint.compare.spec import SPEC_MODULE_PREFIX
+from amplint.compare.spec_modules import PREFIX as SPEC_MODULE_PREFIX
 
 ROOT = "output"
 
@@ -113,6 +113,8 @@ _THE_SPEC = "<spec>"  # a class the spec file itself defines
 
 
 def _module_of(cls: type) -> str:
+    # Not the spec's import name (its path's digest): a spec moved to another folder or machine
+    # still finds its classes in a stored baseline.
     return _THE_SPEC if cls.__module__.startswith(SPEC_MODULE_PREFIX) else cls.__module__
 
 

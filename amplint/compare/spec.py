@@ -8,7 +8,6 @@ one line of text; the command prefixes it with the spec's path.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import importlib.util
 import os
 import sys
@@ -17,12 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from amplint.compare import spec_modules
 from amplint.compare.criteria import Criteria, parse_criteria
 from amplint.compare.errors import CompareError, describe_exception
-
-# The spec is imported under this prefix and a digest of its path; a stored baseline names the
-# spec's own classes without it, so that a spec moved to another folder or machine still finds them.
-SPEC_MODULE_PREFIX = "amplint_compare_spec_"
 
 # Autocast lower-precision dtypes amplint can try, with the spellings accepted for them.
 TRIAL_DTYPES = {
@@ -180,18 +176,14 @@ def _defined_in(value: object, module_name: str) -> bool:
     return owner == module_name if callable(value) else True
 
 
-def spec_module_name(path: str) -> str:
-    """The name the spec at `path` is imported under: its own, whatever other specs are loaded."""
-    return SPEC_MODULE_PREFIX + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
-
-
 def _import_spec(path: str):
     if not os.path.exists(path):
         raise CompareError("no such file")
     if os.path.isdir(path):
         raise CompareError("is a directory, not a spec file")
     absolute = os.path.abspath(path)
-    module_spec = importlib.util.spec_from_file_location(spec_module_name(path), absolute)
+    # Registered so that a DataLoader worker started by spawn can import the spec's classes again.
+    module_spec = importlib.util.spec_from_file_location(spec_modules.register(path), absolute)
     if module_spec is None or module_spec.loader is None:
         raise CompareError("cannot be imported as a Python file")
     module = importlib.util.module_from_spec(module_spec)

@@ -19,7 +19,7 @@ import torch
 from amplint.compare import outputs as out
 from amplint.compare.errors import CompareError, describe_exception
 from amplint.compare.run import Baseline, Prepared
-from amplint.compare.spec import spec_module_name
+from amplint.compare.spec_modules import module_name as spec_module_name
 
 FORMAT = "amplint-compare-baseline"
 VERSION = 1
