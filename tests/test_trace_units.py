@@ -16,7 +16,7 @@ from amplint.model import Finding, Severity  # noqa: E402
 from amplint.trace import policy  # noqa: E402
 from amplint.trace.confirm import Facts, confirm_findings  # noqa: E402
 from amplint.trace.report import merge_reports, nonfinite_section, rank_path  # noqa: E402
-from amplint.trace.state import DeferredValues, NonFinite, ScalerInfo, ScalerStep, SchedulerStep, TraceState  # noqa: E402
+from amplint.trace.state import ClipEvent, DeferredValues, NonFinite, ScalerInfo, ScalerStep, SchedulerStep, TraceState  # noqa: E402
 
 FILE = os.path.abspath("train.py")
 
@@ -70,16 +70,19 @@ def _scaler(state: TraceState, line: int, steps: int) -> None:
 
 
 def test_a_flagged_scaler_line_is_confirmed_when_the_run_rebuilds_it() -> None:
-    """The static finding says the loop is per batch or per epoch; the run confirms any rebuild."""
+    """The static finding says the loop is per batch or per epoch; the run confirms any rebuild.
+    One construction refutes nothing: a one-epoch run never came round to rebuild a per-epoch one."""
     per_batch, per_epoch, once = TraceState(), TraceState(), TraceState()
     for _ in range(5):
         _scaler(per_batch, 12, steps=1)
     for _ in range(3):
         _scaler(per_epoch, 12, steps=4)
     _scaler(once, 12, steps=50)
+    once.lines_seen.add((FILE, 12))
     assert statuses([finding("AMP004", 12)], per_batch)[0][3:] == ("confirmed", 5)
     assert statuses([finding("AMP004", 12)], per_epoch)[0][3:] == ("confirmed", 3)
-    assert statuses([finding("AMP004", 12)], once)[0][3:] == ("refuted", 0)
+    [result], _ = confirm_findings([finding("AMP004", 12)], {"train.py": FILE}, facts_for(once))
+    assert result["status"] == "not-reached" and "took 50 step(s)" in result["evidence"]["note"]
 
 
 def test_a_runtime_only_scaler_finding_needs_one_scaler_per_step() -> None:
@@ -255,8 +258,13 @@ def test_scheduler_after_skip_upgrades_amp011_severity() -> None:
     info = Finding("AMP011", "scheduler-on-skipped-step", Severity.INFO, "train.py", 22, 1, 22, 10, "static message")
     results, _ = confirm_findings([info], {"train.py": FILE}, facts)
     assert results[0]["severity"] == "warning" and results[0]["evidence"]["severity_upgraded"] is True
-    state.scheduler_steps = [SchedulerStep((FILE, 22), 1, 3, None)]
-    results, _ = confirm_findings([info], {"train.py": FILE}, facts_for(state))
+    # A guarded scheduler: the scaler skipped step 2, and the scheduler stepped only after step 3.
+    applied = ScalerStep(0, 1, 3, (FILE, 20), applied=True)
+    state.scalers = [ScalerInfo(0, (FILE, 9), None, True, "cpu", 256.0, scale_calls=4)]
+    state.scaler_steps = [skipped, applied]
+    state.scheduler_steps = [SchedulerStep((FILE, 22), 1, 4, applied)]
+    facts.applied[id(applied)] = True
+    results, _ = confirm_findings([info], {"train.py": FILE}, facts)
     assert results[0]["severity"] == "info" and results[0]["status"] == "refuted"
 
 
@@ -498,3 +506,129 @@ def test_a_loss_comes_from_the_regions_whose_autograd_nodes_its_graph_holds() ->
     loss = out.float().sum()
     assert Probes._regions_in_graph(loss, [encoder, evaluation, decoder]) == (0, 2)
     assert Probes._regions_in_graph((loss,), [evaluation]) == ()
+
+
+# -- a finding is refuted only where the run did what the rule judges -------------------------------
+def _judged(code: str, state: TraceState, line: int = 20, applied=None) -> tuple[str, dict]:
+    facts = facts_for(state)
+    facts.applied.update(applied or {})
+    results, _ = confirm_findings([finding(code, line)], {"train.py": FILE}, facts)
+    [result] = [r for r in results if r["source"] == "static"]
+    return result["status"], result["evidence"]
+
+
+@pytest.mark.parametrize(
+    ("code", "note"),
+    [
+        ("AMP003", "no backward() or optimizer step was called there"),
+        ("AMP005", "clipped or changed no gradient"),
+        ("AMP006", "no optimizer.step() was called there"),
+        ("AMP011", "no scheduler step was called there"),
+        ("AMP012", "torch.save() was not called there"),
+    ],
+)
+def test_a_line_that_ran_without_the_call_the_rule_judges_is_not_reached(code, note) -> None:
+    """The line ran ops (it computed the loss, say) and the run crashed before its call."""
+    state = TraceState()
+    state.scalers = [ScalerInfo(0, (FILE, 9), None, True, "cpu", 256.0, scale_calls=3)]
+    state.lines_seen = {(FILE, 20)}
+    status, evidence = _judged(code, state)
+    assert status == "not-reached" and note in evidence["note"]
+
+
+def test_scaler_pairing_is_judged_only_once_a_scaler_went_round() -> None:
+    """AMP007's missing update shows at the next step(): a run that stepped once never got there."""
+    state = TraceState()
+    state.scalers = [ScalerInfo(0, (FILE, 9), None, True, "cpu", 256.0, steps=1, scale_calls=1)]
+    state.lines_seen = {(FILE, 20)}
+    status, evidence = _judged("AMP007", state)
+    assert status == "not-reached" and "more than once" in evidence["note"]
+    state.scalers[0].steps = 3
+    assert _judged("AMP007", state)[0] == "refuted"
+
+
+def test_unscale_per_microbatch_is_judged_only_once_an_unscale_reached_an_update() -> None:
+    state = TraceState()
+    info = ScalerInfo(0, (FILE, 9), None, True, "cpu", 256.0, steps=1, scale_calls=2)
+    info.last_unscale = {1: ((FILE, 20), 2)}
+    state.scalers = [info]
+    state.lines_seen = {(FILE, 20)}
+    assert _judged("AMP008", state)[0] == "not-reached"  # the run ended before update()
+    info.windows = [((FILE, 24), (1,))]
+    assert _judged("AMP008", state)[0] == "refuted"
+
+
+def test_a_save_is_judged_only_when_it_held_an_optimizer_state_and_a_scaler_was_alive() -> None:
+    state = TraceState()
+    state.scalers = [ScalerInfo(0, (FILE, 9), None, True, "cpu", 256.0, scale_calls=3)]
+    record = {"site": (FILE, 20), "saves": 2, "with_optimizer_state": 0, "with_scaler_state": 0, "missing_scaler_state": 0}
+    state.saves = {(FILE, 20): record}
+    status, evidence = _judged("AMP012", state)
+    assert status == "not-reached" and "never with an optimizer state" in evidence["note"]
+    record.update(with_optimizer_state=2)  # saved while no enabled scaler was alive
+    assert _judged("AMP012", state)[0] == "not-reached"
+    record.update(with_scaler_state=2)
+    assert _judged("AMP012", state)[0] == "refuted"
+
+
+def test_a_compiled_forward_under_autocast_with_no_backward_after_it_is_not_reached() -> None:
+    state = TraceState()
+    state.compiled = [{"site": (FILE, 20), "backend": "inductor", "calls": 2, "calls_under_autocast": 2, "mismatched_backwards": 0, "backwards_with_setting": 0}]
+    status, evidence = _judged("AMP017", state)
+    assert status == "not-reached" and "no backward() ran" in evidence["note"]
+    state.backward_calls[(FILE, 30)] = [2, 0]  # backward ran, inside autocast: no mismatch
+    state.lines_seen = {(FILE, 20)}
+    facts = facts_for(state)
+    results, _ = confirm_findings([finding("AMP017", 20)], {"train.py": FILE}, facts)
+    assert results[0]["status"] == "refuted"
+
+
+def _custom_fwd_function(state: TraceState, dtype: str) -> None:
+    state.custom_functions = {
+        object: {
+            "class": "Fn", "kind": "fwd-without-bwd", "defined_at": (FILE, 7), "span": (FILE, 7, 16),
+            "forward_at": (FILE, 8), "calls_under_autocast": 2, "mixed_calls": 0, "sites": {(FILE, 30): 2},
+            "autocast": ("cpu", dtype),
+        }
+    }
+
+
+def test_custom_fwd_without_custom_bwd_names_the_dtype_forward_ran_in() -> None:
+    state = TraceState()
+    _custom_fwd_function(state, "bfloat16")
+    status, evidence = _judged("AMP013", state, line=14)
+    assert status == "not-reached" and "no backward() ran after Fn.forward" in evidence["note"]
+    state.backward_calls[(FILE, 32)] = [0, 2]
+    results, _ = confirm_findings([], {"train.py": FILE}, facts_for(state))
+    assert results[0]["evidence"]["autocast"] == {"device": "cpu", "dtype": "bfloat16"}
+    assert "autocast(cpu, bfloat16)" in results[0]["message"] and "float16" not in results[0]["message"].replace("bfloat16", "")
+
+
+def test_a_disabled_region_finding_names_the_dtypes_its_ops_received() -> None:
+    state = TraceState()
+    state.disabled_region_ops[((FILE, 25), (FILE, 26), "aten::addmm", ("float32", "bfloat16", "float32"), "bfloat16", (FILE, 20), "cpu")] = 3
+    [result] = confirm_findings([], {"train.py": FILE}, facts_for(state))[0]
+    assert "received bfloat16 tensors" in result["message"] and "float16/" not in result["message"]
+
+
+@pytest.mark.parametrize(
+    ("construction", "arguments", "switch"),
+    [
+        ('GradScaler("cpu", enabled=args.amp)', '"--amp", action="store_true"', "(enabled=args.amp, set by the script option --amp)"),
+        ("GradScaler(\n    enabled=not args.no_amp,\n)", '"--no_amp", action="store_true"', "(enabled=not args.no_amp, set by the script option --no_amp)"),
+        ('GradScaler("cpu", enabled=(dtype == torch.float16))', '"-d", "--dtype", default="bfloat16"', "(enabled=(dtype == torch.float16), set by the script option --dtype)"),
+        ('GradScaler("cpu", init_scale=2.0**8, enabled=use_amp)', '"--steps", type=int', "(enabled=use_amp)"),
+    ],
+)
+def test_a_scaler_switched_off_leaves_scaled_gradient_findings_unreached_naming_its_switch(tmp_path, construction, arguments, switch) -> None:
+    """However the scaler was switched off, it scaled nothing: the clip before unscale_ it would
+    have made wrong did not happen in this run, which cannot refute the finding."""
+    script = tmp_path / "train.py"
+    script.write_text(f"import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument({arguments})\nscaler = torch.amp.{construction}\n")
+    state = TraceState()
+    state.scalers = [ScalerInfo(0, (str(script), 4), None, False, "cpu", None, disabled_on_request=True, steps=3)]
+    state.clips = [ClipEvent((str(script), 20), "clip_grad_norm_", 0, False, None, None, None)]
+    facts = facts_for(state)
+    results, _ = confirm_findings([finding("AMP005", 20)], {"train.py": str(script)}, facts)
+    assert results[0]["status"] == "not-reached"
+    assert results[0]["evidence"]["note"] == f"the GradScaler built at {os.path.relpath(script)}:4 was off in this run {switch} and scaled nothing: the case the finding is about did not run"

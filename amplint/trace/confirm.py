@@ -2,15 +2,19 @@
 
 A static finding matches runtime events whose user callsite lies in the finding's file and line
 range, or whose call stack went through it (a helper's call: the event inside the helper confirms
-the finding at the call, rather than standing as a second finding). Status: `confirmed` when the problem happened there, `refuted` when the lines ran and it
-did not, `not-reached` when they never ran, or ran without the case the finding is about (a CUDA
-scaler or autocast region that disabled itself on a machine without CUDA; the evidence's `note`).
+the finding at the call, rather than standing as a second finding). Status: `confirmed` when the
+problem happened there; `refuted` only when the run performed the action the rule judges (the
+backward, the clip, the scaler's step and update) there and the problem did not occur;
+`not-reached` when the lines never ran, or ran without that action or without the case the finding
+is about (the run crashed or ended first, a GradScaler that was off or disabled itself and scaled
+nothing, CUDA autocast on a machine without CUDA), which the evidence's `note` says.
 Rules the tracer has no runtime check for are not given a status (they are listed under
 `unchecked_findings` in the report).
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 from collections import defaultdict
@@ -18,7 +22,7 @@ from dataclasses import dataclass, field
 
 from amplint.trace.callsite import Callsite
 from amplint.trace.probes import deprecated_api_of
-from amplint.trace.rule_events import RuleEvent, rule_events
+from amplint.trace.rule_events import RuleEvent, backward_calls, rule_events
 from amplint.trace.state import Conversion, TraceState
 
 CHECKED_CODES = tuple(f"AMP{n:03d}" for n in range(1, 18))
@@ -96,6 +100,14 @@ def _status(confirmed: int, reached: bool) -> str:
     return "confirmed" if confirmed else ("refuted" if reached else "not-reached")
 
 
+def _not_judged(site: _Site, facts: Facts, evidence: dict, what_did_not_run: str):
+    """The action the rule judges did not run at the finding's lines, so the run cannot refute
+    it: `not-reached`, with a note saying what did not run when the lines themselves ran."""
+    if _reached(site, facts):
+        evidence["note"] = what_did_not_run
+    return 0, False, evidence
+
+
 # -- one function per rule: (static site or None) -> (count, reached, evidence) ---------------------
 def _amp003(site: _Site, facts: Facts):
     state = facts.state
@@ -113,7 +125,9 @@ def _amp003(site: _Site, facts: Facts):
         evidence["first_step"] = first["step"]
         if "function" in first:
             evidence["call"] = first["function"]
-    return in_autocast, total > 0 or _reached(site, facts), evidence
+    if not total:
+        return _not_judged(site, facts, evidence, "the line ran, but no backward() or optimizer step was called there")
+    return in_autocast, True, evidence
 
 
 def _scalers_at(site: _Site, facts: Facts):
@@ -148,9 +162,18 @@ def _amp004(site: _Site, facts: Facts):
     _per_iteration, evidence = _scaler_evidence(scalers, facts)
     # The static finding already says the line rebuilds the scaler per batch or per epoch; the
     # run confirms it whenever it built more than one there. (A runtime-only finding needs the
-    # stricter per-iteration evidence: a scaler per fold steps many times and is right.)
-    count = len(scalers) if len(scalers) >= 2 else 0
-    return count, bool(scalers) or _reached(site, facts), evidence
+    # stricter per-iteration evidence: a scaler per fold steps many times and is right.) One
+    # construction refutes nothing: the loop around the line did not come round (a one-epoch
+    # run, a crash), and the tracer does not see a loop that comes round without the line.
+    if len(scalers) >= 2:
+        return len(scalers), True, evidence
+    if scalers:
+        evidence["note"] = (
+            f"one GradScaler was built here and took {scalers[0].steps} step(s): the loop around the line "
+            "did not come round to build another in this run"
+        )
+        return 0, False, evidence
+    return _not_judged(site, facts, evidence, "the line ran, but built no GradScaler")
 
 
 def _clip_evidence(clips, facts: Facts) -> dict:
@@ -171,14 +194,16 @@ def _clip_evidence(clips, facts: Facts) -> dict:
 def _amp005(site: _Site, facts: Facts):
     clips = [c for c in facts.state.clips if site.matches(c.callsite)]
     evidence = _clip_evidence(clips, facts)
+    if clips:
+        return evidence["on_scaled_gradients"], True, evidence
     hits = [h for s, hs in facts.state.watched_hits.items() if site.matches(s) for h in hs]
-    if not clips and hits:  # a `.grad` read/write rather than a clip call
-        scaled = [h for h in hits if h["still_scaled"]]
-        evidence = {"executions": len(hits), "on_scaled_gradients": len(scaled)}
-        if scaled:
-            evidence.update({"first_step": scaled[0]["step"], "scale": _value(facts, scaled[0]["scale_slot"])})
-        return len(scaled), True, evidence
-    return evidence["on_scaled_gradients"], bool(clips) or _reached(site, facts), evidence
+    if not hits:
+        return _not_judged(site, facts, evidence, "the line ran, but clipped or changed no gradient")
+    scaled = [h for h in hits if h["still_scaled"]]  # a `.grad` read/write rather than a clip call
+    evidence = {"executions": len(hits), "on_scaled_gradients": len(scaled)}
+    if scaled:
+        evidence.update({"first_step": scaled[0]["step"], "scale": _value(facts, scaled[0]["scale_slot"])})
+    return len(scaled), True, evidence
 
 
 def _value(facts: Facts, slot):
@@ -234,7 +259,10 @@ def _amp001(site: _Site, facts: Facts, source_line: str = "", column: int = 1):
 
 def _amp006(site: _Site, facts: Facts):
     bypass = _sum_where(site, facts.state.bypass_steps)
-    return bypass, _sum_where(site, facts.state.direct_steps) > 0 or _reached(site, facts), {"steps_bypassing_scaler": bypass}
+    evidence = {"steps_bypassing_scaler": bypass}
+    if not bypass and not _sum_where(site, facts.state.direct_steps):
+        return _not_judged(site, facts, evidence, "the line ran, but no optimizer.step() was called there")
+    return bypass, True, evidence
 
 
 def _scheduler_after_skip(steps, facts: Facts) -> list:
@@ -247,7 +275,58 @@ def _amp011(site: _Site, facts: Facts):
     evidence = {"scheduler_steps": len(steps), "right_after_skipped_step": len(after_skip)}
     if after_skip:
         evidence["skipped_steps"] = [s.after.step for s in after_skip][:20]
-    return len(after_skip), bool(steps) or _reached(site, facts), evidence
+        return len(after_skip), True, evidence
+    if not steps:
+        return _not_judged(site, facts, evidence, "the line ran, but no scheduler step was called there")
+    # What the scheduler does after a skipped step is the question: a run whose scaler skipped
+    # none of its optimizers' steps never asked it.
+    optimizers = {s.optimizer for s in steps}
+    skips = sum(1 for s in facts.state.scaler_steps if s.optimizer in optimizers and facts.applied.get(id(s)) is False)
+    if not skips:
+        evidence["note"] = f"the scaler skipped no step of this scheduler's optimizer in this run ({len(steps)} scheduler step(s)): no skip for it to follow"
+        return 0, False, evidence
+    evidence["skipped_steps_of_its_optimizer"] = skips
+    return 0, True, evidence
+
+
+def _scaler_went_round(facts: Facts) -> str | None:
+    """AMP007 judges the step()/update() sequence from one iteration to the next: None when a
+    scaler stepped or updated more than once, else what did not run."""
+    if any(s.steps >= 2 or len(s.windows) >= 2 for s in facts.state.scalers):
+        return None
+    return "no GradScaler stepped or updated more than once in this run: the next iteration, which the pairing is about, did not run"
+
+
+def _unscale_reached_update(facts: Facts) -> str | None:
+    """AMP008 judges the unscale_() calls before an update(): None when some scaler ran both."""
+    if any(s.last_unscale and s.windows for s in facts.state.scalers):
+        return None
+    return "scaler.unscale_() and a later update() did not both run in this run"
+
+
+def _no_backward_from_region(facts: Facts) -> str:
+    calls = backward_calls(facts.state)
+    if not calls:
+        return "no backward() ran in this run: no loss from this float16 region was backpropagated"
+    return f"backward() ran {calls} time(s), never on a loss computed in this float16 region"
+
+
+# Why a run with no event at a finding's lines that ran did not judge it: the rules whose events
+# record the action they judge (a backward on the region's loss, a scaler built, a save, a
+# compiled call), or whose problem needs a sequence the run may not have got to. None (and rules
+# not listed, whose events are the problem only) means the lines that ran refute the finding.
+_WITHOUT_EVENTS = {
+    "AMP007": _scaler_went_round,
+    "AMP008": _unscale_reached_update,
+    "AMP009": _no_backward_from_region,
+    "AMP010": lambda facts: "the line ran, but built no GradScaler",
+    "AMP012": lambda facts: "the line ran, but torch.save() was not called there",
+    "AMP017": lambda facts: "the line ran, but the compiled model was never called",
+}
+
+
+def _first(items):
+    return next(iter(items), None)
 
 
 def _event_check(code: str):
@@ -256,34 +335,110 @@ def _event_check(code: str):
     def check(site: _Site, facts: Facts):
         events = [e for e in facts.events.get(code, ()) if site.joins(e)]
         count = sum(e.count for e in events)
-        hit = next((e for e in events if e.count), None) or (events[0] if events else None)
+        judged = [e for e in events if e.unjudged is None]
+        hit = next((e for e in events if e.count), None) or _first(judged) or _first(events)
         evidence = dict(hit.evidence) if hit else {}
         if len(events) > 1:
             evidence["places"] = len(events)
         in_callees = sorted({facts.where(e.anchor) for e in events if e.anchor and not site.joins_directly(e)})
         if in_callees:
             evidence["seen_in_callee_at"] = in_callees  # where the helper called from this line did it
-        return count, bool(events) or _reached(site, facts), evidence
+        if count or judged:
+            return count, True, evidence
+        if events:
+            evidence["note"] = events[0].unjudged
+            return 0, False, evidence
+        unjudged = _WITHOUT_EVENTS.get(code, lambda facts: None)(facts)
+        if unjudged is None:
+            return 0, _reached(site, facts), evidence
+        return _not_judged(site, facts, evidence, unjudged)
 
     return check
 
 
 _amp016_events = _event_check("AMP016")
 
-# These problems need gradients a GradScaler scaled: a scaler that disabled itself for want of its
-# device (a CUDA script tried on a CPU-only machine) scaled nothing, so its run cannot refute them.
+# These problems need losses a GradScaler scaled: a scaler that scaled nothing (built with
+# enabled=False by the script's flag, disabled for want of its device on a CPU-only machine, or
+# whose scale() was never called before the run ended) leaves the run unable to refute them.
 _NEED_SCALED_GRADIENTS = ("AMP005", "AMP006", "AMP010", "AMP011", "AMP012")
+_NOT_RUN = "the case the finding is about did not run"
 
 
-def _device_missing_note(code: str, site: _Site, facts: Facts) -> str | None:
-    """Why the run cannot judge this finding, when its scalers all lacked their device."""
+def _scaled_nothing_note(code: str, site: _Site, facts: Facts, sources: dict) -> str | None:
+    """Why the run cannot judge this finding, when no GradScaler scaled a loss in it."""
     if code not in _NEED_SCALED_GRADIENTS:
         return None
     scalers = _scalers_at(site, facts) if code == "AMP010" else facts.state.scalers
-    if not scalers or any(s.enabled or s.disabled_on_request for s in scalers):
+    if any(s.enabled and s.scale_calls for s in scalers):
         return None
+    if not scalers:  # (AMP010's own check says its line built none)
+        return None if code == "AMP010" else f"no GradScaler was built in this run, so no loss was scaled: {_NOT_RUN}"
+    if any(s.enabled for s in scalers):
+        return f"the GradScaler never scaled a loss in this run (scaler.scale() was not called): {_NOT_RUN}"
+    switched_off = next((s for s in scalers if s.disabled_on_request), None)
+    if switched_off is not None:
+        return f"the GradScaler built at {facts.where(switched_off.callsite)} was off in this run{_switch(switched_off, sources)} and scaled nothing: {_NOT_RUN}"
     device = scalers[0].device
     return f"the GradScaler disabled itself (no {device} device on this machine) and scaled nothing: the {device} case did not run"
+
+
+def _switch(scaler, sources: dict) -> str:
+    """` (enabled=EXPR, set by the script option --OPT)`: the argument that switched the scaler
+    off, as written at its construction, and the argparse option of the same file it reads."""
+    if scaler.callsite is None:
+        return ""
+    lines = _source_lines(scaler.callsite[0], sources)
+    expression = _enabled_argument("\n".join(lines[scaler.callsite[1] - 1 : scaler.callsite[1] + 9]))
+    if expression is None:
+        return ""
+    option = _option_read_by(expression, "\n".join(lines))
+    return f" (enabled={expression}" + (f", set by the script option {option})" if option else ")")
+
+
+def _enabled_argument(call_text: str) -> str | None:
+    """The `enabled=` argument of the first GradScaler(...) call in the text, whitespace collapsed."""
+    opening = re.search(r"GradScaler\s*\(", call_text)
+    if opening is None:
+        return None
+    depth, argument, arguments = 0, [], []
+    for char in call_text[opening.end() :]:
+        if char in ")]}" and depth == 0:  # the call's closing parenthesis
+            arguments.append("".join(argument))
+            break
+        if char == "," and depth == 0:
+            arguments.append("".join(argument))
+            argument = []
+            continue
+        depth += (char in "([{") - (char in ")]}")
+        argument.append(char)
+    for text in arguments:
+        named = re.match(r"\s*enabled\s*=(.*)", text, re.S)
+        if named:
+            return " ".join(named.group(1).split()) or None
+    return None
+
+
+def _option_read_by(expression: str, source: str) -> str | None:
+    """The `add_argument("--name")` option of the source whose destination the expression reads
+    (`args.amp`, `not args.no_amp`, a variable `use_amp`); not names under torch, os or sys."""
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError:
+        return None
+    bases = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id not in ("torch", "os", "sys"):
+            names.append(node.attr)  # `args.amp`: the option's destination
+        elif isinstance(node, ast.Name) and id(node) not in bases:
+            names.append(node.id)  # `use_amp`, `dtype`: a variable named like the option
+    for name in names:
+        spelled = "[-_]".join(re.escape(part) for part in name.split("_"))
+        option = re.search(rf"""add_argument\(\s*(?:['"]-\w['"]\s*,\s*)?['"](--{spelled})['"]""", source)
+        if option:
+            return option.group(1)
+    return None
 
 
 _NO_CUDA = "CUDA is not available"  # torch's warning when it disables a CUDA autocast region
@@ -317,14 +472,18 @@ _CHECKS = {
 }
 
 
-def _source_line(filename: str, line: int, cache: dict) -> str:
+def _source_lines(filename: str, cache: dict) -> list[str]:
     if filename not in cache:
         try:
             with open(filename, encoding="utf-8", errors="replace") as handle:
                 cache[filename] = handle.read().splitlines()
         except OSError:
             cache[filename] = []
-    lines = cache[filename]
+    return cache[filename]
+
+
+def _source_line(filename: str, line: int, cache: dict) -> str:
+    lines = _source_lines(filename, cache)
     return lines[line - 1] if 0 < line <= len(lines) else ""
 
 
@@ -348,10 +507,10 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
             count, reached, evidence = check(site, facts, _source_line(filename, finding.line, sources), finding.column)
         else:
             count, reached, evidence = check(site, facts)
-        device_missing = _device_missing_note(finding.code, site, facts) if reached and not count else None
-        if device_missing:
+        scaled_nothing = _scaled_nothing_note(finding.code, site, facts, sources) if not count and (reached or _reached(site, facts)) else None
+        if scaled_nothing:
             reached = False
-            evidence["note"] = device_missing
+            evidence["note"] = scaled_nothing
         if finding.code == "AMP002" and reached and not evidence["conversions"]:
             # The line ran but converted no module: an input tensor cast by hand, which the runtime
             # check (it follows converted modules into autocast) cannot judge either way.
@@ -419,7 +578,7 @@ def _run_trained(state: TraceState) -> bool:
     """The run ran a backward or an optimizer step, or built a GradScaler: AMP002's "module that
     trains" (rules/AMP002.md), judged on what ran."""
     return (
-        any(sum(calls) for calls in state.backward_calls.values())
+        backward_calls(state) > 0
         or any(sum(calls) for calls in state.step_calls.values())
         or bool(state.scalers)
     )

@@ -3,8 +3,9 @@
 An event has the places it can be matched against (callsites, or a span of lines such as a class
 body, and the user lines that were on the call stack above its callsites: `callers`), the place a
 runtime-only finding is reported at (`anchor`), a count (0: the code ran and the problem did not
-happen there, which refutes a finding) and its evidence. Built after the run from the records in
-`TraceState` (see probes.py and amp_probes.py for what records them).
+happen there, which refutes a finding, unless `unjudged` says what the rule judges did not run)
+and its evidence. Built after the run from the records in `TraceState` (see probes.py and
+amp_probes.py for what records them).
 """
 
 from __future__ import annotations
@@ -28,10 +29,18 @@ class RuleEvent:
     # User lines on the call stack above `sites` when it happened: a problem seen inside a helper
     # (the `torch.save` of `save_checkpoint(...)`) joins the static finding at the helper's call.
     callers: tuple = ()
+    # What the rule judges that did not run here (a backward that never came): the event then
+    # refutes nothing, and this is the note of the `not-reached` finding it joins.
+    unjudged: str | None = None
 
 
 def _first(items):
     return next(iter(items), None)
+
+
+def backward_calls(state) -> int:
+    """The run's backward() and torch.autograd.grad calls, with autocast on or off."""
+    return sum(sum(calls) for calls in state.backward_calls.values())
 
 
 def _scaler_event_groups(records: list[dict]):
@@ -181,14 +190,20 @@ def _amp012(facts) -> list[RuleEvent]:
         if record.get("live_scaler"):
             evidence["live_scaler_built_at"] = facts.where(record["live_scaler"])
         count = record["missing_scaler_state"]
+        unjudged = None
+        if not count and not record["with_optimizer_state"]:
+            unjudged = f"torch.save() ran here {record['saves']} time(s), never with an optimizer state in what it saved"
+        elif not count and not record["with_scaler_state"]:
+            unjudged = "torch.save() saved an optimizer state here while no enabled GradScaler was alive"
         message = "torch.save() wrote an optimizer state without the GradScaler's state while an enabled scaler was training; add scaler.state_dict()"
-        events.append(RuleEvent("AMP012", site, count, evidence, message, (site,)))
+        events.append(RuleEvent("AMP012", site, count, evidence, message, (site,), unjudged=unjudged))
     return events
 
 
 def _amp013(facts) -> list[RuleEvent]:
     state = facts.state
     backward_outside = sum(calls[1] for calls in state.backward_calls.values())
+    backward_ran = backward_calls(state) > 0
     events = []
     for record in state.custom_functions.values():
         if record is None:
@@ -197,6 +212,7 @@ def _amp013(facts) -> list[RuleEvent]:
         spans = []
         if record.get("span"):
             spans.append(record["span"])
+        unjudged = None
         if record["kind"] == "undecorated":
             count = record["mixed_calls"]
             evidence["mixed_dtype_calls"] = count
@@ -209,11 +225,18 @@ def _amp013(facts) -> list[RuleEvent]:
         else:
             count = record["calls_under_autocast"] if backward_outside else 0
             evidence["kind"] = "custom_fwd-without-custom_bwd"
-            message = f"{record['class']}.forward ran under autocast with custom_fwd but backward has no custom_bwd: backward ran with autocast off"
+            device, dtype = record.get("autocast") or (None, None)  # the region forward ran in
+            evidence["autocast"] = {"device": device, "dtype": dtype}
+            message = (
+                f"{record['class']}.forward ran under autocast({device}, {dtype}) with custom_fwd but backward has no "
+                "custom_bwd: backward ran with autocast off"
+            )
+            if not backward_ran:  # the run ended (or crashed) before any backward
+                unjudged = f"no backward() ran after {record['class']}.forward ran under autocast: the backward the finding is about did not run"
         sites = tuple(record["sites"]) + tuple(s for s in (record["defined_at"], record["forward_at"]) if s)
         evidence["called_at"] = sorted(filter(None, (facts.where(s) for s in record["sites"])))[:5]
         anchor = record["defined_at"] or record["forward_at"]
-        events.append(RuleEvent("AMP013", anchor, count, evidence, message, sites, tuple(spans)))
+        events.append(RuleEvent("AMP013", anchor, count, evidence, message, sites, tuple(spans), unjudged=unjudged))
     return events
 
 
@@ -235,7 +258,8 @@ def _amp014(facts) -> list[RuleEvent]:
             "outer_autocast": {"device": first[6], "dtype": first[4]},
             "outer_entered_at": facts.where(first[5]),
         }
-        message = f"ops in this autocast-disabled region received float16/bfloat16 tensors made in the enclosing region ({total} op call(s)); cast them with .float() first"
+        low = sorted({dtype for key, _c in rows for dtype in key[3] if dtype in ("float16", "bfloat16")})
+        message = f"ops in this autocast-disabled region received {' and '.join(low)} tensors made in the enclosing region ({total} op call(s)); cast them with .float() first"
         sites = (inner, *{key[1] for key, _c in rows})
         events.append(RuleEvent("AMP014", inner, total, evidence, message, sites))
     return events
@@ -290,6 +314,7 @@ def _dynamo_made_graphs() -> bool:
 
 
 def _amp017(facts) -> list[RuleEvent]:
+    backward_ran = backward_calls(facts.state) > 0
     events = []
     try:
         import torch._functorch.config as functorch_config
@@ -331,8 +356,11 @@ def _amp017(facts) -> list[RuleEvent]:
             f'backward_pass_autocast="{setting}": the compiled backward re-enters autocast, unlike eager; '
             'set torch._functorch.config.backward_pass_autocast = "off"'
         )
+        unjudged = None
+        if record["calls_under_autocast"] and not backward_ran:  # the run ended (or crashed) before any backward
+            unjudged = "no backward() ran after the compiled calls under autocast: the backward the finding is about did not run"
         sites = (record["site"],) + ((record["backward_at"],) if record.get("backward_at") else ())
-        events.append(RuleEvent("AMP017", record["site"], count, evidence, message, sites))
+        events.append(RuleEvent("AMP017", record["site"], count, evidence, message, sites, unjudged=unjudged))
     return events
 
 
