@@ -67,7 +67,7 @@ def scale_plot(timeline: list[dict], width: int = 760, height: int = 220) -> str
 
 
 def render(report: dict, cwd: str) -> str:
-    from amplint.trace.terminal import _evidence_text  # same wording as the terminal
+    from amplint.trace.terminal import _attempted, _evidence_text, split_cheap_coverage  # same wording as the terminal
 
     env, exit_ = report["environment"], report["exit"]
     out = [
@@ -79,7 +79,8 @@ def render(report: dict, cwd: str) -> str:
         f"torch {_e(env['torch'])}, Python {_e(env['python'])}, device {_e(env['device'])} ({_e(env['backend'])})"
         f"{', ' + _e(env['gpu']) if env.get('gpu') else ''}</p>",
     ]
-    for note in report.get("notes", []):
+    notes, cheap_coverage = split_cheap_coverage(report)
+    for note in notes:
         out.append(f'<p class="note">note: {_e(note)}</p>')
 
     out.append("<h2>Findings</h2>")
@@ -99,7 +100,7 @@ def render(report: dict, cwd: str) -> str:
     out.append("<h2>GradScaler</h2>")
     places = ", ".join(f"{c['path']}:{c['line']} x{c['count']}" for c in scaler["constructions"]) or "-"
     out.append(
-        f"<p>built at: <span class=\"mono\">{_e(places)}</span><br>steps: {scaler['steps_attempted']} attempted, "
+        f"<p>built at: <span class=\"mono\">{_e(places)}</span><br>steps: {_e(_attempted(scaler))}, "
         f"{scaler['steps_applied']} applied, <b>{scaler['steps_skipped']} skipped</b>; scheduler steps right after a "
         f"skip: {scaler['scheduler_steps_after_skip']}</p>"
     )
@@ -116,7 +117,9 @@ def render(report: dict, cwd: str) -> str:
 
     out.append("<h2>First non-finite value</h2>")
     nf = report["nonfinite"]
-    if nf is None:
+    if cheap_coverage:
+        out.append(f'<p class="note">{_e(cheap_coverage)}</p>')
+    elif nf is None:
         out.append(f"<p>None seen (--nan {_e(report.get('nan_mode'))}).</p>")
     else:
         handled = " &mdash; handled by GradScaler (step skipped)" if nf.get("handled_by_scaler") else ""

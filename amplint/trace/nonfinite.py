@@ -2,7 +2,12 @@
 
 - cheap  (default): the loss at each `backward()` and the gradients at each optimizer step. On CPU
           the flags are read at once; on other devices they are queued as device tensors and read
-          after the run, so no sync is added.
+          after the run, so no sync is added. Gradients no step took are checked too, before they
+          are lost or mixed: at `zero_grad()` (a finite-gradient guard skipped the step), and once
+          at the next `backward()` that adds to them (a guard that never clears them). Gradient
+          accumulation then costs one check more per step, a plain loop none. A run in which
+          they saw nothing gets a note of what they checked: nothing, when no loss reached
+          `backward()` (inference), and never the forward pass.
 - module: plus a global forward hook on every module: the first module whose output is
           non-finite while its inputs are finite.
 - op:     plus a check of every op's floating outputs in the dispatch recorder; the first op
@@ -18,7 +23,8 @@ what the scaler exists for: it is recorded as "handled by GradScaler" and the se
 an unhandled one. Whether the scaler skips is known only once it has stepped, so such a find waits
 for that step; one that no `scaler.step` skipped (an `optimizer.step()` outside the scaler took the
 gradients) is unhandled. A non-finite forward pass is never handled: the loss is non-finite before
-any scale applies, whatever the scaler then does.
+any scale applies, whatever the scaler then does. Handled overflows are counted by the skipped
+`scaler.step`, once whichever checks saw them, as the scaler block counts skipped steps.
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ from __future__ import annotations
 import math
 import weakref
 from bisect import bisect_left
+from dataclasses import dataclass
 from itertools import count
 from operator import attrgetter
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from amplint.trace.report import cheap_coverage_note
 from amplint.trace.state import NonFinite, TraceState
 
 _FLOATING = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
@@ -100,12 +108,44 @@ def finite_flag(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     return torch.stack(flags).all().float() if len(flags) > 1 else flags[0].float()
 
 
+# A find waiting for the scaler whose outcome is not known yet (see `_scaler_outcome`).
+_UNDECIDED = object()
+
+
+@dataclass
+class _GradientWindow:
+    """One optimizer's gradients since its last `zero_grad()`, as the cheap checks see them."""
+
+    checked_through: int  # the `backward()` calls whose gradients a check has seen (a count)
+    first_backward_step: int | None = None  # the step at which the first `backward()` since its last step began
+    # An optimizer step took them: what later backward() calls add (a GAN generator's backward
+    # writing the discriminator's gradients) is a by-product the next zero_grad() drops, never used.
+    stepped: bool = False
+    checked_at_backward: bool = False  # a later `backward()` already checked them once
+
+
+# Where a cheap check found non-finite gradients (the find's `detail`).
+_AT_STEP = "a parameter gradient is non-finite at the optimizer step"
+_DROPPED_AT_ZERO_GRAD = (
+    "a parameter gradient is non-finite where zero_grad() cleared it, and no optimizer step had taken it "
+    "(a step the script skipped, as a finite-gradient guard does)"
+)
+_LEFT_BY_EARLIER_BACKWARD = (
+    "a parameter gradient an earlier backward() left, and no optimizer step took, is non-finite where a later backward() adds to it"
+)
+
+
 class NonFiniteMonitor:
     def __init__(self, state: TraceState, mode: str, from_step: int):
         self.state = state
         self.mode = mode
         self.from_step = from_step
         self._seq = count()
+        self._backwards = 0  # `backward()` calls begun
+        self._windows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _GradientWindow
+        # What the cheap checks looked at, for the report when they saw nothing
+        self._losses_checked = 0
+        self._gradient_checks = 0
         self._found_unhandled = False
         self._found_handled = False
         # step -> its first find waiting for the scaler (the op check and the gradient check see
@@ -143,16 +183,20 @@ class NonFiniteMonitor:
 
     def _admit(self, item: NonFinite) -> None:
         if not item.awaits_scaler:
-            self._conclude(item, handled=False)
+            self._conclude(item, skipped_at=None)
             return
         earlier = self._awaiting_scaler.get(item.step)
         if earlier is None or item.seq < earlier.seq:
             self._awaiting_scaler[item.step] = item
 
-    def _conclude(self, item: NonFinite, *, handled: bool) -> None:
-        item.handled_by_scaler = handled
-        if handled:
-            self.state.handled_overflow_steps.add(item.step)
+    def _conclude(self, item: NonFinite, *, skipped_at: int | None) -> None:
+        """`skipped_at`: the step index of the `scaler.step` that skipped for this find, or None.
+        Overflows are counted by that skipped step, so one the op check and the gradient check
+        both saw (at the backward op, then at the step) counts once, in every mode, as the
+        scaler block counts its skipped steps."""
+        item.handled_by_scaler = skipped_at is not None
+        if item.handled_by_scaler:
+            self.state.handled_overflow_steps.add(skipped_at)
             if self._found_handled:
                 return
             self._found_handled = True
@@ -168,28 +212,30 @@ class NonFiniteMonitor:
             return
         self._settled_at = progress
         for step, item in list(self._awaiting_scaler.items()):
-            skipped = self._scaler_skipped(step, values, final=final)
-            if skipped is not None:
+            outcome = self._scaler_outcome(step, values, final=final)
+            if outcome is not _UNDECIDED:
                 del self._awaiting_scaler[step]
-                self._conclude(item, handled=skipped)
+                self._conclude(item, skipped_at=outcome)
 
-    def _scaler_skipped(self, step: int, values: list | None, *, final: bool) -> bool | None:
-        """Whether a `scaler.step` that took the gradients of `step` skipped (it found an inf):
-        those are the scaler steps from index `step` on (one per optimizer) up to the next
-        update. False when an `optimizer.step()` outside the scaler took them (no scaler step has
-        index `step`); None while that is not known yet (after the run: False)."""
+    def _scaler_outcome(self, step: int, values: list | None, *, final: bool):
+        """The index of the `scaler.step` that took the gradients of `step` and skipped (it found
+        an inf): those are the scaler steps from index `step` on (one per optimizer) up to the
+        next update. None when none skipped, or an `optimizer.step()` outside the scaler took them
+        (no scaler step has index `step`); _UNDECIDED while that is not known yet (after the run:
+        None)."""
+        undecided = None if final else _UNDECIDED
         scaler_steps, index = self.state.scaler_steps, step
         at = bisect_left(scaler_steps, step, key=attrgetter("step"))
         while at < len(scaler_steps) and scaler_steps[at].step == index:
             applied = scaler_steps[at].applied_given(values)
             if applied is False:
-                return True
+                return index
             if applied is None:  # a fused optimizer's found_inf, read after the run
-                return False if final else None
+                return undecided
             if self._updated_after(index):
-                return False
+                return None
             at, index = at + 1, index + 1
-        return False if final or index < self.state.step else None
+        return None if index < self.state.step else undecided
 
     def _updated_after(self, step: int) -> bool:
         """`scaler.update()` ran right after the scaler step with index `step`."""
@@ -213,13 +259,16 @@ class NonFiniteMonitor:
         self.state.nonfinite_pending.append((slot, item))
 
     # -- cheap --------------------------------------------------------------------------
-    def _rerun_from_step(self, step: int, op: str) -> int | None:
-        """The step a `--nan op` rerun starts at to localise a cheap find; None when this run's op
-        check already searched from there and no op it saw made the value.
+    def _rerun_from_step(self, made_at: int, op: str) -> int | None:
+        """The step a `--nan op` rerun starts at to localise a cheap find whose value began to be
+        made at step `made_at` (a loss: its forward's; gradients: the step at which the first
+        `backward()` that wrote them began, earlier than the check's when another optimizer
+        stepped in between); None when this run's op check already searched from there and no
+        op it saw made the value.
 
         A non-finite loss may come from weights the step before wrote (a NaN learning rate): the
         op check then starts one step early, where the update that made them runs."""
-        start = max(0, step - 1) if op == "loss" else step
+        start = max(0, made_at - 1) if op == "loss" else made_at
         return None if self.mode == "op" and self.from_step <= start else start
 
     def _why_unlocalised(self) -> str:
@@ -230,14 +279,13 @@ class NonFiniteMonitor:
             "another thread) or from an infinity written on purpose"
         )
 
-    def _cheap_find(self, op: str, callsite, phase: str, floats: list, detail: str, *, awaits_scaler: bool) -> NonFinite:
-        step = self.state.step
-        rerun_from_step = self._rerun_from_step(step, op)
+    def _cheap_find(self, op: str, callsite, phase: str, floats: list, detail: str, *, made_at: int, awaits_scaler: bool) -> NonFinite:
+        rerun_from_step = self._rerun_from_step(made_at, op)
         return NonFinite(
             op=op,
             callsite=callsite,
             phase=phase,
-            step=step,
+            step=self.state.step,
             dtype=str(floats[0].dtype).replace("torch.", ""),
             inputs_finite=None,
             check="cheap",
@@ -252,19 +300,88 @@ class NonFiniteMonitor:
         floats = floating_tensors(tensors)
         if not floats:
             return
+        self._losses_checked += 1
         detail = "the tensor passed to backward() is non-finite"
-        self._check(floats, lambda: self._cheap_find("loss", callsite, "forward", floats, detail, awaits_scaler=False))
+        step = self.state.step
+        self._check(floats, lambda: self._cheap_find("loss", callsite, "forward", floats, detail, made_at=step, awaits_scaler=False))
+
+    def backward_begins(self, tensors, callsite) -> None:
+        """A `backward()` is about to add to the parameters' gradients. Those an earlier one left
+        that no step took are checked first, once until the next step or `zero_grad()` (what
+        later micro-batches add, the step checks); then the loss."""
+        if self.mode == "off" or self.found_unhandled():
+            return
+        optimizers = list(self.state.optimizers)
+        for optimizer in optimizers:
+            window = self._window(optimizer)
+            if self._unused(window) and not window.checked_at_backward:
+                window.checked_at_backward = True
+                self._check_gradients_of(optimizer, callsite, _LEFT_BY_EARLIER_BACKWARD, awaits_scaler=self.scaler_in_flight())
+        self.check_loss(tensors, callsite)
+        self._backwards += 1
+        for optimizer in optimizers:
+            window = self._window(optimizer)
+            if window.first_backward_step is None:
+                window.first_backward_step = self.state.step
 
     def check_gradients(self, optimizer, callsite, *, handled: bool) -> None:
-        """`handled`: the gradients go to an enabled scaler's `scaler.step` with a scaled loss in
-        flight, which handles them if it skips the step."""
+        """At an optimizer step. `handled`: the gradients go to an enabled scaler's `scaler.step`
+        with a scaled loss in flight, which handles them if it skips the step."""
         if self.mode == "off" or self.found_unhandled():  # cheap checks run at every step
             return
+        self._check_gradients_of(optimizer, callsite, _AT_STEP, awaits_scaler=handled)
+        window = self._window(optimizer)
+        window.stepped, window.first_backward_step, window.checked_at_backward = True, None, False
+
+    def zero_grad(self, optimizer) -> None:
+        """`optimizer.zero_grad()` is about to drop the gradients: those no step took (a
+        finite-gradient guard skipped it) are checked."""
+        if self.mode == "off" or self.found_unhandled():
+            return
+        self._drop_gradients([optimizer])
+
+    def module_zero_grad(self, module) -> None:
+        """`module.zero_grad()` is about to drop its parameters' gradients: as `zero_grad()` of
+        the optimizers that hold them (all of their gradients are checked)."""
+        if self.mode == "off" or self.found_unhandled():
+            return
+        dropped = {id(p) for p in module.parameters()}
+        owners = [
+            optimizer
+            for optimizer in list(self.state.optimizers)
+            if any(id(p) in dropped for group in optimizer.param_groups for p in group["params"])
+        ]
+        self._drop_gradients(owners)
+
+    def _drop_gradients(self, optimizers: list) -> None:
+        callsite = None
+        for optimizer in optimizers:
+            if self._unused(self._window(optimizer)):
+                callsite = callsite or self.state.classifier.user_callsite(1)
+                self._check_gradients_of(optimizer, callsite, _DROPPED_AT_ZERO_GRAD, awaits_scaler=False)
+            self._windows[optimizer] = _GradientWindow(checked_through=self._backwards)
+
+    def _unused(self, window: _GradientWindow) -> bool:
+        """A `backward()` wrote gradients that no check saw and no step took."""
+        return not window.stepped and window.checked_through < self._backwards
+
+    def _window(self, optimizer) -> _GradientWindow:
+        window = self._windows.get(optimizer)
+        if window is None:  # an optimizer new to the checks: the backward() calls before it are not its
+            window = self._windows[optimizer] = _GradientWindow(checked_through=self._backwards)
+        return window
+
+    def _check_gradients_of(self, optimizer, callsite, detail: str, *, awaits_scaler: bool) -> None:
+        window = self._window(optimizer)
+        window.checked_through = self._backwards
         grads = floating_tensors([p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None])
         if not grads:
             return
-        detail = "a parameter gradient is non-finite at the optimizer step"
-        self._check(grads, lambda: self._cheap_find("gradients", callsite, "backward", grads, detail, awaits_scaler=handled))
+        self._gradient_checks += 1
+        made_at = self.state.step if window.first_backward_step is None else window.first_backward_step
+        self._check(
+            grads, lambda: self._cheap_find("gradients", callsite, "backward", grads, detail, made_at=made_at, awaits_scaler=awaits_scaler)
+        )
 
     # -- module -------------------------------------------------------------------------
     def module_hook(self, module, inputs, output) -> None:
@@ -405,9 +522,10 @@ class NonFiniteMonitor:
         self._settle(values, final=True)
         candidates = sorted(self.state.nonfinite_candidates, key=lambda c: c.seq)
         unhandled = [c for c in candidates if not c.handled_by_scaler]
-        if unhandled:
-            return unhandled[0]
-        return candidates[0] if candidates else None
+        first = unhandled[0] if unhandled else (candidates[0] if candidates else None)
+        if first is None and self.mode == "cheap":  # "none seen" says nothing without what was looked at
+            self.state.notes.append(cheap_coverage_note(self._losses_checked, self._gradient_checks))
+        return first
 
 
 def _storage(tensor: torch.Tensor) -> int | None:

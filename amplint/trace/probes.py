@@ -306,7 +306,7 @@ class Probes:
                 calls[0 if evidence else 1] += 1
                 if evidence and site not in state.backward_autocast:
                     state.backward_autocast[site] = dict(evidence, step=state.step)
-                monitor.check_loss(tensors, site)
+                monitor.backward_begins(tensors, site)
                 probes._backward_events(site, evidence, tensors)
                 state.scaled_since_backward = False
                 outer = state.backward_callsite
@@ -487,6 +487,20 @@ class Probes:
         self._undo.append(pre.remove)
         self._undo.append(post.remove)
 
+        # Gradients a script drops without a step (a finite-gradient guard skipped it) are
+        # checked before they go.
+        def wrap_zero_grad(real, check_before):
+            @functools.wraps(real)
+            def zero_grad(self_, *args, **kwargs):
+                if not state.paused:
+                    check_before(self_)
+                return real(self_, *args, **kwargs)
+
+            return zero_grad
+
+        self._patch(torch.optim.Optimizer, "zero_grad", lambda real: wrap_zero_grad(real, monitor.zero_grad))
+        self._patch(torch.nn.Module, "zero_grad", lambda real: wrap_zero_grad(real, monitor.module_zero_grad))
+
     def _zero_grad_fraction(self, optimizer) -> float | None:
         """AMP009 evidence, at the optimizer step after a region's first unscaled backward: the
         share of gradient elements that are exactly zero (of a sparse gradient, of its stored
@@ -653,15 +667,23 @@ class Probes:
                 try:
                     with _keeping_torch_error(event):
                         result = real(self_, optimizer, *args, **kwargs)
+                except BaseException:
+                    # A step that raised (float16 gradients to unscale) was attempted all the same;
+                    # raising before the optimizer ran, it neither applied nor skipped: applied is
+                    # None with no found_inf to read. torch's stage is unchanged: no STEPPED.
+                    if record.applied is False:
+                        record.applied = None
+                    raise
+                else:
+                    info.stage[id(optimizer)] = "STEPPED"
+                    info.window.append((id(optimizer), site))
                 finally:
                     state.in_scaler_step = None
                     info.seconds += clock() - started - max(0.0, record.optimizer_seconds)
-                info.steps += 1
-                info.stage[id(optimizer)] = "STEPPED"
-                info.window.append((id(optimizer), site))
-                state.scaler_steps.append(record)
-                state.last_step_of_optimizer[id(optimizer)] = record
-                state.step_completed()
+                    info.steps += 1
+                    state.scaler_steps.append(record)
+                    state.last_step_of_optimizer[id(optimizer)] = record
+                    state.step_completed()
                 return result
 
             return step

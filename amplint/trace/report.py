@@ -2,7 +2,7 @@
 torchrun, and the merged summary of all ranks.
 
 Extensions beyond the contract (consumers may ignore them): `name`/`summary` on findings,
-`node`/`policy` on ops, `policy_departures`, `scaler.timeline/enabled/notes/optimizer_steps`,
+`node`/`policy` on ops, `policy_departures`, `scaler.timeline/enabled/notes/optimizer_steps/steps_raised`,
 `scaler.constructions[].steps_attempted/steps_applied/steps_skipped/scale_history/device/init_scale`,
 `nonfinite.check/handled_by_scaler/node/detail/hint`, `kernels[].status/signatures`,
 `simulation`, `unchecked_findings`, `notes`, `rank`, `ranks`.
@@ -108,6 +108,8 @@ def scaler_section(state, facts, display) -> dict:
         constructions[place_of[u.scaler]]["scale_history"].append(values[u.scale_slot])
     applied = sum(entry["steps_applied"] for entry in constructions.values())
     skipped = sum(entry["steps_skipped"] for entry in constructions.values())
+    # Neither applied nor skipped, with no found_inf to read: the call raised before the optimizer ran.
+    raised = [s for s in steps if s.applied is None and s.found_inf_slot is None]
     scale_history = [values[u.scale_slot] for u in state.updates]  # every scaler's, in call order
     after_skip = [s for s in state.scheduler_steps if s.after is not None and applied_of.get(id(s.after)) is False]
 
@@ -135,6 +137,12 @@ def scaler_section(state, facts, display) -> dict:
             f"{len(unavailable)} GradScaler(s) disabled themselves (device {unavailable[0].device!r} "
             "unavailable): scale() and step() did nothing, gradients were never scaled"
         )
+    if raised:
+        where = raised[0].callsite
+        place = f" (first at {display(where[0])}:{where[1]}, step {raised[0].step})" if where else ""
+        notes.append(
+            f"{len(raised)} scaler.step() call(s) raised{place}: counted as attempted, neither applied nor skipped"
+        )
     return {
         "constructions": [
             {"path": path, "line": line, **entry} for (path, line), entry in sorted(constructions.items())
@@ -142,6 +150,7 @@ def scaler_section(state, facts, display) -> dict:
         "steps_attempted": len(steps),
         "steps_applied": applied,
         "steps_skipped": skipped,
+        "steps_raised": len(raised),
         "scale_history": scale_history,
         "scheduler_steps_after_skip": len(after_skip),
         "scheduler_steps": len(state.scheduler_steps),
@@ -150,6 +159,26 @@ def scaler_section(state, facts, display) -> dict:
         "timeline": timeline,
         "notes": notes,
     }
+
+
+# The note a `--nan cheap` run that saw no inf/NaN gets: what its checks looked at, which is not
+# everything (an inference run, a script that stops on a NaN loss before backward()). The
+# summaries show it in place of "none seen" and find it by this start.
+CHEAP_COVERAGE_NOTE_START = "--nan cheap checked"
+
+
+def cheap_coverage_note(losses: int, gradient_checks: int) -> str:
+    rerun = "`--nan module` or `--nan op` check every module's or op's output"
+    if not losses and not gradient_checks:
+        return (
+            f"{CHEAP_COVERAGE_NOTE_START} nothing: no loss reached backward() and no gradient an optimizer step or "
+            f"zero_grad() (inference, or a run that ended before its first backward()); {rerun}"
+        )
+    return (
+        f"{CHEAP_COVERAGE_NOTE_START} the losses of {losses} backward() call(s) and the gradients in {gradient_checks} "
+        f"check(s) (at optimizer steps, zero_grad() and later backward() calls) and saw no inf/NaN; it does not check "
+        f"the forward pass: {rerun}"
+    )
 
 
 def nonfinite_section(item, display, state) -> dict | None:
@@ -282,8 +311,8 @@ def merge_reports(reports: list[dict], world: int) -> dict:
             else:
                 ops[key] = dict(op)
     scaler = base["scaler"]
-    for field in ("steps_attempted", "steps_applied", "steps_skipped", "scheduler_steps_after_skip"):
-        scaler[field] = sum(r["scaler"][field] for r in reports)
+    for field in ("steps_attempted", "steps_applied", "steps_skipped", "steps_raised", "scheduler_steps_after_skip"):
+        scaler[field] = sum(r["scaler"].get(field, 0) for r in reports)
     nonfinite = [dict(r["nonfinite"], rank=r.get("rank")) for r in reports if r.get("nonfinite")]
     nonfinite.sort(key=lambda n: (n["handled_by_scaler"] if "handled_by_scaler" in n else False, n["step"], n["rank"] or 0))
     kernels: dict = {}

@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from amplint.trace.report import CHEAP_COVERAGE_NOTE_START
+
 STATUS_STYLE = {"confirmed": "bold red", "refuted": "green", "not-reached": "yellow"}
 MAX_OP_LINES = 30
 _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int64": "i64", "int32": "i32", "bool": "bool"}
@@ -82,7 +84,7 @@ def _evidence_text_amp007_017(code: str, count: int, ev: dict) -> str:
         return f"{count} unscale_ call(s) with no step before update()"
     if code == "AMP009":
         if not count:
-            return "every float16 loss was scaled" if ev.get("backward_calls_scaled") else "no backward() took a loss from this region"
+            return "every float16 loss was scaled"  # refuted only once a backward took a loss from the region
         zero = f"; {100 * ev['zero_grad_fraction']:.1f}% zero grads" if "zero_grad_fraction" in ev else ""
         return f"{count} backward() on unscaled float16 loss(es){zero}"
     if code == "AMP010":
@@ -188,6 +190,36 @@ def _scale_runs(history: list) -> str:
     return text + (", ..." if len(runs) > 12 else "")
 
 
+def split_cheap_coverage(report: dict) -> tuple[list[str], str | None]:
+    """The report's notes, less the one saying what `--nan cheap` checked when it saw nothing:
+    that one is shown where the non-finite values are, in place of "none seen"."""
+    notes, coverage = [], None
+    for note in report.get("notes", []):
+        if note.startswith(CHEAP_COVERAGE_NOTE_START) and report.get("nonfinite") is None:
+            coverage = note
+        else:
+            notes.append(note)
+    return notes, coverage
+
+
+def _attempted(scaler: dict) -> str:
+    """"3 attempted", or "3 attempted (1 raised)": a call that raised is neither applied nor skipped."""
+    raised = scaler.get("steps_raised", 0)
+    return f"{scaler['steps_attempted']} attempted" + (f" ({raised} raised)" if raised else "")
+
+
+def _per_op(kernels: list[dict]) -> list[str]:
+    """One line per op and device, its dtypes together, with the first one's error: a probe that
+    cannot run an op usually fails alike in every target dtype."""
+    grouped: dict = {}
+    for k in kernels:
+        grouped.setdefault((k["op"], k["device"]), []).append(k)
+    return [
+        f"{op} {', '.join(k['dtype'] for k in entries)} on {device}: {entries[0].get('error')}"
+        for (op, device), entries in grouped.items()
+    ]
+
+
 def print_summary(report: dict, cwd: str, console: Console | None = None) -> None:
     if console is None:
         # Piped or redirected (a CI log, `2> trace.log`): give the tables room rather than cut them
@@ -200,7 +232,8 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
     console.rule(f"amplint trace: {report['script']}")
     status = f"exit {exit_['code']} ({exit_['status']})" + (f": {exit_['exception']}" if exit_.get("exception") else "")
     console.print(f"{status}; torch {env['torch']} on {env['device']} ({env['backend']})")
-    for note in report.get("notes", []):
+    notes, cheap_coverage = split_cheap_coverage(report)
+    for note in notes:
         console.print(Text(f"note: {note}", style="yellow"))
 
     if report["findings"]:
@@ -238,7 +271,7 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
         places = ", ".join(f"{c['path']}:{c['line']} x{c['count']}" + ("" if c.get("enabled") else " (disabled)") for c in scaler["constructions"])
         console.print(f"built at: {places or '-'}")
         console.print(
-            f"steps: {scaler['steps_attempted']} attempted, {scaler['steps_applied']} applied, "
+            f"steps: {_attempted(scaler)}, {scaler['steps_applied']} applied, "
             f"[bold]{scaler['steps_skipped']} skipped[/bold]; scheduler steps right after a skip: {scaler['scheduler_steps_after_skip']}"
         )
         if len(scaler["constructions"]) > 1:  # the run's one history would interleave their scales
@@ -258,8 +291,11 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
 
     nf = report["nonfinite"]
     console.rule("Non-finite values", align="left", style="dim")
-    if nf is None:
-        console.print("none seen" + (" (checks off)" if report.get("nan_mode") == "off" else f" (--nan {report.get('nan_mode')})"))
+    if cheap_coverage:
+        console.print(Text(cheap_coverage, style="yellow"))
+    elif nf is None:
+        where = " in this process" if report.get("untraced_processes") else ""  # its children ran untraced
+        console.print(f"none seen{where}" + (" (checks off)" if report.get("nan_mode") == "off" else f" (--nan {report.get('nan_mode')})"))
     else:
         handled = " - handled by GradScaler (step skipped)" if nf.get("handled_by_scaler") else ""
         node = f" [{nf['node']}]" if nf.get("node") else ""
@@ -289,9 +325,8 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
         )
         for k in missing[:20]:
             console.print(Text(f"missing: {k['op']} {k['dtype']} on {k['device']}: {k['error']}", style="red"))
-        if inconclusive:
-            first = inconclusive[0]
-            console.print(Text(f"inconclusive: {first['op']} {first['dtype']} on {first['device']}: {first.get('error')}", style="yellow"))
+        for line in _per_op(inconclusive)[:20]:
+            console.print(Text(f"inconclusive: {line}", style="yellow"))
         if unverified:
             reason = unverified[0].get("error") or "target device absent"
             console.print(Text(f"unverified on {unverified[0]['device']}: {reason}", style="yellow"))
