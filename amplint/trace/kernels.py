@@ -1,27 +1,25 @@
 """Kernel availability (feasibility §8, L4): replay every distinct op signature the run recorded
 in another dtype on a target device, after the run.
 
-Each signature is rebuilt from its template (floating tensors as `rand + 0.5` in the target
-dtype, integer tensors as zeros, other arguments as recorded), first in its recorded dtypes as a
-baseline, then in the target dtype. A failure only in the target dtype whose text says the kernel
-or dtype is missing is "missing"; other failures are "inconclusive" (reported, never "available").
-A target device this machine does not have gives "unverified" for every op, never "available".
-The RNG state is saved and restored so the probe leaves no trace.
+Each signature is rebuilt from its template (floating tensors drawn in [0.25, 0.75), integer
+tensors as zeros, other arguments, keyword ones included, as recorded), first in its recorded
+dtypes as a baseline, then with the same values cast to the target dtype. As the two calls differ
+only in the dtype, an op that runs in its recorded dtypes and fails in the target dtype has no
+working kernel for it: "missing", whatever the error says (a custom kernel may raise any text, or
+mix in a float32 constant). A failure of the baseline itself, arguments that cannot be rebuilt,
+or an op no longer registered give "inconclusive" (reported, never "available"). A target device this machine does not have
+gives "unverified" for every op, never "available". The RNG state is saved and restored so the
+probe leaves no trace.
 """
 
 from __future__ import annotations
-
-import re
 
 import torch
 
 from amplint.trace.recorder import TensorSpec
 
-_MISSING = re.compile(
-    r"not implemented for|Unsupported dtype|doesn't support|does not support|not supported|"
-    r"Could not run '|no kernel|Low precision dtypes not supported|NotImplementedError",
-    re.IGNORECASE,
-)
+# Same values in the baseline and the target call, so that only the dtype differs between them.
+_VALUES_SEED = 0
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Never replayed: collectives would wait for other ranks; profiler markers hold no kernel.
 _SKIP_NAMESPACES = ("c10d", "_c10d_functional", "profiler", "_dtensor")
@@ -35,18 +33,25 @@ def _device_available(device: str) -> bool:
     return False
 
 
-def _build(value, dtype, device):
+def _build(value, dtype, device, generator):
     if isinstance(value, TensorSpec):
         if value.layout != torch.strided:
             raise _Unrebuildable(f"layout {value.layout}")
         target_dtype = dtype if (dtype is not None and value.dtype in _FLOATS and value.dtype != torch.float64) else value.dtype
         if target_dtype.is_floating_point:
-            return (torch.rand(value.shape, dtype=torch.float32, device=device) + 0.5).to(target_dtype)
+            # Positive, away from zero and inside [0, 1]: in the domain of log, sqrt, division,
+            # asin/acos and probability arguments (binary_cross_entropy's target), so that a
+            # baseline rarely fails on the values alone. Drawn in float32, then cast: the same
+            # values whatever the dtype.
+            drawn = torch.rand(value.shape, dtype=torch.float32, device=device, generator=generator)
+            return (drawn * 0.5 + 0.25).to(target_dtype)
         if target_dtype.is_complex:
-            return torch.rand(value.shape, dtype=target_dtype, device=device)
+            return torch.rand(value.shape, dtype=target_dtype, device=device, generator=generator)
         return torch.zeros(value.shape, dtype=target_dtype, device=device)
     if isinstance(value, (list, tuple)):
-        return type(value)(_build(v, dtype, device) for v in value)
+        return type(value)(_build(v, dtype, device, generator) for v in value)
+    if isinstance(value, dict):  # the keyword arguments: `out=` tensors, `dtype=`
+        return {key: _build(v, dtype, device, generator) for key, v in value.items()}
     if isinstance(value, torch.device):
         return torch.device(device)
     if isinstance(value, torch.dtype) and dtype is not None and value in (torch.float16, torch.bfloat16, torch.float32):
@@ -74,9 +79,13 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def _op_name(func) -> str:
+def _registered_name(func) -> str:
     schema = func._schema
-    name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+    return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+
+
+def _op_name(func) -> str:
+    name = _registered_name(func)
     return name[: -len(".default")] if name.endswith(".default") else name
 
 
@@ -129,8 +138,17 @@ def probe_kernels(templates: dict, dtypes: tuple[str, ...], device: str) -> list
 
 
 def _probe_one(func, args, kwargs, dtype, device) -> tuple[str, str | None]:
+    if not torch._C._dispatch_has_kernel(_registered_name(func)):
+        # A torch.library op whose library was destroyed during the run (a scoped library, or
+        # one freed with the script's objects): calling it would use a freed registration.
+        return "inconclusive", "the op was no longer registered when the probe ran"
+
+    def rebuild(target_dtype):
+        generator = torch.Generator(device=device).manual_seed(_VALUES_SEED)
+        return _build(args, target_dtype, device, generator), _build(kwargs, target_dtype, device, generator)
+
     try:
-        base_args, base_kwargs = _build(args, None, device), _build(kwargs, None, device)
+        base_args, base_kwargs = rebuild(None)
     except _Unrebuildable as exc:
         return "inconclusive", f"cannot rebuild the arguments ({exc})"
     try:
@@ -139,10 +157,9 @@ def _probe_one(func, args, kwargs, dtype, device) -> tuple[str, str | None]:
     except Exception as exc:  # noqa: BLE001 - the baseline itself fails: nothing to conclude
         return "inconclusive", f"baseline failed: {_first_line(exc)}"
     try:
-        probe_args, probe_kwargs = _build(args, dtype, device), _build(kwargs, dtype, device)
+        probe_args, probe_kwargs = rebuild(dtype)
         with torch.no_grad():
             func(*probe_args, **probe_kwargs)
-    except Exception as exc:  # noqa: BLE001 - the answer we are looking for
-        message = _first_line(exc)
-        return ("missing" if _MISSING.search(message) or isinstance(exc, NotImplementedError) else "inconclusive"), message
+    except Exception as exc:  # noqa: BLE001 - only the dtype changed since the baseline ran
+        return "missing", _first_line(exc)
     return "available", None
