@@ -1004,3 +1004,111 @@ def test_an_autocast_context_kept_in_a_variable_is_confirmed_at_its_construction
     assert [(f["code"], f["line"], f["source"], f["status"], f["count"]) for f in findings] == [("AMP009", 7, "static", "confirmed", 3)]
     evidence = findings[0]["evidence"]
     assert (evidence["autocast_entered_at"], evidence["autocast_created_at"], evidence["backward_at"]) == ("train.py:9", "train.py:7", "train.py:12")
+
+
+def test_a_step_up_through_a_symlinked_folder_runs_the_file_python_runs(tmp_path: Path) -> None:
+    """`L/../train.py` with `L -> real/a/sub` is `real/a/train.py` to the system (and to
+    `python`); dropping `L/..` by spelling would run `./train.py`. The report names the file that ran
+    and keeps argv[0] as typed."""
+    write(tmp_path, "train.py", "print('the decoy next to the link')\n")
+    write(tmp_path, "real/a/train.py", "import torch\nprint('real/a/train.py', torch.ones(2).sum().item())\n")
+    (tmp_path / "real" / "a" / "sub").mkdir()
+    (tmp_path / "L").symlink_to(tmp_path / "real" / "a" / "sub")
+    typed = os.path.join("L", os.pardir, "train.py")
+    proc = trace(tmp_path, "-q", "--json", "r.json", typed, "--lr", "3")
+    plain = subprocess.run([sys.executable, typed, "--lr", "3"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == plain.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout == "real/a/train.py 2.0\n"
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["script"] == os.path.join("real", "a", "train.py")
+    assert report["argv"] == [typed, "--lr", "3"]
+    assert {op["path"] for op in report["ops"]} == {os.path.join("real", "a", "train.py")}
+
+
+def test_the_report_shows_the_command_as_typed(tmp_path: Path) -> None:
+    write(tmp_path, "jobs/train.py", "import torch\ntorch.ones(2).sum()\n")
+    write(tmp_path, "pkg/__init__.py", "")
+    write(tmp_path, "pkg/train.py", "import torch\ntorch.ones(2).sum()\n")
+    proc = trace(tmp_path / "jobs", "-q", "--json", "r.json", "../jobs/train.py", "--lr", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "jobs" / "r.json").read_text())["argv"] == ["../jobs/train.py", "--lr", "3"]
+    proc = trace(tmp_path, "-q", "--json", "r.json", "-m", "pkg.train", "--lr", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["argv"] == ["-m", "pkg.train", "--lr", "3"]
+
+
+def test_the_strict_help_says_an_overflow_the_scaler_handled_does_not_fail_the_run(tmp_path: Path) -> None:
+    proc = trace(tmp_path, "--help")
+    assert "a non-finite value appeared that the GradScaler did not handle" in " ".join(proc.stdout.split())
+
+
+def test_torch_is_first_imported_by_the_script_and_a_script_without_torch_is_said_so(tmp_path: Path) -> None:
+    """The script's own `import torch` loads torch, so what it set up before (the environment torch
+    reads when it loads) holds; a script that never imports torch still gets a report that says so."""
+    write(tmp_path, "prepare.py", "import sys\nprint('torch' in sys.modules, 'numpy' in sys.modules)\n")
+    proc = trace(tmp_path, "-q", "--json", "r.json", "prepare.py")
+    plain = subprocess.run([sys.executable, "prepare.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == plain.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout == "False False\n"
+    notes = json.loads((tmp_path / "r.json").read_text())["notes"]
+    assert "the script did not import torch in this process: nothing was traced" in notes
+
+
+def test_an_executor_left_running_finishes_its_queue_before_the_atexit_handlers(tmp_path: Path) -> None:
+    """Python, when the script ends, tells a ThreadPoolExecutor that was never shut down to finish
+    its queued work and waits for it, then runs the atexit handlers: the trace does the same (and
+    does not wait forever for the executor's idle workers)."""
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import atexit
+        import time
+        from concurrent.futures import ThreadPoolExecutor
+
+        import torch
+
+        uploads = ThreadPoolExecutor(max_workers=1)
+        done = []
+
+        def upload(step):
+            time.sleep(0.2)
+            done.append(torch.full((2,), float(step)).sum().item())
+
+        atexit.register(lambda: print("uploaded before exit:", done, flush=True))
+        for step in range(3):
+            uploads.submit(upload, step)
+        """,
+    )
+    proc = trace(tmp_path, "-q", "train.py", timeout=60)
+    plain = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == plain.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout == "uploaded before exit: [0.0, 2.0, 4.0]\n"
+
+
+def test_torch_first_imported_by_a_thread_is_traced_without_the_per_op_modes(tmp_path: Path) -> None:
+    """The op recorder is a dispatch mode, which holds for the thread that enters it: when torch
+    is first imported by another thread than the script's, the report says the per-op recording
+    stayed off, and the probes still confirm what they see."""
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import threading
+        threading.Thread(target=__import__, args=("torch",)).start()
+        import time
+        while "torch" not in __import__("sys").modules:
+            time.sleep(0.01)
+        import torch
+        x = torch.ones(4, 4, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = (x @ x).float().sum()
+            loss.backward()
+        """,
+    )
+    proc = trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert any("not by the script's main thread: the per-op recording" in note for note in report["notes"])
+    assert report["ops"] == []
+    assert [(f["code"], f["status"]) for f in report["findings"]] == [("AMP003", "confirmed")]

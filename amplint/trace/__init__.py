@@ -4,7 +4,8 @@ static checker reported, with evidence from the real run.
 Layout (each module is usable and testable on its own):
   options    what the user asked for (no torch)
   command    the click command; parses, validates, calls `session.run_trace`
-  launcher   runs SCRIPT / -m MODULE as __main__ with its own argv, keeps its exit status
+  launcher   runs SCRIPT / -m MODULE as __main__ with its own argv, keeps its exit status;
+             ends it in Python's order; tells the session when the script has imported torch
   callsite   which frame is "user code"; display paths
   state      everything the run records, in plain Python structures
   probes     API patches: autocast mirror, backward, GradScaler, optimizers, clipping,

@@ -85,7 +85,8 @@ def _suggestion(name: str, known: list[str]) -> str:
 @click.option(
     "--strict",
     is_flag=True,
-    help="Exit 1 when a finding is confirmed, a kernel is missing or a non-finite value appeared.",
+    help="Exit 1 when a finding is confirmed, a kernel is missing, or a non-finite value appeared that the "
+    "GradScaler did not handle (an overflow it skipped the step for is fp16 working as designed).",
 )
 @click.option(
     "--nan",

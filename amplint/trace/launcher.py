@@ -1,8 +1,9 @@
 """Run the user's script (or module) as `__main__`, exactly as `python SCRIPT ARGS` would, and
 record how it ended instead of letting it end the process: the report must be written first.
 
-What Python does when a script ends happens here too, before the report: the traceback of an
-uncaught exception is printed, then the `atexit` handlers the script registered run (a
+What Python does when a script ends happens here too, in Python's order, before the report: the
+traceback of an uncaught exception is printed, the script's non-daemon threads are waited for (an
+asynchronous checkpoint writer finishes), then the `atexit` handlers the script registered run (a
 save-on-exit checkpoint is part of the run). The caller exits with `exit_code`.
 """
 
@@ -10,11 +11,14 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
+import functools
 import os
 import runpy
 import signal
 import struct
 import sys
+import threading
 import traceback
 import types
 import zipfile
@@ -52,7 +56,7 @@ class RunOutcome:
 def resolve_target(target: str, module: bool, cwd: str) -> tuple[str, str | None]:
     """(absolute path of the code that runs as __main__, module name or None)."""
     if not module:
-        path = os.path.abspath(os.path.join(cwd, target))
+        path = path_as_opened(os.path.join(cwd, target))
         if os.path.isdir(path):
             path = os.path.join(path, "__main__.py")
         return path, None
@@ -64,10 +68,24 @@ def resolve_target(target: str, module: bool, cwd: str) -> tuple[str, str | None
         main_spec = _find_without_importing(f"{target}.__main__", search_path)
         if main_spec is None or not main_spec.origin:
             raise LookupError(f"{target!r} is a package and cannot be directly executed (no __main__)")
-        return os.path.abspath(main_spec.origin), target
+        return path_as_opened(main_spec.origin), target
     if not spec.origin or not os.path.exists(spec.origin):
         raise LookupError(f"module {target!r} has no source file to run")
-    return os.path.abspath(spec.origin), target
+    return path_as_opened(spec.origin), target
+
+
+def path_as_opened(path: str) -> str:
+    """The absolute path, without `..`, of the file the system opens for `path`. `os.path.abspath`
+    drops the folder before a `..` by spelling alone, which names another file when that folder
+    is a symlink (`L/../train.py` with `L -> real/a/sub` is `real/a/train.py`, as `python` runs
+    it): the part up to the last `..` is resolved on the file system, the rest is kept as written
+    (a symlinked script keeps its own name, as its `__file__` does under `python`)."""
+    parts = path.split(os.sep)
+    if os.pardir not in parts:
+        return os.path.abspath(path)
+    last_step_up = len(parts) - 1 - parts[::-1].index(os.pardir)
+    resolved = os.path.realpath(os.sep.join(parts[: last_step_up + 1]))
+    return os.path.abspath(os.path.join(resolved, *parts[last_step_up + 1 :]))
 
 
 def script_import_folder(path: str) -> str:
@@ -101,16 +119,68 @@ def _find_without_importing(name: str, search_path: list[str]):
     return spec
 
 
+class _AfterFirstImport:
+    """Calls `callback()` once module `name` has been imported, in the thread that imported it,
+    before that import statement returns (at once if it already was). So the script's own
+    `import torch` loads torch, and torch reads the environment the script prepared
+    (OMP_NUM_THREADS set just before the import), as under `python`; the instrumentation goes in
+    before the script's next line. The module and the callback load inside `process_context`:
+    what they register for the process's exit (torch frees its op libraries, logging closes its
+    files) is not the script's. A meta path finder: it finds the module as the finders after it
+    do and wraps that loader's `exec_module`. It stays in place until the module is loaded:
+    `importlib.util.find_spec("torch")` (an availability check) asks it too, and loads nothing."""
+
+    def __init__(self, name: str, callback, process_context) -> None:
+        self.name, self.callback, self.process_context = name, callback, process_context
+
+    def __enter__(self) -> _AfterFirstImport:
+        if self.name in sys.modules:
+            with self.process_context():
+                self.callback()
+        else:
+            sys.meta_path.insert(0, self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with contextlib.suppress(ValueError):  # the module was loaded: it took itself off
+            sys.meta_path.remove(self)
+
+    def find_spec(self, fullname: str, path, target=None):
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            spec = None if finder is self else finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None  # not installed: the script's import fails as under `python`
+        loader, load = spec.loader, spec.loader.exec_module
+
+        def exec_module(module) -> None:
+            del loader.exec_module  # the loader is its class's again
+            with self.process_context():
+                load(module)
+                self.__exit__()
+                self.callback()
+
+        loader.exec_module = exec_module
+        return spec
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def run_target(path: str, module_name: str | None, args: list[str], argv0: str | None = None) -> RunOutcome:
-    """Run the target, then what Python runs when a script ends (its traceback, its atexit
-    handlers); never raises (the outcome says how it ended). `argv0` is the script as the user
-    typed it: `python ../train.py` gives the script `sys.argv[0] == "../train.py"`, while
-    `python -m` gives the module's full path, which is `path`."""
+def run_target(
+    path: str, module_name: str | None, args: list[str], argv0: str | None = None, when_imported: tuple | None = None
+) -> RunOutcome:
+    """Run the target, then what Python runs when a script ends (its traceback, the wait for its
+    threads, its atexit handlers); never raises (the outcome says how it ended). `argv0` is the
+    script as the user typed it: `python ../train.py` gives the script `sys.argv[0] ==
+    "../train.py"`, while `python -m` gives the module's full path, which is `path`.
+    `when_imported`: (module name, callback), the callback called once the script has imported
+    that module (see `_AfterFirstImport`)."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [argv0 or path, *args]
     sys.path[:] = _sys_path_for_main(script_import_folder(path) if module_name is None else os.getcwd())
@@ -118,9 +188,14 @@ def run_target(path: str, module_name: str | None, args: list[str], argv0: str |
     real_os_exit = os._exit
     os._exit = _os_exit_that_says_so(real_os_exit)
     try:
-        with _ExitHandlers() as exit_handlers:
+        with contextlib.ExitStack() as run_context:
+            exit_handlers = run_context.enter_context(_ExitHandlers())
+            thread_shutdown = run_context.enter_context(_ThreadShutdown())
+            if when_imported is not None:
+                run_context.enter_context(_AfterFirstImport(*when_imported, exit_handlers.for_the_process))
             outcome = _run_main(path, module_name)
             _print_script_traceback(outcome)
+            thread_shutdown.run()
             exit_handlers.run()
         return outcome
     finally:
@@ -171,7 +246,8 @@ class _ExitHandlers:
     ends, however it ends (but `os._exit`): they belong to the run, so they run before the
     report, last registered first, each with the script's `__main__` in place (a checkpoint of a
     model class defined in the script pickles by `__main__.Net`). Those registered earlier, by
-    amplint's own imports, still run when the process exits."""
+    amplint's own imports, or while the script's `import torch` loads torch (`for_the_process`),
+    still run when the process exits, after the report, which needs torch whole."""
 
     def __init__(self) -> None:
         self._handlers: list = []  # (function, args, kwargs, __main__ when it was registered)
@@ -183,6 +259,15 @@ class _ExitHandlers:
 
     def __exit__(self, *exc) -> None:
         atexit.register, atexit.unregister = self._real
+
+    @contextlib.contextmanager
+    def for_the_process(self):
+        """Handlers registered meanwhile are the process's, not the run's: they run when it exits."""
+        atexit.register, atexit.unregister = self._real
+        try:
+            yield
+        finally:
+            atexit.register, atexit.unregister = self.register, self.unregister
 
     def register(self, func, *args, **kwargs):
         if not callable(func):
@@ -205,12 +290,55 @@ class _ExitHandlers:
                 try:
                     func(*args, **kwargs)
                 except BaseException as exc:  # noqa: BLE001 - printed as Python prints it
-                    _strip_amplint_frames(exc, set())
-                    stream = _stderr()
-                    print(f"Exception ignored in atexit callback: {func!r}", file=stream)
-                    traceback.print_exception(type(exc), exc, exc.__traceback__, file=stream)
+                    _print_ignored(f"Exception ignored in atexit callback: {func!r}", exc)
         finally:
             sys.modules["__main__"] = saved_main
+
+
+class _ThreadShutdown:
+    """What Python does when the main module has ended, before the atexit handlers: it calls
+    threading's exit callbacks (concurrent.futures registers one that has an executor's workers
+    finish their queued work and stop), then waits for every non-daemon thread to end. The
+    script's threads (a checkpoint writer) finish their work traced, and before the handlers
+    that may read what they wrote. Only the run's callbacks and threads: those registered or
+    started before it belong to amplint's host."""
+
+    def __enter__(self) -> _ThreadShutdown:
+        self._callbacks: list = []
+        self._threads_before = set(threading.enumerate())
+        self._real_register = threading._register_atexit
+        threading._register_atexit = self.register
+        return self
+
+    def __exit__(self, *exc) -> None:
+        threading._register_atexit = self._real_register
+
+    def register(self, func, *args, **kwargs) -> None:
+        self._callbacks.append(functools.partial(func, *args, **kwargs))
+
+    def run(self) -> None:
+        callbacks, self._callbacks = self._callbacks, []
+        current = threading.current_thread()
+        try:
+            for callback in reversed(callbacks):
+                callback()
+            while pending := [
+                thread
+                for thread in threading.enumerate()
+                if not thread.daemon and thread is not current and thread not in self._threads_before
+            ]:
+                for thread in pending:  # a thread may start others before it ends: look again
+                    thread.join()
+        except BaseException as exc:  # noqa: BLE001 - Ctrl-C stops the wait: printed, as Python does
+            _print_ignored(f"Exception ignored in: {threading!r}", exc)
+
+
+def _print_ignored(heading: str, exc: BaseException) -> None:
+    """An exception Python prints and ignores while the script's process ends."""
+    _strip_amplint_frames(exc, set())
+    stream = _stderr()
+    print(heading, file=stream)
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=stream)
 
 
 def _is_source(path: str) -> bool:

@@ -1,15 +1,19 @@
-"""One traced run, start to end: lint, instrument, run, resolve, confirm, report.
+"""One traced run, start to end: lint, run (instrumented from the script's own `import torch` on),
+resolve, confirm, report.
 
 The report is written whatever way the script ends (return, exception, sys.exit, Ctrl-C, SIGTERM),
-after what Python runs at the script's end (its traceback, its atexit handlers: see launcher.py),
+after what Python runs at the script's end (its traceback, the wait for its threads, its atexit
+handlers: see launcher.py),
 and the script's exit status returned (or 1 under --strict when something was confirmed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
+import threading
 import time
 
 from amplint.trace.launcher import RunOutcome, resolve_target, run_target, script_import_folder
@@ -49,11 +53,51 @@ def run_trace(options: TraceOptions) -> int:
         path, module_name = resolve_target(options.target, options.module, options.cwd)
     except LookupError as exc:
         return _error(str(exc))
-    try:
-        import torch  # noqa: F401 - the slow import, after validation
-    except ImportError as exc:
-        return _error(f"`amplint trace` needs PyTorch ({exc})")
     return TraceSession(options, path, module_name).run()
+
+
+def _set_active_state(state) -> None:
+    global _ACTIVE_STATE
+    _ACTIVE_STATE = state
+
+
+class _ChildProcesses:
+    """Counts the processes the script starts with multiprocessing (a `Process`, `mp.spawn`, a
+    `Pool`, a `ProcessPoolExecutor`): they run its code untraced (a forked child passes everything
+    through, a spawned one is a plain Python), so the report must not call their lines unrun.
+    DataLoader workers and managers are not counted: they load data or serve objects for this
+    process, where the training they feed is traced."""
+
+    _SERVING_MODULES = ("torch.utils.data._utils.worker", "multiprocessing.managers")
+
+    def __init__(self, session: TraceSession):
+        self.session = session
+
+    def __enter__(self) -> _ChildProcesses:
+        from multiprocessing.process import BaseProcess  # the standard library's: torch stays unimported
+
+        real_start = self._real_start = BaseProcess.start
+        started = self._started
+
+        @functools.wraps(real_start)
+        def start(process) -> None:
+            serving = getattr(getattr(process, "_target", None), "__module__", None) in self._SERVING_MODULES
+            real_start(process)  # it forgets the target
+            if not serving:
+                started()
+
+        BaseProcess.start = start
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from multiprocessing.process import BaseProcess
+
+        BaseProcess.start = self._real_start
+
+    def _started(self) -> None:
+        classifier = self.session.classifier  # None until the script imports torch
+        site = classifier.user_callsite() if classifier is not None else None
+        self.session.state.untraced_processes[site] += 1
 
 
 class TraceSession:
@@ -63,6 +107,8 @@ class TraceSession:
         self.module_name = module_name
         self.cwd = options.cwd
         self.notes: list[str] = []
+        self.classifier = None
+        self.probes = None
 
     def display(self, filename: str) -> str:
         from amplint.trace.callsite import display_path
@@ -90,74 +136,32 @@ class TraceSession:
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> int:
-        global _ACTIVE_STATE
-        import torch
-
-        from amplint.trace.callsite import CodeClassifier
-        from amplint.trace.nonfinite import NonFiniteMonitor
-        from amplint.trace.probes import Probes
-        from amplint.trace.recorder import DispatchRecorder
         from amplint.trace.state import TraceState
 
         options = self.options
-        roots = list(dict.fromkeys([os.path.dirname(self.path), script_import_folder(self.path)]))
-        roots += [self.cwd] if self.module_name else []
-        classifier = CodeClassifier(roots)
-        state = TraceState()
-        state.classifier = classifier
-        self.state, self.classifier = state, classifier
-
-        script_findings = self.lint(self.path)
-        monitor = NonFiniteMonitor(state, options.nan, options.nan_from_step)
-        probes = Probes(state, classifier, monitor)
-        self.probes, self.monitor = probes, monitor
-        for finding in script_findings:
-            if finding.code == "AMP005":
-                for line in range(finding.line, (finding.end_line or finding.line) + 1):
-                    state.watch[(self.path, line)] = probes.watch_scaled_gradient_use
-
-        simulator = None
-        if options.simulate:
-            from amplint.trace.simulate import CudaSimulator
-
-            simulator = CudaSimulator(state, classifier)
-
-        need_mode = options.record_ops or options.nan == "op" or bool(options.probe_dtypes)
-        recorder = DispatchRecorder(
-            state,
-            monitor,
-            record=options.record_ops or bool(options.probe_dtypes),
-            check_ops=options.nan == "op",
-            keep_templates=bool(options.probe_dtypes),
-        ) if need_mode else None
-
-        _ACTIVE_STATE = state
+        self.state = TraceState()
+        self.script_findings = self.lint(self.path)
+        self._script_thread = threading.current_thread()
         started = time.process_time()
         outcome: RunOutcome
         streams = sys.stdout, sys.stderr  # a script may replace (and close) them: ours are these
-        try:
-            probes.install()
-            if options.nan == "module":
-                probes.install_module_nan_hook()
-            if simulator is not None:
-                simulator.install(probes)
-            argv0 = None if self.module_name else options.target
-            if recorder is not None:
-                with recorder:
-                    outcome = run_target(self.path, self.module_name, options.args, argv0)
-            else:
-                outcome = run_target(self.path, self.module_name, options.args, argv0)
-        finally:
-            probes.remove()
-            if simulator is not None:
-                simulator.remove()
-            _ACTIVE_STATE = None
+        argv0 = None if self.module_name else options.target
+        # torch is imported by the script, not before it; the instrumentation goes in when it is
+        # (see launcher._AfterFirstImport), and is removed (the stack closed) however the run ends.
+        with contextlib.ExitStack() as self._installed, _ChildProcesses(self):
+            outcome = run_target(self.path, self.module_name, options.args, argv0, ("torch", self.instrument))
         self.cpu_seconds = time.process_time() - started
-        del torch
+        if self.probes is None:  # the script never imported torch: nothing to trace, still a report
+            try:
+                import torch  # noqa: F401
+            except ImportError as exc:
+                return outcome.exit_code or _error(f"`amplint trace` needs PyTorch ({exc})")
+            self.build_instruments()
+            self._note("the script did not import torch in this process: nothing was traced")
 
         unwritten = None
         try:
-            report = self.build_report(outcome, script_findings, simulator)
+            report = self.build_report(outcome, self.script_findings, self.simulator)
             self.write(report)
         except KeyboardInterrupt:
             print("amplint trace: interrupted while writing the report", file=sys.stderr)
@@ -176,6 +180,65 @@ class TraceSession:
         if options.strict and outcome.exit_code == 0:
             return 1 if self.strict_failure(report) else 0
         return outcome.exit_code
+
+    def build_instruments(self) -> None:
+        """The classifier, probes, monitor, simulator and op recorder of the run (they need torch)."""
+        from amplint.trace.callsite import CodeClassifier
+        from amplint.trace.nonfinite import NonFiniteMonitor
+        from amplint.trace.probes import Probes
+        from amplint.trace.recorder import DispatchRecorder
+
+        options, state = self.options, self.state
+        roots = list(dict.fromkeys([os.path.dirname(self.path), script_import_folder(self.path)]))
+        roots += [self.cwd] if self.module_name else []
+        self.classifier = state.classifier = CodeClassifier(roots)
+        self.monitor = NonFiniteMonitor(state, options.nan, options.nan_from_step)
+        self.probes = Probes(state, self.classifier, self.monitor)
+        for finding in self.script_findings:
+            if finding.code == "AMP005":
+                for line in range(finding.line, (finding.end_line or finding.line) + 1):
+                    state.watch[(self.path, line)] = self.probes.watch_scaled_gradient_use
+
+        self.simulator = None
+        if options.simulate:
+            from amplint.trace.simulate import CudaSimulator
+
+            self.simulator = CudaSimulator(state, self.classifier)
+
+        need_mode = options.record_ops or options.nan == "op" or bool(options.probe_dtypes)
+        self.recorder = DispatchRecorder(
+            state,
+            self.monitor,
+            record=options.record_ops or bool(options.probe_dtypes),
+            check_ops=options.nan == "op",
+            keep_templates=bool(options.probe_dtypes),
+        ) if need_mode else None
+
+    def instrument(self) -> None:
+        """Build and install the instrumentation, the moment the script's `import torch` has
+        loaded torch. The probes patch torch for every thread; the op recorder and the CUDA
+        simulator are modes, which hold for the thread that enters them: the script's thread."""
+        installed = self._installed
+        self.build_instruments()
+        _set_active_state(self.state)
+        installed.callback(_set_active_state, None)
+        installed.callback(self.probes.remove)
+        self.probes.install()
+        if self.options.nan == "module":
+            self.probes.install_module_nan_hook()
+        has_modes = self.simulator is not None or self.recorder is not None
+        if has_modes and threading.current_thread() is not self._script_thread:
+            self._note(
+                f"torch was first imported by the thread {threading.current_thread().name!r}, not by the script's main "
+                "thread: the per-op recording (op dtypes, --nan op, --simulate) had to stay off"
+            )
+            self.simulator = self.recorder = None
+            return
+        if self.simulator is not None:
+            installed.callback(self.simulator.remove)
+            self.simulator.install(self.probes)
+        if self.recorder is not None:
+            installed.enter_context(self.recorder)
 
     # -- after the run ---------------------------------------------------------------------------
     def executed_project_files(self) -> list[str]:
@@ -220,6 +283,9 @@ class TraceSession:
             absolute_of[self.display(filename)] = filename
             findings.extend(self.lint(filename))
         confirmed, unchecked = confirm_findings(findings, absolute_of, facts)
+        untraced = self.untraced_processes()
+        if untraced:
+            self._say_what_ran_untraced(untraced, confirmed)
 
         ops = rpt.op_rows(state, self.display)
         devices = {row["autocast"]["device"] for row in ops if row["autocast"]}
@@ -244,10 +310,10 @@ class TraceSession:
             kernels = probe_kernels(state.op_templates, self.options.probe_dtypes, target)
 
         rank, world = rpt.rank_info()
-        script = self.display(self.path) if self.module_name is None else self.module_name
+        typed = ["-m", self.module_name] if self.module_name else [self.options.target]
         report = {
-            "script": script,
-            "argv": [script, *self.options.args],
+            "script": self.display(self.path) if self.module_name is None else self.module_name,
+            "argv": [*typed, *self.options.args],  # as typed after `amplint trace`
             "exit": {"status": outcome.status, "code": outcome.exit_code, "exception": outcome.message if outcome.status == "exception" else None},
             "environment": rpt.environment(device),
             "findings": confirmed,
@@ -266,11 +332,33 @@ class TraceSession:
             "traced_files": sorted({self.display(f) for f in absolute_of.values()}),
             "cpu_seconds": round(self.cpu_seconds, 3),
             "notes": notes,
+            "untraced_processes": untraced,
             "rank": rank,
         }
         if simulator is not None:
             report["simulation"] = simulator.results(self.display, ops)
         return report
+
+    def untraced_processes(self) -> list[dict]:
+        """Where the script started processes that ran untraced, and how many."""
+        return [
+            {"path": self.display(site[0]) if site else None, "line": site[1] if site else None, "count": count}
+            for site, count in self.state.untraced_processes.items()
+        ]
+
+    def _say_what_ran_untraced(self, untraced: list[dict], findings: list[dict]) -> None:
+        """This process saw only its own part of the run: a line it did not reach may have run in
+        a child, so a finding it did not reach says so instead of "the line never ran"."""
+        places = ", ".join(f"{p['path']}:{p['line']}" for p in untraced if p["path"])
+        where = f" ({places})" if places else ""
+        count = sum(p["count"] for p in untraced)
+        self._note(
+            f"the script started {count} process(es) that amplint does not trace{where}: what ran there "
+            "(ops, GradScaler steps, non-finite values) is not in this report"
+        )
+        for finding in findings:
+            if finding["status"] == "not-reached":
+                finding["evidence"].setdefault("note", f"not reached in the traced process; it may have run in a process the script started{where}")
 
     def write(self, report: dict) -> None:
         from amplint.trace import report as rpt

@@ -257,6 +257,9 @@ class TraceState:
         self.lines_seen: set[Callsite] = set()  # user lines that ran torch ops or probes
         self.files_seen: set[str] = set()
         self.notes: list[str] = []
+        # processes started with multiprocessing, which run untraced: start callsite (None: torch
+        # not imported yet, or no line of the script's on the stack) -> count
+        self.untraced_processes: Counter = Counter()
 
         # AMP007-AMP017 (events keyed by rule; see confirm.rule_events for how each is joined)
         self.pairing: list[dict] = []  # AMP007: missing update / update without step
