@@ -362,6 +362,28 @@ def test_the_summary_tells_inconclusive_kernel_probes_from_unverified_ones(tmp_p
     assert "inconclusive: aten::mm bfloat16 on cpu" in out.getvalue()
 
 
+def test_the_summary_shows_every_inconclusive_op_once_with_its_dtypes(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from amplint.trace.terminal import print_summary
+
+    write(tmp_path, "train.py", "import torch\nprint(torch.ones(2).sum())\n")
+    trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    report = json.loads((tmp_path / "r.json").read_text())
+    entry = {"device": "cpu", "available": None, "status": "inconclusive", "error": "RuntimeError: arguments"}
+    report["kernels"] = [
+        {**entry, "op": "mylib::whiten", "dtype": "float16"},
+        {**entry, "op": "mylib::whiten", "dtype": "bfloat16"},
+        {**entry, "op": "mylib::rescale", "dtype": "float16"},
+    ]
+    out = io.StringIO()
+    print_summary(report, str(tmp_path), Console(file=out, width=160))
+    assert "inconclusive: mylib::whiten float16, bfloat16 on cpu" in out.getvalue()
+    assert "inconclusive: mylib::rescale float16 on cpu" in out.getvalue()
+
+
 @pytest.mark.parametrize(("ends", "status"), [("print('cleaned')", 2), ("raise SystemExit(3)", 3)])
 def test_a_report_the_script_made_unwritable_is_one_error_line(tmp_path: Path, ends: str, status: int) -> None:
     write(
