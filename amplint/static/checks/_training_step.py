@@ -172,7 +172,12 @@ def mentions_a_scaler(facts: AmpFacts) -> bool:
         for function in facts.functions:
             if any(names.SCALER_WORD.search(p) for p in function.params):
                 return True
-        return False
+        # `gs.scale(loss).backward()`: a loss scaled for its backward, whatever the scaler is called
+        # (unless that name only ever holds something else: `scaler = None`).
+        return any(
+            call.method == "scale" and id(call.node) in facts.backward_of_scale and call.receiver_key not in not_loss_scalers
+            for call in facts.calls
+        )
 
     return cached(facts, "mentions_scaler", build)
 
