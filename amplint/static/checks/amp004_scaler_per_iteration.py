@@ -16,8 +16,6 @@ CODE = "AMP004"
 # A loop over folds, trials, seeds or configurations starts a new training run each iteration.
 _RUN = re.compile(r"fold|trial|seed|run|split|config|experiment|repeat|sweep|task|cfg|hparam|model|lrs?\b")
 _SCALER_USE = {"step", "update", "scale", "unscale_"}
-# Built once: lazily (`if scaler is None:`) or on the first step only (`if step == 0:`).
-_LAZY_INIT = re.compile(r"\bis None\b|not hasattr|\bnot self\.\w*scaler|\bnot \w*scaler|==\s*0\s*$")
 
 
 def _assigned_key(call: CallSite) -> str | None:
@@ -31,16 +29,84 @@ def _assigned_key(call: CallSite) -> str | None:
 
 
 def _built_by(value: cst.BaseExpression | None, call: CallSite) -> bool:
-    """The assigned value is the constructor, or one arm of a conditional around it
-    (`scaler = GradScaler() if args.amp else None`)."""
+    """The assigned value is the constructor, one arm of a conditional around it
+    (`scaler = GradScaler() if args.amp else None`), or the fallback of an `or`
+    (`scaler = scaler or GradScaler()`)."""
     if isinstance(value, cst.IfExp):
         return call.node in (value.body, value.orelse)
+    if isinstance(value, cst.BooleanOperation) and isinstance(value.operator, cst.Or):
+        return value.right is call.node
     return value is call.node
 
 
-def _lazy_init(call: CallSite, facts: AmpFacts) -> bool:
-    """`if scaler is None: scaler = GradScaler()` builds it once."""
-    return any(_LAZY_INIT.search(facts.module.code_for_node(guard.test)) for guard in call.where.ifs)
+def _built_once(call: CallSite, facts: AmpFacts) -> bool:
+    """Built on one iteration only: when the scaler is still unset (`if scaler is None:`,
+    `scaler = scaler or GradScaler()`, `GradScaler() if scaler is None else scaler`) or on the
+    loop's first step (`if step == 0:`, `if not step:`). The guard is read as an expression, not
+    as text, so its spelling (`0 == step`, `step == 0 and args.amp`) does not matter."""
+    value = facts.parent_of.get(id(call.node))
+    if isinstance(value, cst.BooleanOperation) and isinstance(value.operator, cst.Or) and value.right is call.node:
+        return _unset(value.left, call)
+    if isinstance(value, cst.IfExp) and value.body is call.node and _first_time(value.test, call, facts):
+        return True
+    return any(_first_time(guard.test, call, facts) for guard in call.where.ifs)
+
+
+def _first_time(test: cst.BaseExpression, call: CallSite, facts: AmpFacts) -> bool:
+    """A test true on one iteration: the scaler unset, or a loop counter at its start value;
+    anywhere in an `and` chain, since the other conditions only narrow it."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _first_time(test.left, call, facts) or _first_time(test.right, call, facts)
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        operand = test.expression
+        if isinstance(operand, cst.Call) and dotted_name(operand.func) == "hasattr":
+            return True  # `if not hasattr(self, "scaler"):`
+        # `not step` on a counter starting at 0 is the first step; on one starting later, never.
+        return _unset(operand, call) or any(loop.binds(dotted_name(operand)) for loop in call.where.loops)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        operator, right = test.comparisons[0].operator, test.comparisons[0].comparator
+        if isinstance(operator, cst.Is):
+            return any(_unset(side, call) for side, other in ((test.left, right), (right, test.left)) if _is_none(other))
+        if isinstance(operator, cst.Equal):
+            return any(_at_start(side, other, call, facts) for side, other in ((test.left, right), (right, test.left)))
+    return False
+
+
+def _unset(subject: cst.BaseExpression, call: CallSite) -> bool:
+    """`subject` is the scaler being checked for None or falsiness: the name the construction is
+    assigned to, or any name that says it holds a scaler (`self._scaler`, bound in a walrus)."""
+    if isinstance(subject, cst.NamedExpr):
+        return _unset(subject.target, call) or _unset(subject.value, call)
+    name = dotted_name(subject)
+    return name is not None and (name == _assigned_key(call) or bool(names.SCALER_WORD.search(name)))
+
+
+def _is_none(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
+
+
+def _at_start(counter: cst.BaseExpression, value: cst.BaseExpression, call: CallSite, facts: AmpFacts) -> bool:
+    """`counter == value` where value is where the counter starts: the `start` of the enumerate
+    or range loop binding it, else 0 (`global_step == 0` on a hand-kept counter)."""
+    name = dotted_name(counter)
+    if name is None:
+        return False
+    start = next((_start(loop) for loop in reversed(call.where.loops) if loop.binds(name)), "0")
+    return facts.module.code_for_node(value).strip() == start
+
+
+def _start(loop: Loop) -> str:
+    """The first value of a loop's counter: `enumerate(xs, start=1)`, `range(1, n)`; 0 otherwise."""
+    iterable = getattr(loop.node, "iter", None)
+    if isinstance(iterable, cst.Call):
+        function = dotted_name(iterable.func)
+        positional = [arg for arg in iterable.args if arg.keyword is None and not arg.star]
+        keyword = next((arg for arg in iterable.args if arg.keyword is not None and arg.keyword.value == "start"), None)
+        if function == "enumerate" and (keyword or len(positional) > 1):
+            return cst.Module([]).code_for_node((keyword or positional[1]).value).strip()
+        if function == "range" and len(positional) > 1:
+            return cst.Module([]).code_for_node(positional[0].value).strip()
+    return "0"
 
 
 def _loop_depth_of_uses(loop: Loop, key: str | None, facts: AmpFacts) -> list[int]:
@@ -134,7 +200,7 @@ def _remedy(facts: AmpFacts, call: CallSite, key: str | None, via: CallSite | No
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
     for call in facts.scalers_in():
-        if _lazy_init(call, facts):
+        if _built_once(call, facts):
             continue
         key = _assigned_key(call)
         per_caller = list(facts.loops_per_caller(call.where))
