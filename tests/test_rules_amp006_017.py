@@ -1259,3 +1259,10 @@ def test_amp010_flag_named_for_bf16_in_a_file_without_autocast_says_the_name_is_
 def test_amp010_flag_confirmed_by_the_files_bf16_region_says_drop_the_scaler() -> None:
     [finding] = fixture_findings("AMP010/bad_scaler_enabled_by_a_bf16_flag.py", "AMP010")
     assert "that is for bfloat16" in finding.message and "drop it" in finding.message
+
+
+def test_amp017_cites_the_backward_after_the_compiled_objects_own_forward():
+    """`self.net(x)` in `fit`, not a plain `net(x)` in another function, says which backward to cite."""
+    functional, method = fixture_findings("AMP017/bad_compiled_model_bound_by_annotation.py", "AMP017")
+    assert "(line 12)" in functional.message
+    assert "(line 28)" in method.message

@@ -87,11 +87,13 @@ def _instances_of(facts: AmpFacts, class_name: str) -> set[str]:
 
 
 def _assigned_to(facts: AmpFacts, call: CallSite) -> str | None:
-    statement = call.where.statement
-    if isinstance(statement, cst.SimpleStatementLine):
-        for small in statement.body:
-            if isinstance(small, cst.Assign) and small.value is call.node:
-                return dotted_name(small.targets[0].target)
+    """The name the compiled model is bound to, however it is bound: `net = torch.compile(m)`,
+    `net: nn.Module = torch.compile(m)`, or `(net := torch.compile(m))` inside a test."""
+    binding = facts.parent_of.get(id(call.node))
+    if isinstance(binding, cst.Assign):
+        return dotted_name(binding.targets[0].target)
+    if isinstance(binding, (cst.AnnAssign, cst.NamedExpr)):
+        return dotted_name(binding.target)
     return None
 
 
@@ -170,8 +172,14 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             "re-enters autocast, which differs from eager and can overflow (pytorch/pytorch#153044); set "
             "`torch._functorch.config.backward_pass_autocast = \"off\"` to match eager",
             statement or call_node,
-            related=(_nearest(outside, node, forwards).node,),
+            related=(_nearest(outside, node, _named_exactly(forwards, name) or forwards).node,),
         )
+
+
+def _named_exactly(forwards: list[CallSite], name: str | None) -> list[CallSite]:
+    """The forwards called by the compiled object's full name (`self.net(x)` for `self.net`): a
+    plain `net(x)` elsewhere matched only its last part and may be another model."""
+    return [f for f in forwards if f.callee in (name, f"{name}.forward", f"{name}.__call__")]
 
 
 def _nearest(backwards: list[CallSite], compiled, forwards: list[CallSite]) -> CallSite:
