@@ -146,6 +146,8 @@ def _saved_objects(facts: AmpFacts, save: CallSite) -> Iterator[tuple[CallSite, 
         obj = argument(save.node, 0 if save.qualname in _SAVES_OBJECTS else None, "to_save")
     else:
         obj = argument(save.node, 0, "obj")
+    if isinstance(obj, cst.NamedExpr):  # `torch.save(state := {...}, path)` saves the value
+        obj = obj.value
     helper = save.qualname not in _SAVE and not _saves_objects(save)
     if helper and _passes_a_state_dict(save) and not _optimizer_state(facts, obj, save.scope):
         # `save_checkpoint(dir, step, model.state_dict(), optimizer.state_dict(), meta)` (nanochat):

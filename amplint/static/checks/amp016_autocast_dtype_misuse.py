@@ -133,7 +133,7 @@ def _opted_into_bfloat16(facts: AmpFacts, region: Autocast) -> bool:
 
 def _chosen_by_a_bfloat16_setting(facts: AmpFacts, construction: cst.CSTNode) -> bool:
     """The region is built where a setting that asks for bfloat16 by name chose it: the branch of
-    an `if` or a conditional expression on it (open_clip's `elif precision == "amp_bf16": return
+    an `if`, a conditional expression or a `match` case on it (open_clip's `elif precision == "amp_bf16": return
     lambda: autocast(dtype=torch.bfloat16)`), or the entry of a table keyed by it (`{"bf16":
     autocast(dtype=torch.bfloat16), "fp16": ...}[args.precision]`). The user chose it for their
     GPU, like `enabled=args.bf16`."""
@@ -142,6 +142,9 @@ def _chosen_by_a_bfloat16_setting(facts: AmpFacts, construction: cst.CSTNode) ->
         if isinstance(node, (cst.If, cst.IfExp)) and inner is node.body:
             condition = facts.module.code_for_node(node.test)
             if _NAMES_BFLOAT16.search(condition) and not _NEGATED.search(condition):
+                return True
+        if isinstance(node, cst.MatchCase) and inner is node.body:  # `case "amp_bf16":` of `match precision:`
+            if _NAMES_BFLOAT16.search(facts.module.code_for_node(node.pattern)):
                 return True
         if isinstance(node, cst.DictElement) and inner is node.value:
             return bool(_NAMES_BFLOAT16.search(string_literal(node.key) or ""))
