@@ -141,13 +141,17 @@ class _Walk:
     def _assign(self, node: ast.Assign) -> None:
         for target in node.targets:
             self._bind(target, node.value)
-        first = dotted(node.targets[0])
-        if type(node.value) is ast.Call and first is not None:
-            self.call_targets[id(node.value)] = first
+        self._name_call(node.targets[0], node.value)
 
     def _annotated_or_named(self, node: ast.AnnAssign | ast.NamedExpr) -> None:
         if node.value is not None:
             self._bind(node.target, node.value)
+            self._name_call(node.target, node.value)  # `net: nn.Module = torch.compile(m)`, `(net := torch.compile(m))`
+
+    def _name_call(self, target: ast.expr, value: ast.expr) -> None:
+        name = dotted(target)
+        if type(value) is ast.Call and name is not None:
+            self.call_targets[id(value)] = name
 
     def _return(self, node: ast.Return) -> None:
         if node.value is not None:
