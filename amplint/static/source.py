@@ -89,15 +89,19 @@ def lines_with_endings(text: str) -> list[str]:
     return _LINE.findall(text)
 
 
-def code_only(text: str) -> str:
+def code_only(text: str, *, keep_strings: bool = False) -> str:
     """The text with its comments and string literals blanked (lines and columns kept): what a
     text search for code reads, so that a word in a comment, a docstring or a message never
-    counts as code. Text that does not tokenize (a fragment) is returned as it is."""
+    counts as code. `keep_strings` blanks the comments only (a dict's string keys still name its
+    entries). Text that does not tokenize (a fragment) is returned as it is."""
+    if "#" not in text and (keep_strings or not any(quote in text for quote in "'\"")):
+        return text  # nothing to blank
+    blanked_types = (tokenize.COMMENT,) if keep_strings else (tokenize.COMMENT, tokenize.STRING)
     lines = lines_with_endings(text)
     blanked = [list(line) for line in lines]
     try:
         for token in tokenize.generate_tokens(io.StringIO(text).readline):
-            if token.type not in (tokenize.COMMENT, tokenize.STRING):
+            if token.type not in blanked_types:
                 continue
             (first, start), (last, end) = token.start, token.end
             for row in range(first - 1, last):

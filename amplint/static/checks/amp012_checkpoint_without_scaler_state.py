@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import re
-import tokenize
 from collections.abc import Collection, Iterator
 
 import libcst as cst
@@ -542,7 +540,8 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
     if built is None or id(built[0]) in reported:
         return None
     dict_node, texts = built
-    text = _without_comments("\n".join(texts))  # `# "scaler": scaler.state_dict(),  # TODO` saves nothing
+    # `"optimizer": None,  # optimizer.state_dict(),` saves no optimizer state, nor a commented-out scaler.
+    text = code_only("\n".join(texts), keep_strings=True)
     # Strings blanked fill by fill: one that does not tokenize leaves the others blanked.
     code = "\n".join(code_only(fill) for fill in texts)
     if not _OPTIMIZER_STATE.search(text) or _holds_a_scaler(facts, code, call.scope, _scaler_state_variables(facts, dict_node)):
@@ -646,17 +645,6 @@ def _without_feature_scalers(facts: AmpFacts, text: str) -> str:
         if "." not in name:
             text = re.sub(rf"\b{re.escape(name)}\b", " ", text)
     return text
-
-
-def _without_comments(text: str) -> str:
-    """`"optimizer": None,  # optimizer.state_dict(),` saves no optimizer state."""
-    if "#" not in text:
-        return text
-    try:
-        tokens = [t for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type != tokenize.COMMENT]
-        return tokenize.untokenize(tokens)
-    except (tokenize.TokenError, SyntaxError):
-        return text
 
 
 _AS_DICT = {"dataclasses.asdict"}
