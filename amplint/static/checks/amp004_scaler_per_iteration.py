@@ -9,7 +9,7 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts, CallSite, Loop, dotted_name, is_per_step_function
+from amplint.static.semantics import AmpFacts, CallSite, Loop, argument, dotted_name, is_per_step_function
 
 CODE = "AMP004"
 
@@ -91,22 +91,23 @@ def _at_start(counter: cst.BaseExpression, value: cst.BaseExpression, call: Call
     name = dotted_name(counter)
     if name is None:
         return False
-    start = next((_start(loop) for loop in reversed(call.where.loops) if loop.binds(name)), "0")
-    return facts.module.code_for_node(value).strip() == start
+    loop = next((loop for loop in reversed(call.where.loops) if loop.binds(name)), None)
+    start = _start(loop) if loop is not None else None
+    expected = facts.module.code_for_node(start).strip() if start is not None else "0"
+    return facts.module.code_for_node(value).strip() == expected
 
 
-def _start(loop: Loop) -> str:
-    """The first value of a loop's counter: `enumerate(xs, start=1)`, `range(1, n)`; 0 otherwise."""
+def _start(loop: Loop) -> cst.BaseExpression | None:
+    """The first value of a loop's counter when it is not 0: `enumerate(xs, start=1)`, `range(1, n)`."""
     iterable = getattr(loop.node, "iter", None)
-    if isinstance(iterable, cst.Call):
-        function = dotted_name(iterable.func)
-        positional = [arg for arg in iterable.args if arg.keyword is None and not arg.star]
-        keyword = next((arg for arg in iterable.args if arg.keyword is not None and arg.keyword.value == "start"), None)
-        if function == "enumerate" and (keyword or len(positional) > 1):
-            return cst.Module([]).code_for_node((keyword or positional[1]).value).strip()
-        if function == "range" and len(positional) > 1:
-            return cst.Module([]).code_for_node(positional[0].value).strip()
-    return "0"
+    if not isinstance(iterable, cst.Call):
+        return None
+    function = dotted_name(iterable.func)
+    if function == "enumerate":
+        return argument(iterable, 1, "start")
+    if function == "range" and argument(iterable, 1, None) is not None:
+        return argument(iterable, 0, None)
+    return None
 
 
 def _loop_depth_of_uses(loop: Loop, key: str | None, facts: AmpFacts) -> list[int]:
