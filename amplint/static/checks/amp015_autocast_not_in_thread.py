@@ -24,7 +24,11 @@ _EXECUTORS = {
 }
 _EXECUTOR_NAME = re.compile(r"executor|thread_?pool|^pool$|_pool$|^ex$|^tpe$")
 _IO_WORK = re.compile(r"\bopen\(|\.write|json|print\(|logg|requests\.|upload|socket|sleep\(|wandb|tensorboard|writer\.|queue|\.put\(|shutil|os\.")
-_MODEL_WORK = re.compile(r"model|\bnet\b|forward|encode|decode|generate|\bF\.|nn\.|self\.\w+\(")
+_MODEL_WORK = re.compile(r"model|\bnet\b|forward|generate|\bF\.|\bnn\.|self\.\w+\(")
+# A model's `encode(x)` / `decode(z)` takes what it encodes; `str.encode()` and
+# `bytes.decode("utf-8")` take at most a codec's name and error policy.
+_CODEC_METHODS = frozenset({"encode", "decode"})
+_CODEC_KEYWORDS = frozenset({"encoding", "errors"})
 # torch functions autocast leaves alone: they build, copy or move tensors (a prefetch thread's
 # `torch.as_tensor(batch).pin_memory()`, `torch.clone(d).to(device)`), whatever thread runs them.
 _MOVES_DATA = frozenset({
@@ -75,13 +79,22 @@ def _target_does_no_tensor_work(facts: AmpFacts, target: cst.BaseExpression | No
     if function is None:
         return False
     text = code_only(facts.module.code_for_node(function.node))
-    if _MODEL_WORK.search(text) or any(_torch_compute(c) for c in function.calls):
+    if _MODEL_WORK.search(text) or any(_torch_compute(c) or _model_codec(c) for c in function.calls):
         return False
     bookkeeping = all(
         c.qualname in _MOVES_DATA or ((c.method in _HARMLESS_METHODS) if c.method is not None else (c.callee in _HARMLESS_FUNCTIONS))
         for c in function.calls
     )
     return bookkeeping or bool(_IO_WORK.search(text))
+
+
+def _model_codec(call: CallSite) -> bool:
+    if call.method not in _CODEC_METHODS:
+        return False
+    return any(
+        arg.star or (arg.keyword.value not in _CODEC_KEYWORDS if arg.keyword else not isinstance(arg.value, cst.BaseString))
+        for arg in call.node.args
+    )
 
 
 def _torch_compute(call: CallSite) -> bool:
