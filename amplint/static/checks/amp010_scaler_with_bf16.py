@@ -59,17 +59,23 @@ def _name_of(converted: cst.BaseExpression | None) -> str:
     return (dotted_name(named) or "").split(".")[-1]
 
 
-def _built_only_for_bf16(facts: AmpFacts, call: CallSite) -> cst.BaseExpression | None:
-    """The bfloat16 flag a scaler is built (or enabled) under, when it is on only then:
-    `GradScaler() if use_bfloat16 else None` (I-JEPA's factory), `if args.bf16: scaler =
-    GradScaler()`, `GradScaler(enabled=hps.train.bf16_run)` (Bert-VITS2)."""
+def _built_only_for_bf16(facts: AmpFacts, call: CallSite) -> tuple[cst.BaseExpression, str] | None:
+    """The bfloat16 flag a scaler is built (or enabled) under, when it is on only then, and the
+    condition in words: `GradScaler() if use_bfloat16 else None` (I-JEPA's factory), `if
+    args.bf16: scaler = GradScaler()`, `GradScaler(enabled=hps.train.bf16_run)` (Bert-VITS2), a
+    `case "bf16":` of a `match` on the precision."""
     enabled = _enabled_expression(call)
     if enabled is not None and _names_bf16(facts, enabled):
-        return enabled
+        return enabled, f"`{facts.module.code_for_node(enabled)}` is true"
     child: cst.CSTNode = call.node
     for parent in facts.ancestors(call.node):
         if isinstance(parent, (cst.IfExp, cst.If)) and child is parent.body and _names_bf16(facts, parent.test):
-            return parent.test
+            return parent.test, f"`{facts.module.code_for_node(parent.test)}` is true"
+        if isinstance(parent, cst.MatchCase) and child is parent.body:
+            subject = facts.parent_of[id(parent)].subject
+            if _case_selects_bf16(facts, subject, parent.pattern):
+                code = facts.module.code_for_node
+                return subject, f"`{code(subject)}` matches `{code(parent.pattern)}`"
         if isinstance(parent, (cst.FunctionDef, cst.ClassDef)):
             return None
         child = parent
@@ -77,11 +83,43 @@ def _built_only_for_bf16(facts: AmpFacts, call: CallSite) -> cst.BaseExpression 
 
 
 def _names_bf16(facts: AmpFacts, test: cst.BaseExpression) -> bool:
-    """A flag that says bfloat16 (`use_bfloat16`, `args.bf16`), not a negation or comparison of one,
-    nor one that names float16 too (`fp16_not_bf16`, VAR's `using_fp16_rather_bf16`)."""
+    """A flag that says bfloat16 (`use_bfloat16`, `args.bf16`), also bound in a walrus, or a test
+    of the precision against bfloat16 alone (`args.precision == "bf16"`, `dtype in ("bf16",
+    "bfloat16")`); not a negation, nor a flag that names float16 too (`fp16_not_bf16`, VAR's
+    `using_fp16_rather_bf16`)."""
+    if isinstance(test, cst.NamedExpr):
+        return _names_bf16(facts, test.target) or _names_bf16(facts, test.value)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        operator, right = test.comparisons[0].operator, test.comparisons[0].comparator
+        if isinstance(operator, cst.Equal):
+            return _is_bf16_value(facts, test.left) or _is_bf16_value(facts, right)
+        if isinstance(operator, cst.In) and isinstance(right, (cst.Tuple, cst.List, cst.Set)):
+            return bool(right.elements) and all(_is_bf16_value(facts, element.value) for element in right.elements)
+        return False
     if not isinstance(test, (cst.Name, cst.Attribute)):
         return False
-    text = facts.module.code_for_node(test)
+    return _says_bf16_only(facts.module.code_for_node(test))
+
+
+def _case_selects_bf16(facts: AmpFacts, subject: cst.BaseExpression, pattern: cst.MatchPattern) -> bool:
+    """`case "bf16":` / `case torch.bfloat16:` (or an `|` of such), or `case True:` on a bfloat16 flag."""
+    if isinstance(pattern, cst.MatchValue):
+        return _is_bf16_value(facts, pattern.value)
+    if isinstance(pattern, cst.MatchOr):
+        return all(_case_selects_bf16(facts, subject, element.pattern) for element in pattern.patterns)
+    if isinstance(pattern, cst.MatchSingleton):
+        return is_true(pattern.value) and _names_bf16(facts, subject)
+    return False
+
+
+def _is_bf16_value(facts: AmpFacts, value: cst.BaseExpression) -> bool:
+    """A precision literal for bfloat16 alone: `"bf16"`, `"bf16-mixed"`, `torch.bfloat16`."""
+    if isinstance(value, cst.SimpleString):
+        return _says_bf16_only(value.evaluated_value if isinstance(value.evaluated_value, str) else "")
+    return isinstance(value, (cst.Name, cst.Attribute)) and facts.module.code_for_node(value).split(".")[-1] == "bfloat16"
+
+
+def _says_bf16_only(text: str) -> bool:
     return bool(_BF16_FLAG.search(text)) and not _FP16_FLAG.search(text)
 
 
@@ -106,13 +144,14 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         return
     dtypes = _region_dtypes(facts)
     flags = [(call, _built_only_for_bf16(facts, call)) for call in scalers]
-    for call, flag in flags:
-        if flag is not None and not _flag_enables_float16(facts, flag):
+    for call, found in flags:
+        if found is not None and not _flag_enables_float16(facts, found[0]):
+            flag, condition = found
             built = "enabled" if flag is _enabled_expression(call) else "built"
             yield Hit(
                 call.node,
-                f"this GradScaler is {built} only when `{facts.module.code_for_node(flag)}` is true, "
-                f"{_bf16_flag_verdict(facts, dtypes)}",
+                f"this GradScaler is {built} only when {condition}, "
+                f"{_bf16_flag_verdict(facts, dtypes, _says_bf16_only(facts.module.code_for_node(flag)))}",
                 call.where.statement,
             )
     scalers = [call for call, flag in flags if flag is None]
@@ -135,15 +174,16 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         )
 
 
-def _bf16_flag_verdict(facts: AmpFacts, dtypes: set[str]) -> str:
-    """What a scaler built for a bfloat16 flag costs. A file with no autocast of its own (I-JEPA's
+def _bf16_flag_verdict(facts: AmpFacts, dtypes: set[str], named: bool) -> str:
+    """What a scaler built for a bfloat16 flag (`named`: its name is the evidence) costs. A file with no autocast of its own (I-JEPA's
     optimizer factory, given the flag by its training script) has only the flag's name to go on,
     and the message says so: a flag named for bfloat16 has been seen to turn on float16 autocast."""
     if not facts.has_autocast:
+        evidence, amend = ("its name says", "rename the flag") if named else ("it says", "correct the condition")
         return (
-            "which its name says is for bfloat16 (this file opens no autocast to confirm it); "
-            "bfloat16 needs no loss scaling, so the scaler only adds a sync per step: drop it, or "
-            "rename the flag if it turns on float16 autocast"
+            f"which {evidence} is for bfloat16 (this file opens no autocast to confirm it); "
+            f"bfloat16 needs no loss scaling, so the scaler only adds a sync per step: drop it, or "
+            f"{amend} if it turns on float16 autocast"
         )
     if dtypes & (rg.FLOAT16 | {"unknown"}):
         return (
