@@ -29,8 +29,10 @@ def _compiled(facts: AmpFacts) -> list[tuple[CallSite, str | None, object]]:
                 found.append((call, name, function))
                 continue
             target = _assigned_to(facts, call)
-            argument = dotted_name(call.arg(0, "model"))
-            found.append((call, target or argument, None))
+            compiled = call.arg(0, "model")
+            # `torch.compile(train_step)` of a function of this file is `@torch.compile` on it.
+            function = facts._function_named(compiled, call.scope) if compiled is not None else None
+            found.append((call, target or dotted_name(compiled), function.node if function is not None else None))
         elif call.method == "compile" and call.receiver_key and _compiles_a_module(facts, call):
             found.append((call, call.receiver_key, None))
     for function in facts.functions:
@@ -98,7 +100,7 @@ def _assigned_to(facts: AmpFacts, call: CallSite) -> str | None:
 
 
 def _opens_autocast_inside(facts: AmpFacts, function_node) -> bool:
-    """A compiled function (decorated) that opens an enabled training autocast region itself."""
+    """A compiled function (decorated, or given to `torch.compile`) that opens an enabled training autocast region itself."""
     return function_node is not None and any(
         rg.enabled(region) and ts.within(facts, call.node, function_node) and not rg.inference_only(facts, call)
         for call, region in rg.autocasts(facts)
