@@ -1266,3 +1266,9 @@ def test_amp017_cites_the_backward_after_the_compiled_objects_own_forward():
     functional, method = fixture_findings("AMP017/bad_compiled_model_bound_by_annotation.py", "AMP017")
     assert "(line 12)" in functional.message
     assert "(line 28)" in method.message
+
+
+def test_amp002_what_a_step_hook_makes_of_its_batch_is_told_the_inputs_cost() -> None:
+    findings = fixture_findings("AMP002/bad_lightning_step_hook_casts_the_batch.py", "AMP002")
+    assert [f.line for f in findings] == [10, 12]
+    assert all("keep inputs and targets in float32" in f.message for f in findings)

@@ -21,7 +21,6 @@ from amplint.static.semantics import (
     argument,
     dotted_name,
     is_false,
-    is_true,
     mutually_exclusive,
     statement_code,
     string_literal,
@@ -322,11 +321,16 @@ def _outside_training(call: CallSite, facts: AmpFacts) -> bool:
     )
 
 
+# A LightningModule's step hooks are the training loop, whatever the class derives from: their
+# casts are the batch's, not the model's kernels.
+_LOOP_HOOKS = frozenset({"training_step", "validation_step", "test_step", "predict_step"})
+
+
 def _kernel_cast_in_model(call: CallSite, facts: AmpFacts) -> bool:
     """A model casting tensors for its own kernels (fp16 q/k/v for flash attention) is the model's
     business; a model converting itself or a submodule (`self.encoder.half()` in `setup`) is not."""
     function = call.scope.function_scope
-    if function.class_name is None or not facts.is_module_class(function.class_name):
+    if function.class_name is None or not facts.is_module_class(function.class_name) or function.name in _LOOP_HOOKS:
         return False
     converts_itself = call.receiver_key == "self" or (
         (call.receiver_key or "").startswith("self.") and function.name != "forward"
@@ -422,6 +426,37 @@ def _created_in_low_precision(call: CallSite, facts: AmpFacts) -> bool:
     return factory in _TENSOR_FACTORIES
 
 
+def _only_to_a_dtype_already_held(call: CallSite, facts: AmpFacts, dtype: str) -> bool:
+    """Cast only where a tensor already has that dtype: `avg.half() if p.dtype == torch.float16
+    else avg` (averaged weights swapped into a float16 model, OpenNMT's), `if param.dtype ==
+    torch.bfloat16: value = value.bfloat16()`. It keeps a precision chosen elsewhere; it converts
+    nothing."""
+    branches = dict(call.where.branches)
+    tests = [g.test for g in call.where.ifs if branches.get(id(g)) == "body"]
+    child: cst.CSTNode = call.node
+    for parent in facts.ancestors(call.node):
+        if parent is call.where.statement:
+            break
+        if isinstance(parent, cst.IfExp) and child is parent.body:
+            tests.append(parent.test)
+        child = parent
+    return any(_tests_dtype_is(test, dtype, call, facts) for test in tests)
+
+
+def _tests_dtype_is(test: cst.BaseExpression, dtype: str, call: CallSite, facts: AmpFacts) -> bool:
+    """`t.dtype == torch.float16` (either side), or one condition of an `and` that is."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _tests_dtype_is(test.left, dtype, call, facts) or _tests_dtype_is(test.right, dtype, call, facts)
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(test.comparisons[0].operator, cst.Equal)):
+        return False
+    sides = (test.left, test.comparisons[0].comparator)
+    return any(
+        isinstance(side, cst.Attribute) and side.attr.value == "dtype"
+        and _low_precision_dtype(_possible_names(other, call.scope, facts)) == dtype
+        for side, other in (sides, sides[::-1])
+    )
+
+
 def _literal(node: cst.BaseExpression | None) -> bool:
     """A number, or a list or tuple of literals (`[2.0]`, `[[1, 0], [0, 1]]`)."""
     if isinstance(node, cst.UnaryOperation):
@@ -486,9 +521,15 @@ def _master_weights_in_the_optimizer(call: CallSite, facts: AmpFacts) -> bool:
     training by design, where the optimizer, not autocast, keeps the precision of the updates and
     takes the loss scale itself."""
     return any(
-        (c.qualname or "").startswith(_MASTER_WEIGHT_OPTIMIZERS) or is_true(c.arg(None, "master_weights"))
+        (c.qualname or "").startswith(_MASTER_WEIGHT_OPTIMIZERS) or _keeps_master_weights(c.arg(None, "master_weights"))
         for c in call.scope.function_scope.calls
     )
+
+
+def _keeps_master_weights(value: cst.BaseExpression | None) -> bool:
+    """`master_weights=True`, or the float32 copies themselves (`master_weights=masters`,
+    Transformer Engine's FusedAdam); not `False` or `None`."""
+    return value is not None and not is_false(value) and not (isinstance(value, cst.Name) and value.value == "None")
 
 
 def _in_an_autograd_function(call: CallSite, facts: AmpFacts) -> bool:
@@ -1013,6 +1054,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _optimizer_arithmetic(call, facts)
             or _master_weights_in_the_optimizer(call, facts)
             or _created_in_low_precision(call, facts)
+            or _only_to_a_dtype_already_held(call, facts, dtype)
             or _cast_back_on_return(call, facts)
             or _input_for_a_frozen_model(call, facts)
             or _fresh_model_for_evaluation(call, facts)
@@ -1060,7 +1102,8 @@ def _is_data(call: CallSite, facts: AmpFacts) -> bool:
         return True
     if isinstance(converted, cst.Name) and _checked_to_be_a_tensor(converted.value, call, facts):
         return True
-    return isinstance(converted, cst.Name) and converted.value in _batch_names(facts, call.scope.function_scope)
+    # `hint` of `hint = batch["hint"].cuda()`, also as what a module makes of it (`self.vae.encode(hint)`)
+    return bool(set(re.findall(r"[A-Za-z_]\w*", text)) & _batch_names(facts, call.scope.function_scope))
 
 
 # `p.data`, `layer.weight`, `layer.bias`: a parameter's tensor, whatever its owner is called.
@@ -1099,8 +1142,8 @@ _DATA_SOURCE = re.compile(r"load|data|batch|prefetch")
 
 
 def _batch_names(facts: AmpFacts, function: Scope) -> set[str]:
-    """The names a function's loops over data bind, and those taken from them (`videos, masks =
-    batch`, `images = batch["image"]`)."""
+    """The names a function's loops over data bind, its `batch` parameter (a step hook's), and
+    the names taken from them (`videos, masks = batch`, `images = batch["image"].cuda()`)."""
 
     def build():
         table: dict[int, set[str]] = {}
@@ -1108,14 +1151,28 @@ def _batch_names(facts: AmpFacts, function: Scope) -> set[str]:
             if _DATA_SOURCE.search(where.loops[-1].iterable.lower()):
                 bound = table.setdefault(id(where.scope.function_scope), set())
                 bound.update(n.value for n in _names_in(target))
+        for function in facts.functions:
+            if isinstance(function.node, cst.FunctionDef) and any(param.name.value == "batch" for param in function.node.params.params):
+                table.setdefault(id(function), set()).add("batch")
         for assignment in [*facts.unpackings, *facts.assignments]:
             bound = table.get(id(assignment.where.scope.function_scope))
-            value = assignment.value.value if isinstance(assignment.value, cst.Subscript) else assignment.value
+            value = _taken_from(assignment.value)
             if bound and isinstance(value, cst.Name) and value.value in bound:
                 bound.add(assignment.key)
         return table
 
     return cached(facts, "AMP002 batch names", build).get(id(function), set())
+
+
+def _taken_from(value: cst.BaseExpression) -> cst.BaseExpression:
+    """What a value is read out of, past moves and casts: `batch` for `batch["hint"].cuda()`."""
+    while True:
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in rg.SAME_OBJECT:
+            value = value.func.value
+        elif isinstance(value, cst.Subscript):
+            value = value.value
+        else:
+            return value
 
 
 def _names_in(target: cst.BaseExpression) -> Iterator[cst.Name]:
