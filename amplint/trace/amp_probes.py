@@ -75,6 +75,17 @@ def checkpoint_contents(obj, depth: int = 0, budget: list | None = None) -> tupl
     return optimizer, scaler
 
 
+def _closure_value(function, name: str):
+    """The value a closure (torch's `decorate_fwd`) holds for `name`; None if it holds none."""
+    code, cells = getattr(function, "__code__", None), getattr(function, "__closure__", None) or ()
+    if code is None or name not in code.co_freevars:
+        return None
+    try:
+        return cells[code.co_freevars.index(name)].cell_contents
+    except (IndexError, ValueError):
+        return None
+
+
 def _decorated(function, code_name: str) -> bool:
     code = getattr(function, "__code__", None)
     return code is not None and code.co_name == code_name and code.co_filename.replace("\\", "/").endswith("amp/autocast_mode.py")
@@ -188,6 +199,9 @@ class RuleProbes:
                 record = {
                     "class": cls.__qualname__,
                     "kind": kind,
+                    # custom_fwd(cast_inputs=...) runs forward with autocast off (and records that
+                    # for custom_bwd): only a backward run under autocast then differs from it.
+                    "casts_inputs": fwd and _closure_value(forward, "cast_inputs") is not None,
                     "defined_at": (code.co_filename, line) if line else None,
                     "span": span,
                     "forward_at": (code.co_filename, code.co_firstlineno),

@@ -202,6 +202,7 @@ def _amp012(facts) -> list[RuleEvent]:
 
 def _amp013(facts) -> list[RuleEvent]:
     state = facts.state
+    backward_inside = sum(calls[0] for calls in state.backward_calls.values())
     backward_outside = sum(calls[1] for calls in state.backward_calls.values())
     backward_ran = backward_calls(state) > 0
     events = []
@@ -223,14 +224,23 @@ def _amp013(facts) -> list[RuleEvent]:
                 evidence["first_step"] = record["first_step"]
             message = f"{record['class']}.forward (no custom_fwd) received {', '.join(record.get('input_dtypes', []))} tensors together under autocast {count} time(s)"
         else:
-            count = record["calls_under_autocast"] if backward_outside else 0
             evidence["kind"] = "custom_fwd-without-custom_bwd"
             device, dtype = record.get("autocast") or (None, None)  # the region forward ran in
             evidence["autocast"] = {"device": device, "dtype": dtype}
-            message = (
-                f"{record['class']}.forward ran under autocast({device}, {dtype}) with custom_fwd but backward has no "
-                "custom_bwd: backward ran with autocast off"
-            )
+            if record["casts_inputs"]:
+                # Forward ran with autocast off: a backward outside autocast agrees with it.
+                evidence["cast_inputs"] = True
+                count = record["calls_under_autocast"] if backward_inside else 0
+                message = (
+                    f"{record['class']}.forward ran with autocast off (custom_fwd with cast_inputs) but backward has no "
+                    f"custom_bwd: backward ran under autocast({device}, {dtype})"
+                )
+            else:
+                count = record["calls_under_autocast"] if backward_outside else 0
+                message = (
+                    f"{record['class']}.forward ran under autocast({device}, {dtype}) with custom_fwd but backward has no "
+                    "custom_bwd: backward ran with autocast off"
+                )
             if not backward_ran:  # the run ended (or crashed) before any backward
                 unjudged = f"no backward() ran after {record['class']}.forward ran under autocast: the backward the finding is about did not run"
         sites = tuple(record["sites"]) + tuple(s for s in (record["defined_at"], record["forward_at"]) if s)
