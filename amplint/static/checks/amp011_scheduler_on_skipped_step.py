@@ -18,6 +18,7 @@ _SKIP_CHECK = re.compile(
     r"get_scale|_scale\b|\bscale\b|scale_(before|after)|was_skipped|skipped_step|found_inf|isfinite|isnan|isinf|overflow"
     r"|_step_count|was_run|stepped|step_was|optimizer_was|did_step|is_finite|nonfinite|non_finite"
 )
+_SCALE_TEST = re.compile(r"get_scale|_scale\b|\bscale\b|scale_(before|after)")
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
@@ -152,6 +153,18 @@ def _per_element(facts: AmpFacts, event: ts.Event, sched: ts.Event) -> bool:
     return site is not None and ts.in_a_comprehension(facts, site)
 
 
+def _else_branches_around(facts: AmpFacts, node: cst.CSTNode) -> list[cst.If]:
+    """The `if` statements of the node's function whose `else:` holds it."""
+    found, child = [], node
+    for parent in facts.ancestors(node):
+        if isinstance(parent, (cst.FunctionDef, cst.ClassDef)):
+            break
+        if isinstance(parent, cst.If) and child is parent.orelse:
+            found.append(parent)
+        child = parent
+    return found
+
+
 def _skip_flags(facts: AmpFacts, function) -> set[str]:
     """Names assigned from the scale (`skip = scale > scaler.get_scale()`), or from a same-file
     step helper that returns such a test (K-Planes: `step_successful = self.train_step(data)`,
@@ -186,11 +199,17 @@ def _returns_a_skip_test(facts: AmpFacts, helper) -> bool:
 
 
 def _gated(facts: AmpFacts, sched: ts.Event, flags: set[str]) -> bool:
+    """Under a skip check (`if scaler.get_scale() >= before: sched.step()`), or in the `else:`
+    of a test of the scale itself (`if scaler.get_scale() < before: skipped += 1`). Not in the
+    `else:` of a finite-loss test (`if torch.isnan(loss): raise`): a finite loss can still give
+    float16 gradients that overflow, and the scaler then skips the step."""
     guards = [*sched.anchor.ifs]
+    elses = _else_branches_around(facts, sched.anchor.statement)
     if sched.call.where is not sched.anchor:
         guards.extend(sched.call.where.ifs)
+        elses.extend(_else_branches_around(facts, sched.call.node))
     for guard in guards:
         test = facts.module.code_for_node(guard.test)
         if _SKIP_CHECK.search(test) or any(re.search(rf"\b{re.escape(f)}\b", test) for f in flags):
             return True
-    return False
+    return any(_SCALE_TEST.search(facts.module.code_for_node(guard.test)) for guard in elses)
