@@ -436,6 +436,11 @@ class Screen:
         )
 
     @cached_property
+    def may_disable_every_scaler(self) -> bool:
+        """Necessary for AMP009's scalers that are all built with a literal `enabled=False`."""
+        return _ENABLED_FALSE.search(self.code) is not None
+
+    @cached_property
     def surely_framework_owned(self) -> bool:
         """Sufficient for `framework_owned`: a training framework is imported."""
         return any(names.imports_a_framework(name) for name in self.walk.imported_names)
@@ -443,6 +448,9 @@ class Screen:
     @cached_property
     def names_custom_fwd(self) -> bool:
         return b"custom_fwd" in self.code or b"custom_bwd" in self.code
+
+
+_ENABLED_FALSE = re.compile(rb"enabled\s*=\s*False")
 
 
 def _autocast(screen: Screen) -> bool:
@@ -463,7 +471,8 @@ PRECONDITIONS: dict[str, Callable[[Screen], bool]] = {
     "AMP006": lambda s: s.uses_a_scaler and "scale" in s.walk.methods and s.calls_step,
     "AMP007": lambda s: s.uses_a_scaler and s.calls_step,
     "AMP008": lambda s: s.uses_a_scaler and "unscale_" in s.walk.methods,
-    "AMP009": lambda s: s.opens_autocast and s.calls_backward and not (s.surely_mentions_scaler or s.surely_framework_owned),
+    "AMP009": lambda s: s.opens_autocast and s.calls_backward
+    and not (s.surely_framework_owned or (s.surely_mentions_scaler and not s.may_disable_every_scaler)),
     "AMP010": _scaler,
     "AMP011": lambda s: s.uses_a_scaler and s.calls_step,
     "AMP012": _scaler,

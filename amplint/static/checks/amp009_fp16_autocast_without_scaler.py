@@ -9,7 +9,8 @@ import libcst as cst
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, CallSite, argument, dotted_name
+from amplint.static import names
+from amplint.static.semantics import AmpFacts, CallSite, argument, dotted_name, is_false
 
 CODE = "AMP009"
 
@@ -17,7 +18,10 @@ CODE = "AMP009"
 def check(facts: AmpFacts) -> Iterator[Hit]:
     if not facts.has_autocast or not rg.has_backward(facts):
         return
-    if ts.mentions_a_scaler(facts) or ts.framework_owned(facts):
+    if ts.framework_owned(facts):
+        return
+    disabled = _every_scaler_disabled(facts)
+    if ts.mentions_a_scaler(facts) and not disabled:
         return
     for call, region in rg.autocasts(facts):
         if not rg.enabled(region) or rg.inference_only(facts, call):
@@ -33,11 +37,24 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             continue
         yield Hit(
             call.node,
-            f"this autocast region computes in {why} and the module trains (calls backward) without a "
-            f"GradScaler: small float16 gradients underflow to zero; scale the loss with "
+            f"this autocast region computes in {why} and the module trains (calls backward) without "
+            f"{'an enabled GradScaler (every one it builds passes `enabled=False`)' if disabled else 'a GradScaler'}: "
+            f"small float16 gradients underflow to zero; scale the loss with "
             f"`torch.amp.GradScaler(\"{_scaler_device(region.device)}\")` or use `dtype=torch.bfloat16` where supported",
             call.where.statement,
         )
+
+
+def _every_scaler_disabled(facts: AmpFacts) -> bool:
+    """Every GradScaler the module builds passes a literal `enabled=False`, none comes in as a
+    parameter, and every scaled backward goes through one of them: no loss is ever scaled."""
+    built = facts.scalers_in()
+    if not built or not all(is_false(argument(c.node, None, "enabled")) for c in built):
+        return False
+    if any(names.SCALER_WORD.search(param) for function in facts.functions for param in function.params):
+        return False
+    scaled = [c for c in facts.calls if c.method == "scale" and id(c.node) in facts.backward_of_scale]
+    return all(facts.scaler_disabled(c.receiver_key, c.scope) for c in scaled)
 
 
 def _falls_back_to_float16(facts: AmpFacts, call: CallSite) -> bool:
