@@ -65,6 +65,8 @@ def _built_only_for_bf16(facts: AmpFacts, call: CallSite) -> tuple[cst.BaseExpre
     args.bf16: scaler = GradScaler()`, `GradScaler(enabled=hps.train.bf16_run)` (Bert-VITS2), a
     `case "bf16":` of a `match` on the precision."""
     enabled = _enabled_expression(call)
+    if is_false(enabled):
+        return None  # built off: the bfloat16 arm of a precision switch that needs no scaler
     if enabled is not None and _names_bf16(facts, enabled):
         return enabled, f"`{facts.module.code_for_node(enabled)}` is true"
     child: cst.CSTNode = call.node
