@@ -837,14 +837,14 @@ class AmpFacts:
         if key is None:
             return []
         matches = [a for a in self._assignments_by_key.get(key, ())]
-        if not matches and key.count(".") == 1 and key.startswith(("self.", "cls.")):
-            # `amp_ctx = torch.autocast(...)` in the class body, then `with self.amp_ctx:`.
-            owner = scope.function_scope.class_name
-            attribute = key.split(".", 1)[1]
-            return [
-                (a.value, a.where.scope) for a in self._assignments_by_key.get(attribute, ())
-                if a.where.scope.kind == "class" and a.where.scope.name == owner
-            ]
+        if not matches and key.count(".") == 1:
+            holder, attribute = key.split(".")
+            if holder in ("self", "cls"):
+                return self._class_attribute(scope.function_scope.class_name, attribute, with_methods=False)
+            # `amp = AmpConfig()` in the same function, then `with amp.ctx:`: what the class binds.
+            owner = self._local_instance_class(holder, scope)
+            if owner is not None:
+                return self._class_attribute(owner, attribute, with_methods=True)
         if not matches and not through_parameters:
             return []
         if key.startswith("self.") or key.startswith("cls."):
@@ -865,6 +865,21 @@ class AmpFacts:
                 if through_parameters and key in candidate.params:
                     return self.parameter_values(candidate, key)
         return [(a.value, a.where.scope) for a in chosen]
+
+    def _class_attribute(self, owner: str | None, attribute: str, with_methods: bool) -> list[tuple[cst.BaseExpression, Scope]]:
+        """What a class of this file binds to an attribute: in its body (`amp_ctx =
+        torch.autocast(...)`, a dataclass field's default, `field(default_factory=lambda: ...)`),
+        and with `with_methods`, to `self.attribute` in its methods."""
+        found = [
+            (_field_default(a.value), a.where.scope) for a in self._assignments_by_key.get(attribute, ())
+            if a.where.scope.kind == "class" and a.where.scope.name == owner
+        ]
+        if with_methods:
+            found += [
+                (a.value, a.where.scope) for a in self._assignments_by_key.get(f"self.{attribute}", ())
+                if a.where.scope.function_scope.class_name == owner
+            ]
+        return found
 
     def held_values(self, key: str | None, scope: Scope, depth: int = 0) -> list[tuple[cst.BaseExpression, Scope]]:
         """What a name may hold, following names bound or passed to other names: `ctx` bound to
@@ -1748,6 +1763,19 @@ def is_per_step_function(scope: Scope) -> bool:
 # Methods that return the module they are called on, moved or switched: `nn.BCELoss().cuda()` and
 # `Net().to(device).train()` are still what the constructor built.
 _RETURNS_ITS_MODULE = frozenset({"to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16", "double", "requires_grad_"})
+
+
+def _field_default(value: cst.BaseExpression) -> cst.BaseExpression:
+    """A dataclass field's default as written: `X` of `field(default=X)` or of
+    `field(default_factory=lambda: X)`; the value itself when it is no `field(...)`."""
+    if isinstance(value, cst.Call) and (dotted_name(value.func) or "").split(".")[-1] == "field":
+        default = argument(value, None, "default")
+        if default is not None:
+            return default
+        factory = argument(value, None, "default_factory")
+        if isinstance(factory, cst.Lambda):
+            return factory.body
+    return value
 
 
 def constructor_of(value: cst.BaseExpression) -> cst.Call | None:
