@@ -160,7 +160,9 @@ EXIT_STACKS = frozenset({"contextlib.ExitStack", "contextlib.AsyncExitStack"})
 # What code enters instead of autocast when AMP is off (`autocast if amp else suppress`).
 NO_OP_CONTEXTS = frozenset({"contextlib.suppress", "contextlib.nullcontext"})
 
-TORCH_OPTIMIZER_PREFIXES = ("torch.optim.", "bitsandbytes.optim.", "apex.optimizers.", "timm.optim.")
+TORCH_OPTIMIZER_PREFIXES = (
+    "torch.optim.", "bitsandbytes.optim.", "apex.optimizers.", "timm.optim.", "transformer_engine.pytorch.optimizers.",
+)
 THIRD_PARTY_OPTIMIZERS = {"transformers.AdamW", "transformers.Adafactor", "transformers.optimization.AdamW"}
 SCHEDULER_PREFIXES = ("torch.optim.lr_scheduler.",)
 MODEL_FACTORIES = {"timm.create_model", "torch.hub.load"}

@@ -21,6 +21,7 @@ from amplint.static.semantics import (
     argument,
     dotted_name,
     is_false,
+    is_true,
     mutually_exclusive,
     statement_code,
     string_literal,
@@ -427,10 +428,16 @@ def _created_in_low_precision(call: CallSite, facts: AmpFacts) -> bool:
 
 
 def _only_to_a_dtype_already_held(call: CallSite, facts: AmpFacts, dtype: str) -> bool:
-    """Cast only where a tensor already has that dtype: `avg.half() if p.dtype == torch.float16
-    else avg` (averaged weights swapped into a float16 model, OpenNMT's), `if param.dtype ==
-    torch.bfloat16: value = value.bfloat16()`. It keeps a precision chosen elsewhere; it converts
-    nothing."""
+    """A tensor cast only to the dtype of the tensor it is written into, tested right there:
+    `p.data = avg.half() if p.dtype == torch.float16 else avg` (averaged weights swapped into a
+    float16 model, OpenNMT's), `if p.dtype == torch.float16: p.data.copy_(avg.half())`. It keeps a
+    precision chosen elsewhere and converts nothing. A test of anything else (a config's dtype,
+    the batch's) or a cast of a model is no such thing."""
+    if facts.value_kind(call.receiver, call.scope) == "model":
+        return False
+    written = _written_into(call, facts)
+    if not written:
+        return False
     branches = dict(call.where.branches)
     tests = [g.test for g in call.where.ifs if branches.get(id(g)) == "body"]
     child: cst.CSTNode = call.node
@@ -440,18 +447,42 @@ def _only_to_a_dtype_already_held(call: CallSite, facts: AmpFacts, dtype: str) -
         if isinstance(parent, cst.IfExp) and child is parent.body:
             tests.append(parent.test)
         child = parent
-    return any(_tests_dtype_is(test, dtype, call, facts) for test in tests)
+    return any(_tests_dtype_is(test, dtype, written, call, facts) for test in tests)
 
 
-def _tests_dtype_is(test: cst.BaseExpression, dtype: str, call: CallSite, facts: AmpFacts) -> bool:
-    """`t.dtype == torch.float16` (either side), or one condition of an `and` that is."""
+def _written_into(call: CallSite, facts: AmpFacts) -> set[str]:
+    """The tensors the cast's result is written into: the targets of its assignment, without
+    `.data` (`p` of `p.data = ...`), or what it is copied into, there or later through the name it
+    is assigned to (`p` of `p.data.copy_(x.half())`, of `value = value.half()` then
+    `p.data.copy_(value)`)."""
+    written = set()
+    for holder in facts.ancestors(call.node):
+        if isinstance(holder, cst.Call) and isinstance(holder.func, cst.Attribute) and holder.func.attr.value == "copy_":
+            written.add(dotted_name(holder.func.value))
+        if holder is call.where.statement:
+            break
+    statement = call.where.statement
+    if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Assign):
+        targets = {dotted_name(target.target) for target in statement.body[0].targets}
+        written |= targets
+        # `value = value.bfloat16()`, then `p.data.copy_(value)` in the same function
+        written |= {
+            dotted_name(c.receiver) for c in call.scope.function_scope.calls
+            if c.method == "copy_" and dotted_name(c.arg(0, None)) in targets and call.where.order < c.where.order
+        }
+    return {name.removesuffix(".data") for name in written if name}
+
+
+def _tests_dtype_is(test: cst.BaseExpression, dtype: str, written: set[str], call: CallSite, facts: AmpFacts) -> bool:
+    """`p.dtype == torch.float16` (either side) for a `p` written into, or one condition of an `and` that is."""
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _tests_dtype_is(test.left, dtype, call, facts) or _tests_dtype_is(test.right, dtype, call, facts)
+        return any(_tests_dtype_is(side, dtype, written, call, facts) for side in (test.left, test.right))
     if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(test.comparisons[0].operator, cst.Equal)):
         return False
     sides = (test.left, test.comparisons[0].comparator)
     return any(
         isinstance(side, cst.Attribute) and side.attr.value == "dtype"
+        and (dotted_name(side.value) or "").removesuffix(".data") in written
         and _low_precision_dtype(_possible_names(other, call.scope, facts)) == dtype
         for side, other in (sides, sides[::-1])
     )
@@ -521,15 +552,23 @@ def _master_weights_in_the_optimizer(call: CallSite, facts: AmpFacts) -> bool:
     training by design, where the optimizer, not autocast, keeps the precision of the updates and
     takes the loss scale itself."""
     return any(
-        (c.qualname or "").startswith(_MASTER_WEIGHT_OPTIMIZERS) or _keeps_master_weights(c.arg(None, "master_weights"))
+        (c.qualname or "").startswith(_MASTER_WEIGHT_OPTIMIZERS)
+        or (facts.value_kind(c.node, c.scope) == "optimizer" and _keeps_master_weights(c.arg(None, "master_weights"), c, facts))
         for c in call.scope.function_scope.calls
     )
 
 
-def _keeps_master_weights(value: cst.BaseExpression | None) -> bool:
-    """`master_weights=True`, or the float32 copies themselves (`master_weights=masters`,
-    Transformer Engine's FusedAdam); not `False` or `None`."""
-    return value is not None and not is_false(value) and not (isinstance(value, cst.Name) and value.value == "None")
+_COPIES = (cst.List, cst.ListComp, cst.Tuple, cst.GeneratorExp)
+
+
+def _keeps_master_weights(value: cst.BaseExpression | None, optimizer: CallSite, facts: AmpFacts) -> bool:
+    """`master_weights=True`, or the float32 copies themselves, written there or bound to a name
+    (`master_weights=masters`, Transformer Engine's FusedAdam); not a flag that may be False
+    (`master_weights=args.master_weights`)."""
+    if is_true(value) or isinstance(value, _COPIES):
+        return True
+    bound = facts.bindings(dotted_name(value), optimizer.scope) if isinstance(value, cst.Name) else []
+    return bool(bound) and all(isinstance(held, _COPIES) for held, _scope in bound)
 
 
 def _in_an_autograd_function(call: CallSite, facts: AmpFacts) -> bool:
