@@ -18,7 +18,6 @@ _SKIP_CHECK = re.compile(
     r"get_scale|_scale\b|\bscale\b|scale_(before|after)|was_skipped|skipped_step|found_inf|isfinite|isnan|isinf|overflow"
     r"|_step_count|was_run|stepped|step_was|optimizer_was|did_step|is_finite|nonfinite|non_finite"
 )
-_SCALE_TEST = re.compile(r"get_scale|_scale\b|\bscale\b|scale_(before|after)")
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
@@ -200,9 +199,10 @@ def _returns_a_skip_test(facts: AmpFacts, helper) -> bool:
 
 def _gated(facts: AmpFacts, sched: ts.Event, flags: set[str]) -> bool:
     """Under a skip check (`if scaler.get_scale() >= before: sched.step()`), or in the `else:`
-    of a test of the scale itself (`if scaler.get_scale() < before: skipped += 1`). Not in the
-    `else:` of a finite-loss test (`if torch.isnan(loss): raise`): a finite loss can still give
-    float16 gradients that overflow, and the scaler then skips the step."""
+    of a test that the scale dropped (`if scaler.get_scale() < before: skipped += 1`). Not in the
+    `else:` of any other test: that the scale grew or collapsed, or a finite-loss test (`if
+    torch.isnan(loss): raise`; a finite loss can still give float16 gradients that overflow, and
+    the scaler then skips the step)."""
     guards = [*sched.anchor.ifs]
     elses = _else_branches_around(facts, sched.anchor.statement)
     if sched.call.where is not sched.anchor:
@@ -212,4 +212,26 @@ def _gated(facts: AmpFacts, sched: ts.Event, flags: set[str]) -> bool:
         test = facts.module.code_for_node(guard.test)
         if _SKIP_CHECK.search(test) or any(re.search(rf"\b{re.escape(f)}\b", test) for f in flags):
             return True
-    return any(_SCALE_TEST.search(facts.module.code_for_node(guard.test)) for guard in elses)
+    return any(_scale_dropped(facts, guard.test) for guard in elses)
+
+
+def _scale_dropped(facts: AmpFacts, test: cst.BaseExpression) -> bool:
+    """`scaler.get_scale() < scale_before` or `scale_before > scaler.get_scale()`, where
+    `scale_before` holds the scale read earlier: true when the step was skipped, so its `else:`
+    runs only on applied steps (not `get_scale() < min_scale`, a collapse check)."""
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+        return False
+    operator, right = test.comparisons[0].operator, test.comparisons[0].comparator
+    if isinstance(operator, cst.GreaterThan):
+        test, right = cst.Comparison(right, [cst.ComparisonTarget(cst.LessThan(), test.left)]), test.left
+    elif not isinstance(operator, cst.LessThan):
+        return False
+    return "get_scale" in facts.module.code_for_node(test.left) and _holds_an_earlier_scale(facts, right)
+
+
+def _holds_an_earlier_scale(facts: AmpFacts, value: cst.BaseExpression) -> bool:
+    """A name bound to the scale (`scale_before = scaler.get_scale()`)."""
+    name = dotted_name(value)
+    return name is not None and any(
+        a.key == name and "get_scale" in facts.module.code_for_node(a.value) for a in facts.assignments
+    )
