@@ -10,7 +10,7 @@ from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
 from amplint.static import names
-from amplint.static.semantics import AmpFacts, CallSite, argument, dotted_name, is_false
+from amplint.static.semantics import AmpFacts, CallSite, argument, constructor_of, dotted_name, is_false
 
 CODE = "AMP009"
 
@@ -54,7 +54,18 @@ def _every_scaler_disabled(facts: AmpFacts) -> bool:
     if any(names.SCALER_WORD.search(param) for function in facts.functions for param in function.params):
         return False
     scaled = [c for c in facts.calls if c.method == "scale" and id(c.node) in facts.backward_of_scale]
-    return all(facts.scaler_disabled(c.receiver_key, c.scope) for c in scaled)
+    return all(_bound_only_to_disabled_scalers(facts, c) for c in scaled)
+
+
+def _bound_only_to_disabled_scalers(facts: AmpFacts, call: CallSite) -> bool:
+    """Every binding of the receiver is a GradScaler built with `enabled=False`: not one handed
+    in, returned by a factory of another module, or rebound to something else."""
+    bound = facts.bindings(call.receiver_key, call.scope)
+    built = [constructor_of(value) for value, _scope in bound]
+    return bool(built) and all(
+        c is not None and facts.qualname(c.func, call.scope) in names.GRAD_SCALER and is_false(argument(c, None, "enabled"))
+        for c in built
+    )
 
 
 def _falls_back_to_float16(facts: AmpFacts, call: CallSite) -> bool:
