@@ -71,6 +71,8 @@ def _built_only_for_bf16(facts: AmpFacts, call: CallSite) -> tuple[cst.BaseExpre
         return enabled, f"`{facts.module.code_for_node(enabled)}` is true"
     child: cst.CSTNode = call.node
     for parent in facts.ancestors(call.node):
+        if isinstance(parent, (cst.IfExp, cst.If)) and _BF16_SUPPORT_OR_FP16.search(facts.module.code_for_node(parent.test)):
+            return None  # a float16 fallback inside a bfloat16 branch (the GPU lacks it): it needs the scaler
         if isinstance(parent, (cst.IfExp, cst.If)) and child is parent.body and _names_bf16(facts, parent.test):
             return parent.test, f"`{facts.module.code_for_node(parent.test)}` is true"
         if isinstance(parent, cst.MatchCase) and child is parent.body:
@@ -122,10 +124,13 @@ def _is_bf16_value(facts: AmpFacts, value: cst.BaseExpression) -> bool:
 
 
 def _says_bf16_only(text: str) -> bool:
-    return bool(_BF16_FLAG.search(text)) and not _FP16_FLAG.search(text)
+    """Names bfloat16, not float16 too, and not its absence (`no_bf16`, `bf16_unsupported`)."""
+    return bool(_BF16_FLAG.search(text)) and not _FP16_FLAG.search(text) and not _NEGATED.search(text)
 
 
 _BF16_FLAG = re.compile(r"bf16|bfloat16", re.IGNORECASE)
+_NEGATED = re.compile(r"(?:^|[._])(?:no|not|non|without|disable[ds]?)_|unsupported|not_supported", re.IGNORECASE)
+_BF16_SUPPORT_OR_FP16 = re.compile(rg.BF16_SUPPORT_CALL.pattern + r"|fp16|(?<!b)float16|half", re.IGNORECASE)
 _FP16_FLAG = re.compile(r"fp16|(?<!b)float16|half", re.IGNORECASE)
 
 
