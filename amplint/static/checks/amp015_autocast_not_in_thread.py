@@ -23,12 +23,14 @@ _EXECUTORS = {
     "multiprocessing.dummy.Pool",
 }
 _EXECUTOR_NAME = re.compile(r"executor|thread_?pool|^pool$|_pool$|^ex$|^tpe$")
-_IO_WORK = re.compile(r"\bopen\(|\.write|json|print\(|logg|requests\.|upload|socket|sleep\(|wandb|tensorboard|writer\.|queue|\.put\(|shutil|os\.")
+_IO_WORK = re.compile(r"\bopen\(|\.write|json|print\(|logg|requests\.|upload|socket|\.send(?:all|to)?\(|\.recv|sleep\(|wandb|tensorboard|writer\.|queue|\.put\(|shutil|os\.")
 _MODEL_WORK = re.compile(r"model|\bnet\b|forward|generate|\bF\.|\bnn\.|self\.\w+\(")
 # A model's `encode(x)` / `decode(z)` takes what it encodes; `str.encode()` and
 # `bytes.decode("utf-8")` take at most a codec's name and error policy.
 _CODEC_METHODS = frozenset({"encode", "decode"})
 _CODEC_KEYWORDS = frozenset({"encoding", "errors"})
+_CODEC_NAME = re.compile(r"(?:en|de)code")
+_CODEC_SPELLING = re.compile(r"[A-Za-z][\w.-]{0,19}")
 # torch functions autocast leaves alone: they build, copy or move tensors (a prefetch thread's
 # `torch.as_tensor(batch).pin_memory()`, `torch.clone(d).to(device)`), whatever thread runs them.
 _MOVES_DATA = frozenset({
@@ -57,13 +59,13 @@ _HARMLESS_METHODS = frozenset({
     "append", "extend", "insert", "add", "update", "put", "put_nowait", "get", "get_nowait", "pop",
     "info", "debug", "warning", "warn", "error", "exception", "critical", "log", "write", "flush",
     "set", "clear", "wait", "is_set", "acquire", "release", "notify", "notify_all", "format", "items",
-    "keys", "values", "join", "split", "strip",
+    "keys", "values", "join", "split", "strip", "rstrip", "lstrip", "splitlines", "read", "readline", "readlines",
     # moving data: autocast does not cast these
     "to", "cuda", "cpu", "pin_memory", "contiguous", "clone", "detach", "numpy", "tolist", "item", "record_stream",
 })
 _HARMLESS_FUNCTIONS = frozenset({
     "print", "len", "range", "str", "repr", "int", "float", "bool", "min", "max", "sum", "sorted",
-    "enumerate", "zip", "isinstance", "time.sleep", "sleep", "time.time", "time.perf_counter",
+    "enumerate", "zip", "isinstance", "iter", "next", "time.sleep", "sleep", "time.time", "time.perf_counter",
 })
 
 
@@ -82,18 +84,33 @@ def _target_does_no_tensor_work(facts: AmpFacts, target: cst.BaseExpression | No
     if _MODEL_WORK.search(text) or any(_torch_compute(c) or _model_codec(c) for c in function.calls):
         return False
     bookkeeping = all(
-        c.qualname in _MOVES_DATA or ((c.method in _HARMLESS_METHODS) if c.method is not None else (c.callee in _HARMLESS_FUNCTIONS))
+        c.qualname in _MOVES_DATA
+        or ((c.method in _HARMLESS_METHODS or c.method in _CODEC_METHODS) if c.method is not None else (c.callee in _HARMLESS_FUNCTIONS))
         for c in function.calls
     )
     return bookkeeping or bool(_IO_WORK.search(text))
 
 
 def _model_codec(call: CallSite) -> bool:
+    """A model's `encode`/`decode` (`vae.decode(z)`, CLIP's `encode_image(x)`), not a text
+    codec's: `str.encode()`, `raw.decode(encoding, errors="replace")`."""
+    if not call.method or not _CODEC_NAME.match(call.method):
+        return False
     if call.method not in _CODEC_METHODS:
+        return True  # `encode_image`, `decode_latents`
+    arguments = call.node.args
+    if any(arg.keyword is not None and arg.keyword.value == "errors" for arg in arguments):
         return False
     return any(
-        arg.star or (arg.keyword.value not in _CODEC_KEYWORDS if arg.keyword else not isinstance(arg.value, cst.BaseString))
-        for arg in call.node.args
+        arg.star or (arg.keyword.value not in _CODEC_KEYWORDS if arg.keyword else not _names_a_codec(arg.value))
+        for arg in arguments
+    )
+
+
+def _names_a_codec(value: cst.BaseExpression) -> bool:
+    """`"utf-8"`, `"ascii"`: a codec's name, not text to embed (`retriever.encode(f"query: {q}")`)."""
+    return isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str) and bool(
+        _CODEC_SPELLING.fullmatch(value.evaluated_value)
     )
 
 
