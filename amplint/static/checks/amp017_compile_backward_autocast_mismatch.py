@@ -31,7 +31,7 @@ def _compiled(facts: AmpFacts) -> list[tuple[CallSite, str | None, object]]:
             target = _assigned_to(facts, call)
             compiled = call.arg(0, "model")
             # `torch.compile(train_step)` of a function of this file is `@torch.compile` on it.
-            function = facts._function_named(compiled, call.scope) if compiled is not None else None
+            function = _function_compiled(facts, compiled, call.scope)
             found.append((call, target or dotted_name(compiled), function.node if function is not None else None))
         elif call.method == "compile" and call.receiver_key and _compiles_a_module(facts, call):
             found.append((call, call.receiver_key, None))
@@ -49,6 +49,21 @@ def _compiled(facts: AmpFacts) -> list[tuple[CallSite, str | None, object]]:
             if function.class_name is not None and function.name in ("forward", "__call__"):
                 found.extend((decorator, key, None) for key in _instances_of(facts, function.class_name))
     return found
+
+
+def _function_compiled(facts: AmpFacts, compiled: cst.BaseExpression | None, scope):
+    """The function of this file a `torch.compile` argument runs: named, through
+    `functools.partial(f, model)`, a lambda that calls it, or a method of a local instance
+    (`torch.compile(computer.forward_loss)`)."""
+    if isinstance(compiled, cst.Call) and facts.qualname(compiled.func, scope) == "functools.partial":
+        return _function_compiled(facts, argument(compiled, 0, "func"), scope)
+    if isinstance(compiled, cst.Lambda) and isinstance(compiled.body, cst.Call):
+        return _function_compiled(facts, compiled.body.func, scope)
+    if isinstance(compiled, cst.Attribute) and isinstance(compiled.value, cst.Name):
+        owner = facts._local_instance_class(compiled.value.value, scope)
+        if owner is not None:
+            return facts._method_of(owner, compiled.attr.value)
+    return facts._function_named(compiled, scope) if compiled is not None else None
 
 
 def _compiles_a_module(facts: AmpFacts, call: CallSite) -> bool:
