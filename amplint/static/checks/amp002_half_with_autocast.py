@@ -322,16 +322,24 @@ def _outside_training(call: CallSite, facts: AmpFacts) -> bool:
     )
 
 
-# A LightningModule's step hooks are the training loop, whatever the class derives from: their
-# casts are the batch's, not the model's kernels.
+# A LightningModule's step hooks (and helpers only they call) are the training loop, whatever the
+# class derives from: their casts are the batch's, not the model's kernels.
 _LOOP_HOOKS = frozenset({"training_step", "validation_step", "test_step", "predict_step"})
+
+
+def _part_of_the_loop(function: Scope, facts: AmpFacts) -> bool:
+    """A step hook, or a helper only step hooks call (`_shared_step(batch)`)."""
+    if function.name in _LOOP_HOOKS:
+        return True
+    callers = facts.callers(function)
+    return bool(callers) and all(site.scope.function_scope.name in _LOOP_HOOKS for site in callers)
 
 
 def _kernel_cast_in_model(call: CallSite, facts: AmpFacts) -> bool:
     """A model casting tensors for its own kernels (fp16 q/k/v for flash attention) is the model's
     business; a model converting itself or a submodule (`self.encoder.half()` in `setup`) is not."""
     function = call.scope.function_scope
-    if function.class_name is None or not facts.is_module_class(function.class_name) or function.name in _LOOP_HOOKS:
+    if function.class_name is None or not facts.is_module_class(function.class_name) or _part_of_the_loop(function, facts):
         return False
     converts_itself = call.receiver_key == "self" or (
         (call.receiver_key or "").startswith("self.") and function.name != "forward"
