@@ -209,8 +209,31 @@ class RuleProbes:
                     "mixed_calls": 0,
                     "sites": {},
                 }
+                if kind == "fwd-without-bwd":
+                    self._watch_backward(cls, record, _closure_value(forward, "device_type") or "cuda")
         functions[cls] = record
         return record
+
+    def _watch_backward(self, cls, record: dict, device: str) -> None:
+        """Count the runs of the Function's own backward, and those with autocast on: what the
+        finding is about is the autocast state that backward ran in, not another backward's."""
+        original = cls.__dict__.get("backward")
+        if not isinstance(original, staticmethod):
+            return
+        function = original.__func__
+        record["backward_runs"] = record["backward_runs_under_autocast"] = 0
+
+        @functools.wraps(function)
+        def backward(ctx, *grads):
+            record["backward_runs"] += 1
+            try:
+                record["backward_runs_under_autocast"] += bool(torch.is_autocast_enabled(device))
+            except (TypeError, RuntimeError):  # a torch whose is_autocast_enabled takes no device
+                record["backward_runs_under_autocast"] += bool(torch.is_autocast_enabled())
+            return function(ctx, *grads)
+
+        cls.backward = staticmethod(backward)
+        self.probes._undo.append(lambda: setattr(cls, "backward", original))
 
     def _install_function_apply(self) -> None:
         rules, state = self, self.state

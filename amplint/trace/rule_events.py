@@ -204,7 +204,6 @@ def _amp013(facts) -> list[RuleEvent]:
     state = facts.state
     backward_inside = sum(calls[0] for calls in state.backward_calls.values())
     backward_outside = sum(calls[1] for calls in state.backward_calls.values())
-    backward_ran = backward_calls(state) > 0
     events = []
     for record in state.custom_functions.values():
         if record is None:
@@ -227,22 +226,33 @@ def _amp013(facts) -> list[RuleEvent]:
             evidence["kind"] = "custom_fwd-without-custom_bwd"
             device, dtype = record.get("autocast") or (None, None)  # the region forward ran in
             evidence["autocast"] = {"device": device, "dtype": dtype}
-            if record["casts_inputs"]:
+            # Its own backward's runs when they were watched, else any backward() of the run.
+            runs = record.get("backward_runs", backward_calls(state))
+            runs_on = record.get("backward_runs_under_autocast", backward_inside)
+            runs_off = runs - runs_on if "backward_runs" in record else backward_outside
+            if record.get("casts_inputs"):
                 # Forward ran with autocast off: a backward outside autocast agrees with it.
                 evidence["cast_inputs"] = True
-                count = record["calls_under_autocast"] if backward_inside else 0
+                count = min(runs_on, record["calls_under_autocast"])
                 message = (
                     f"{record['class']}.forward ran with autocast off (custom_fwd with cast_inputs) but backward has no "
                     f"custom_bwd: backward ran under autocast({device}, {dtype})"
                 )
             else:
-                count = record["calls_under_autocast"] if backward_outside else 0
+                count = min(runs_off, record["calls_under_autocast"])
                 message = (
                     f"{record['class']}.forward ran under autocast({device}, {dtype}) with custom_fwd but backward has no "
                     "custom_bwd: backward ran with autocast off"
                 )
-            if not backward_ran:  # the run ended (or crashed) before any backward
-                unjudged = f"no backward() ran after {record['class']}.forward ran under autocast: the backward the finding is about did not run"
+            if "backward_runs" in record:
+                evidence["backward_runs"], evidence["backward_runs_under_autocast"] = runs, runs_on
+            if not runs:  # the run ended (or crashed) before that backward
+                ran = (
+                    f"{record['class']}.backward never ran after its forward"
+                    if "backward_runs" in record
+                    else f"no backward() ran after {record['class']}.forward"
+                )
+                unjudged = f"{ran} ran under autocast: the backward the finding is about did not run"
         sites = tuple(record["sites"]) + tuple(s for s in (record["defined_at"], record["forward_at"]) if s)
         evidence["called_at"] = sorted(filter(None, (facts.where(s) for s in record["sites"])))[:5]
         anchor = record["defined_at"] or record["forward_at"]
