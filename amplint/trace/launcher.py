@@ -193,7 +193,7 @@ def run_target(
             thread_shutdown = run_context.enter_context(_ThreadShutdown())
             if when_imported is not None:
                 run_context.enter_context(_AfterFirstImport(*when_imported, exit_handlers.for_the_process))
-            outcome = _run_main(path, module_name)
+            outcome = _run_main(path, module_name, _file_as_python_names_it(path, argv0))
             _print_script_traceback(outcome)
             thread_shutdown.run()
             exit_handlers.run()
@@ -206,10 +206,23 @@ def run_target(
         sys.path[:] = saved_path
 
 
-def _run_main(path: str, module_name: str | None) -> RunOutcome:
+def _file_as_python_names_it(path: str, argv0: str | None) -> str:
+    """The script's `__file__` under `python`: the path as typed, joined to the working folder but
+    not normalised (`python ../train.py` in `run/` gives `/home/u/run/../train.py`). `path`, the
+    tracer's own name for the file, has no `..`."""
+    if not argv0:
+        return path
+    typed = os.path.join(os.getcwd(), argv0)
+    try:
+        return typed if os.path.samefile(typed, path) else path
+    except OSError:
+        return path
+
+
+def _run_main(path: str, module_name: str | None, file_name: str) -> RunOutcome:
     try:
         if module_name is None and _is_source(path):
-            _run_script(path)
+            _run_script(path, file_name)
         elif module_name is None:
             runpy.run_path(path, run_name="__main__")  # a zipapp or a .pyc
         else:
@@ -322,15 +335,37 @@ class _ThreadShutdown:
         try:
             for callback in reversed(callbacks):
                 callback()
-            while pending := [
-                thread
-                for thread in threading.enumerate()
-                if not thread.daemon and thread is not current and thread not in self._threads_before
-            ]:
-                for thread in pending:  # a thread may start others before it ends: look again
-                    thread.join()
+            with _main_thread_seen_as_ended():
+                while pending := [
+                    thread
+                    for thread in threading.enumerate()
+                    if not thread.daemon and thread is not current and thread not in self._threads_before
+                ]:
+                    for thread in pending:  # a thread may start others before it ends: look again
+                        thread.join()
         except BaseException as exc:  # noqa: BLE001 - Ctrl-C stops the wait: printed, as Python does
             _print_ignored(f"Exception ignored in: {threading!r}", exc)
+
+
+@contextlib.contextmanager
+def _main_thread_seen_as_ended():
+    """While the script's other threads are waited for, the main thread counts as ended, as in
+    Python's own shutdown (it releases the main thread's lock and marks it stopped first): a
+    watchdog looping `while threading.main_thread().is_alive():` ends, and so does a
+    `threading.main_thread().join()`, instead of waiting for amplint's report forever. Then it is
+    alive again, as amplint is still running. Python's own `_shutdown` does the same at the end."""
+    main = threading.main_thread()
+    lock = getattr(main, "_tstate_lock", None)  # Python 3.11/3.12 internals; newer ones: no change
+    if threading.current_thread() is not main or lock is None or not lock.locked() or not hasattr(main, "_is_stopped"):
+        yield
+        return
+    lock.release()
+    main._is_stopped = True
+    try:
+        yield
+    finally:
+        lock.acquire()  # a `join()` of the main thread took and released it, and cleared these
+        main._tstate_lock, main._is_stopped = lock, False
 
 
 def _print_ignored(heading: str, exc: BaseException) -> None:
@@ -345,14 +380,15 @@ def _is_source(path: str) -> bool:
     return not path.endswith(".pyc") and not zipfile.is_zipfile(path)
 
 
-def _run_script(path: str) -> None:
+def _run_script(path: str, file_name: str) -> None:
     """`runpy.run_path`, except that it leaves `sys.argv[0]` alone (run_path sets it to the path it
-    was given, which is absolute here): a fresh `__main__` module for the run, as Python makes."""
+    was given, which is absolute here) and sets `__file__` as Python would (`file_name`): a fresh
+    `__main__` module for the run, as Python makes."""
     with open(path, "rb") as handle:  # bytes: compile() honours a coding cookie, as Python does
         code = compile(handle.read(), path, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")  # __name__, __doc__, __package__, __loader__, __spec__
     main.__dict__.update(
-        __loader__=SourceFileLoader("__main__", path), __annotations__={}, __builtins__=builtins, __file__=path, __cached__=None
+        __loader__=SourceFileLoader("__main__", path), __annotations__={}, __builtins__=builtins, __file__=file_name, __cached__=None
     )
     saved_main = sys.modules.get("__main__")
     sys.modules["__main__"] = main
