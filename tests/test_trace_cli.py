@@ -384,6 +384,24 @@ def test_the_summary_shows_every_inconclusive_op_once_with_its_dtypes(tmp_path: 
     assert "inconclusive: mylib::rescale float16 on cpu" in out.getvalue()
 
 
+def test_the_summary_and_the_html_say_none_seen_in_this_process_when_children_ran_untraced(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from amplint.trace.html import render
+    from amplint.trace.terminal import print_summary
+
+    write(tmp_path, "train.py", "import torch\nprint(torch.ones(2).sum())\n")
+    trace(tmp_path, "-q", "--nan", "module", "--json", "r.json", "train.py")
+    report = json.loads((tmp_path / "r.json").read_text())
+    report["untraced_processes"] = [{"pid": 4242, "how": "subprocess"}]
+    out = io.StringIO()
+    print_summary(report, str(tmp_path), Console(file=out, width=160))
+    assert "none seen in this process (--nan module)" in out.getvalue()
+    assert "None seen in this process (--nan module)." in render(report, str(tmp_path))
+
+
 @pytest.mark.parametrize(("ends", "status"), [("print('cleaned')", 2), ("raise SystemExit(3)", 3)])
 def test_a_report_the_script_made_unwritable_is_one_error_line(tmp_path: Path, ends: str, status: int) -> None:
     write(
@@ -525,9 +543,9 @@ def test_an_input_tensor_cast_by_hand_is_unchecked_not_refuted(tmp_path: Path) -
     assert unchecked["code"] == "AMP002" and unchecked["line"] == 8 and "tensor" in unchecked["reason"]
 
 
-def test_a_thread_started_with_autocast_off_is_refuted_not_unreached(tmp_path: Path) -> None:
-    """The Thread line ran (autocast switched off by the script's flag): AMP015 did not happen,
-    which is `refuted`; `not-reached` would say the line never ran."""
+def test_a_thread_started_with_autocast_off_is_not_reached_and_says_why(tmp_path: Path) -> None:
+    """The Thread line ran, but autocast was switched off by the script's flag: the case AMP015
+    is about did not run, so the run cannot refute it, and the note says which region was off."""
     script = write(tmp_path, "worker.py", """
         import threading
 
@@ -549,8 +567,9 @@ def test_a_thread_started_with_autocast_off_is_refuted_not_unreached(tmp_path: P
     """)
     result = trace(tmp_path, "--json", "trace.json", str(script))
     assert result.returncode == 0, result.stderr
-    statuses = {f["code"]: f["status"] for f in json.loads((tmp_path / "trace.json").read_text())["findings"]}
-    assert statuses.get("AMP015") == "refuted"
+    [finding] = [f for f in json.loads((tmp_path / "trace.json").read_text())["findings"] if f["code"] == "AMP015"]
+    assert finding["status"] == "not-reached"
+    assert "autocast was off in this run" in finding["evidence"]["note"] and "(enabled=use_amp)" in finding["evidence"]["note"]
 
 
 def test_an_op_that_raises_on_low_precision_inputs_in_a_disabled_region_confirms_amp014(tmp_path: Path) -> None:
@@ -829,11 +848,12 @@ def test_a_gpu_script_tried_without_cuda_says_why_its_scaler_findings_are_not_re
 
 
 @pytest.mark.parametrize("typed", ["train.py", "./train.py", "jobs/../train.py", "pkg"])
-def test_the_script_sees_sys_argv_0_as_typed_like_a_plain_run(tmp_path: Path, typed: str) -> None:
+def test_the_script_sees_sys_argv_0_and_its_file_as_typed_like_a_plain_run(tmp_path: Path, typed: str) -> None:
     source = """
         import os
         import sys
         print(sys.argv[0], os.path.dirname(sys.argv[0]) or ".", sys.argv[1:])
+        print(__file__)
         """
     write(tmp_path, "train.py", source)
     write(tmp_path, "pkg/__main__.py", source)
@@ -841,7 +861,8 @@ def test_the_script_sees_sys_argv_0_as_typed_like_a_plain_run(tmp_path: Path, ty
     proc = trace(tmp_path, "-q", typed, "--epochs", "1")
     plain = subprocess.run([sys.executable, typed, "--epochs", "1"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == plain.stdout == f"{typed} {os.path.dirname(typed) or '.'} ['--epochs', '1']\n"
+    assert proc.stdout == plain.stdout
+    assert proc.stdout.startswith(f"{typed} {os.path.dirname(typed) or '.'} ['--epochs', '1']\n")
 
 
 def test_a_script_ending_with_os_exit_keeps_its_status_and_says_no_report_was_written(tmp_path: Path) -> None:
@@ -1134,3 +1155,67 @@ def test_torch_first_imported_by_a_thread_is_traced_without_the_per_op_modes(tmp
     assert any("not by the script's main thread: the per-op recording" in note for note in report["notes"])
     assert report["ops"] == []
     assert [(f["code"], f["status"]) for f in report["findings"]] == [("AMP003", "confirmed")]
+
+
+def test_threads_waiting_for_the_main_thread_end_as_under_python(tmp_path: Path) -> None:
+    """Python's shutdown counts the main thread as ended before it waits for the others: a
+    heartbeat looping while the main thread is alive, and a join of the main thread, end."""
+    script = write(tmp_path, "watch.py", """
+        import threading
+        import time
+
+        import torch
+
+
+        def heartbeat():
+            while threading.main_thread().is_alive():
+                time.sleep(0.02)
+            print("heartbeat: main thread ended")
+
+
+        def wait_for_main():
+            threading.main_thread().join()
+            print("waiter: main thread joined")
+
+
+        threading.Thread(target=heartbeat).start()
+        threading.Thread(target=wait_for_main).start()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            print("out", torch.nn.Linear(4, 2)(torch.randn(3, 4)).dtype)
+    """)
+    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    proc = trace(tmp_path, "-q", "--json", "r.json", str(script), timeout=60)
+    assert proc.returncode == plain.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == sorted(plain.stdout.splitlines())
+    assert "heartbeat: main thread ended" in proc.stdout and (tmp_path / "r.json").exists()
+
+
+def test_a_region_switched_off_is_quoted_where_it_was_built_not_where_another_starts(tmp_path: Path) -> None:
+    """`with amp_ctx:` holds no autocast call: the note quotes the construction's `enabled=`,
+    not the nested full-precision region on a later line."""
+    script = write(tmp_path, "train.py", """
+        import argparse
+
+        import torch
+        import torch.nn as nn
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--amp", action="store_true")
+        args = parser.parse_args()
+        model = nn.Linear(8, 4)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        amp_ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp)
+        for step in range(2):
+            with amp_ctx:
+                logits = model(torch.randn(4, 8))
+                with torch.autocast("cpu", enabled=False):
+                    loss = nn.functional.cross_entropy(logits.float(), torch.randint(0, 4, (4,)))
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    """)
+    proc = trace(tmp_path, "-q", "--json", "r.json", str(script))
+    assert proc.returncode == 0, proc.stderr
+    [finding] = [f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "AMP003"]
+    assert finding["status"] == "not-reached"
+    assert "the region entered at train.py:14 was disabled (enabled=args.amp, set by the script option --amp)" in finding["evidence"]["note"]

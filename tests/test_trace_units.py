@@ -38,6 +38,7 @@ def statuses(findings, state, values=None, applied=None):
 
 def test_backward_in_autocast_statuses() -> None:
     state = TraceState()
+    state.autocast_entries[(FILE, 15)] = 4
     state.backward_calls[(FILE, 17)] = [4, 0]
     state.backward_autocast[(FILE, 17)] = {"device": "cpu", "dtype": "bfloat16", "entered_at": (FILE, 15), "step": 0}
     state.backward_calls[(FILE, 30)] = [0, 2]  # ran, never under autocast
@@ -47,6 +48,18 @@ def test_backward_in_autocast_statuses() -> None:
         ("AMP003", 30, "static", "refuted", 0),
         ("AMP003", 40, "static", "not-reached", 0),
     ]
+
+
+def test_backward_outside_autocast_is_not_reached_when_autocast_was_off_all_run() -> None:
+    """Every region was entered disabled: the backward outside autocast proves nothing about
+    the finding, which is about a run with autocast on."""
+    state = TraceState()
+    state.autocast_off_entries[(FILE, 15)] = 2
+    state.backward_calls[(FILE, 17)] = [0, 2]
+    facts = facts_for(state)
+    [result], _ = confirm_findings([finding("AMP003", 17)], {"train.py": FILE}, facts)
+    assert result["status"] == "not-reached"
+    assert result["evidence"]["note"].startswith("autocast was off in this run: the region entered at train.py:15 was disabled")
 
 
 def test_multi_line_statement_matches_its_range() -> None:
@@ -632,3 +645,16 @@ def test_a_scaler_switched_off_leaves_scaled_gradient_findings_unreached_naming_
     results, _ = confirm_findings([finding("AMP005", 20)], {"train.py": str(script)}, facts)
     assert results[0]["status"] == "not-reached"
     assert results[0]["evidence"]["note"] == f"the GradScaler built at {os.path.relpath(script)}:4 was off in this run {switch} and scaled nothing: the case the finding is about did not run"
+
+
+def test_a_backward_inside_a_region_entered_disabled_is_not_reached_and_names_that_region() -> None:
+    """Autocast was on elsewhere in the run (an evaluation), but off around this backward."""
+    state = TraceState()
+    state.autocast_entries[(FILE, 40)] = 1  # the evaluation's region
+    state.autocast_off_entries[(FILE, 15)] = 2
+    state.backward_calls[(FILE, 17)] = [0, 2]
+    state.calls_in_off_region[(FILE, 17)] = 2
+    state.off_region_of[(FILE, 17)] = (FILE, 15)
+    [result], _ = confirm_findings([finding("AMP003", 17)], {"train.py": FILE}, facts_for(state))
+    assert result["status"] == "not-reached"
+    assert result["evidence"]["note"].startswith("autocast was off around it: the region entered at train.py:15 was disabled")

@@ -7,7 +7,8 @@ problem happened there; `refuted` only when the run performed the action the rul
 backward, the clip, the scaler's step and update) there and the problem did not occur;
 `not-reached` when the lines never ran, or ran without that action or without the case the finding
 is about (the run crashed or ended first, a GradScaler that was off or disabled itself and scaled
-nothing, CUDA autocast on a machine without CUDA), which the evidence's `note` says.
+nothing, no autocast region on in the whole run, CUDA autocast on a machine without CUDA), which
+the evidence's `note` says.
 Rules the tracer has no runtime check for are not given a status (they are listed under
 `unchecked_findings` in the report).
 """
@@ -127,6 +128,12 @@ def _amp003(site: _Site, facts: Facts):
             evidence["call"] = first["function"]
     if not total:
         return _not_judged(site, facts, evidence, "the line ran, but no backward() or optimizer step was called there")
+    off = _sum_where(site, state.calls_in_off_region)
+    if not in_autocast and off == total:  # every call ran inside an autocast region entered disabled
+        entered = next(region for at, region in state.off_region_of.items() if site.matches(at))
+        if not (state.simulating and entered in state.autocast_without_device_entries):
+            evidence["note"] = f"autocast was off around it: {_region_off(entered, facts, {})}; {_NOT_RUN}"
+            return 0, False, evidence
     return in_autocast, True, evidence
 
 
@@ -378,27 +385,66 @@ def _scaled_nothing_note(code: str, site: _Site, facts: Facts, sources: dict) ->
         return f"the GradScaler never scaled a loss in this run (scaler.scale() was not called): {_NOT_RUN}"
     switched_off = next((s for s in scalers if s.disabled_on_request), None)
     if switched_off is not None:
-        return f"the GradScaler built at {facts.where(switched_off.callsite)} was off in this run{_switch(switched_off, sources)} and scaled nothing: {_NOT_RUN}"
+        return f"the GradScaler built at {facts.where(switched_off.callsite)} was off in this run{_switch(switched_off.callsite, sources, 'GradScaler')} and scaled nothing: {_NOT_RUN}"
     device = scalers[0].device
     return f"the GradScaler disabled itself (no {device} device on this machine) and scaled nothing: the {device} case did not run"
 
 
-def _switch(scaler, sources: dict) -> str:
-    """` (enabled=EXPR, set by the script option --OPT)`: the argument that switched the scaler
-    off, as written at its construction, and the argparse option of the same file it reads."""
-    if scaler.callsite is None:
+# These problems happen under an enabled autocast region: a run that entered none (autocast
+# switched off by the script's flag, a nullcontext in its place, CUDA autocast on a machine
+# without CUDA and no --simulate cuda) cannot refute them.
+_NEED_AUTOCAST = ("AMP002", "AMP003", "AMP009", "AMP013", "AMP014", "AMP015", "AMP017")
+
+
+def _autocast_off_note(code: str, facts: Facts, sources: dict) -> str | None:
+    """Why the run cannot judge this finding, when no autocast region was on in it."""
+    state = facts.state
+    if code not in _NEED_AUTOCAST or _autocast_was_on(state) or (state.simulating and state.autocast_without_device_entries):
+        return None
+    entered = state.autocast_off_entries or state.autocast_without_device_entries
+    if entered:
+        site, _count = entered.most_common(1)[0]
+        return f"autocast was off in this run: {_region_off(site, facts, sources)}; {_NOT_RUN}"
+    return f"no autocast region was entered in this run: {_NOT_RUN}"
+
+
+def _region_off(entered, facts: Facts, sources: dict) -> str:
+    """`the region entered at train.py:20 was disabled (enabled=args.amp, set by the script
+    option --amp)`, quoting the call that built it; or that CUDA autocast turned itself off."""
+    state = facts.state
+    if entered in state.autocast_without_device_entries:
+        return f"CUDA autocast disabled itself at {facts.where(entered)} (no CUDA on this machine; --simulate cuda shadows it)"
+    built = state.autocast_created_at.get(entered) or entered
+    return f"the region entered at {facts.where(entered)} was disabled{_switch(built, sources, 'autocast')}"
+
+
+def _autocast_was_on(state: TraceState) -> bool:
+    """Any sign of an enabled autocast region: one entered, or work recorded under one (a region
+    inside a compiled function is entered by the compiled graph, not by Python's `with`)."""
+    return bool(state.autocast_entries) or any(
+        calls[0] for table in (state.backward_calls, state.step_calls) for calls in table.values()
+    ) or any(record.get("calls_under_autocast") for record in state.compiled) or any(key[3] for key in state.ops)
+
+
+def _switch(callsite, sources: dict, constructor: str) -> str:
+    """` (enabled=EXPR, set by the script option --OPT)`: the argument that switched a GradScaler
+    or an autocast region off, as written at the call that starts on that line, and the argparse
+    option of the same file it reads."""
+    if callsite is None:
         return ""
-    lines = _source_lines(scaler.callsite[0], sources)
-    expression = _enabled_argument("\n".join(lines[scaler.callsite[1] - 1 : scaler.callsite[1] + 9]))
+    lines = _source_lines(callsite[0], sources)
+    if not 0 < callsite[1] <= len(lines) or not re.search(rf"{constructor}\s*\(", lines[callsite[1] - 1]):
+        return ""  # no such call starts on that line (`with amp_ctx:`): another line's would be quoted
+    expression = _enabled_argument("\n".join(lines[callsite[1] - 1 : callsite[1] + 9]), constructor)
     if expression is None:
         return ""
     option = _option_read_by(expression, "\n".join(lines))
     return f" (enabled={expression}" + (f", set by the script option {option})" if option else ")")
 
 
-def _enabled_argument(call_text: str) -> str | None:
-    """The `enabled=` argument of the first GradScaler(...) call in the text, whitespace collapsed."""
-    opening = re.search(r"GradScaler\s*\(", call_text)
+def _enabled_argument(call_text: str, constructor: str) -> str | None:
+    """The `enabled=` argument of the first `constructor(...)` call in the text, whitespace collapsed."""
+    opening = re.search(rf"{constructor}\s*\(", call_text)
     if opening is None:
         return None
     depth, argument, arguments = 0, [], []
@@ -507,10 +553,14 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
             count, reached, evidence = check(site, facts, _source_line(filename, finding.line, sources), finding.column)
         else:
             count, reached, evidence = check(site, facts)
-        scaled_nothing = _scaled_nothing_note(finding.code, site, facts, sources) if not count and (reached or _reached(site, facts)) else None
-        if scaled_nothing:
+        unjudged = None
+        if not count and (reached or _reached(site, facts)):
+            unjudged = _scaled_nothing_note(finding.code, site, facts, sources)
+            if unjudged is None and "note" not in evidence:  # a note saying what did not run stays
+                unjudged = _autocast_off_note(finding.code, facts, sources)
+        if unjudged:
             reached = False
-            evidence["note"] = scaled_nothing
+            evidence["note"] = unjudged
         if finding.code == "AMP002" and reached and not evidence["conversions"]:
             # The line ran but converted no module: an input tensor cast by hand, which the runtime
             # check (it follows converted modules into autocast) cannot judge either way.

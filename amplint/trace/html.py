@@ -9,6 +9,8 @@ import math
 import os
 from collections import defaultdict
 
+from amplint.trace.report import found_in, none_seen
+
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222;max-width:1200px}
 h1{font-size:20px}h2{font-size:16px;margin-top:1.6em;border-bottom:1px solid #ddd}h3{font-size:14px;margin:1em 0 .3em}
@@ -120,12 +122,13 @@ def render(report: dict, cwd: str) -> str:
     if cheap_coverage:
         out.append(f'<p class="note">{_e(cheap_coverage)}</p>')
     elif nf is None:
-        out.append(f"<p>None seen (--nan {_e(report.get('nan_mode'))}).</p>")
+        said = none_seen(report)
+        out.append(f"<p>{_e(said[0].upper() + said[1:])}.</p>")
     else:
         handled = " &mdash; handled by GradScaler (step skipped)" if nf.get("handled_by_scaler") else ""
         out.append(
             f'<p class="{"note" if nf.get("handled_by_scaler") else "bad"}"><code>{_e(nf["op"])}</code>'
-            f"{' [' + _e(nf['node']) + ']' if nf.get('node') else ''} at <span class=\"mono\">{_e(nf['path'])}:{_e(nf['line'])}</span>, "
+            f"{_e(found_in(nf))} at <span class=\"mono\">{_e(nf['path'])}:{_e(nf['line'])}</span>, "
             f"{_e(nf['phase'])}, step {_e(nf['step'])}, {_e(nf['dtype'])}{handled}</p>"
         )
         unlocalised = nf.get("check") == "cheap" and nf.get("detail")  # why this run's op check did not find it

@@ -30,6 +30,7 @@ any scale applies, whatever the scaler then does. Handled overflows are counted 
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -135,6 +136,13 @@ _LEFT_BY_EARLIER_BACKWARD = (
 )
 
 
+class _ModuleCalls(threading.local):
+    """The modules being called in this thread, outermost first (each thread starts empty)."""
+
+    def __init__(self) -> None:
+        self.stack: list = []
+
+
 class NonFiniteMonitor:
     def __init__(self, state: TraceState, mode: str, from_step: int):
         self.state = state
@@ -155,6 +163,7 @@ class NonFiniteMonitor:
         # By identity: a WeakSet compares live tensors with `==`, and `nan == nan` is false, so a
         # NaN literal was never found in it.
         self._constants: dict[int, weakref.ref] = {}
+        self._calling = _ModuleCalls()
         # storage -> (a weak reference to it, holds a NaN): the non-finite values the op check saw
         # written. An in-place op has overwritten its inputs by the time it is checked; what they
         # held before is what was last written there. By storage, not tensor: autograd stores a
@@ -384,7 +393,27 @@ class NonFiniteMonitor:
         )
 
     # -- module -------------------------------------------------------------------------
+    def module_called(self, module) -> None:
+        """`--nan module`, as a module call begins: the modules being called, outermost first, so
+        that a find can name the instance (`layers.2`), not only its class."""
+        self._calling.stack.append(module)
+
+    def module_returned(self, module) -> None:
+        stack = self._calling.stack
+        if stack and stack[-1] is module:
+            stack.pop()
+
+    def _module_path(self, module) -> str | None:
+        """`encoder.layers.2.fc`: the name of `module` among the submodules of the outermost
+        module being called (a ModuleList is iterated, not called, so it is not on the stack);
+        None when it is that module or not one of its submodules."""
+        stack = self._calling.stack
+        if not stack or stack[0] is module:
+            return None
+        return next((name for name, candidate in stack[0].named_modules() if candidate is module), None)
+
     def module_hook(self, module, inputs, output) -> None:
+        """`--nan module`, as a module call returns: a non-finite output from finite inputs."""
         state = self.state
         if state.paused or not self.searching:
             return
@@ -408,6 +437,7 @@ class NonFiniteMonitor:
                 inputs_finite=True,
                 check="module",
                 awaits_scaler=in_backward and self.scaler_in_flight(),
+                module=self._module_path(module),
             )
         )
 

@@ -203,6 +203,9 @@ class Probes:
                     probes._refresh_suppressed()
                 # A CUDA region a CPU-only machine disabled: --simulate cuda shadows it anyway.
                 wanted_cuda = not enabled and getattr(self_, "device", None) == "cuda" and not torch.cuda.is_available()
+                if not enabled:
+                    (probes.state.autocast_without_device_entries if wanted_cuda else probes.state.autocast_off_entries)[site] += 1
+                    probes.state.autocast_created_at.setdefault(site, created)
                 probes.state.mirror.requested.append(getattr(self_, "fast_dtype", None) if wanted_cuda else None)
                 return result
 
@@ -283,6 +286,15 @@ class Probes:
                 record["error"] = message
         record["count"] += 1
 
+    def count_call(self, table: dict, site, evidence: dict | None) -> None:
+        """A backward or optimizer step at `site`, with autocast on or off (AMP003); off inside an
+        autocast region entered disabled, that region is noted: the finding's case did not run."""
+        table[site][0 if evidence else 1] += 1
+        regions = self.state.mirror.regions
+        if evidence is None and regions and not regions[-1][1]:
+            self.state.calls_in_off_region[site] += 1
+            self.state.off_region_of.setdefault(site, regions[-1][3])
+
     def autocast_evidence(self) -> dict | None:
         mirror = self.state.mirror
         if not mirror.active:
@@ -302,8 +314,7 @@ class Probes:
                     return real(tensors, *args, **kwargs)
                 site = probes._callsite()
                 evidence = probes.autocast_evidence()
-                calls = state.backward_calls[site]
-                calls[0 if evidence else 1] += 1
+                probes.count_call(state.backward_calls, site, evidence)
                 if evidence and site not in state.backward_autocast:
                     state.backward_autocast[site] = dict(evidence, step=state.step)
                 monitor.backward_begins(tensors, site)
@@ -436,7 +447,7 @@ class Probes:
             else:
                 site = probes._callsite(2)
                 evidence = probes.autocast_evidence()
-                state.step_calls[site][0 if evidence else 1] += 1
+                probes.count_call(state.step_calls, site, evidence)
                 if evidence and site not in state.step_autocast:
                     state.step_autocast[site] = dict(evidence, step=state.step, function="optimizer.step()")
                 state.direct_steps[site] += 1
@@ -645,7 +656,7 @@ class Probes:
                 info = probes.scaler_info(self_)
                 site = probes._callsite()
                 evidence = probes.autocast_evidence()
-                state.step_calls[site][0 if evidence else 1] += 1
+                probes.count_call(state.step_calls, site, evidence)
                 if evidence and site not in state.step_autocast:
                     state.step_autocast[site] = dict(evidence, step=state.step, function="scaler.step()")
                 event = None
@@ -893,8 +904,27 @@ class Probes:
         self._undo.append(handle.remove)
 
     def install_module_nan_hook(self) -> None:
-        handle = torch.nn.modules.module.register_module_forward_hook(self.monitor.module_hook)
-        self._undo.append(handle.remove)
+        """Every module call is checked as the caller receives it: `Module._call_impl` is wrapped
+        (on the class, so no module's own hooks or pickled state change), and what it returns has
+        passed the module's own forward hooks, which may replace the output (a hook that patches
+        or corrupts it is the module's doing; a global hook would run before them). The modules
+        being called are kept on a stack, so a find names the instance (`layers.2.fc`)."""
+        monitor = self.monitor
+        module_class = torch.nn.Module
+        real = module_class.__dict__["_call_impl"]
+
+        @functools.wraps(real)
+        def _call_impl(module, *args, **kwargs):
+            monitor.module_called(module)
+            try:
+                output = real(module, *args, **kwargs)
+                monitor.module_hook(module, (args, kwargs), output)
+                return output
+            finally:
+                monitor.module_returned(module)
+
+        module_class._call_impl = _call_impl
+        self._undo.append(lambda: setattr(module_class, "_call_impl", real))
 
     # -- warnings (AMP001) -----------------------------------------------------------------------
     def _install_warnings(self) -> None:

@@ -4,7 +4,7 @@ torchrun, and the merged summary of all ranks.
 Extensions beyond the contract (consumers may ignore them): `name`/`summary` on findings,
 `node`/`policy` on ops, `policy_departures`, `scaler.timeline/enabled/notes/optimizer_steps/steps_raised`,
 `scaler.constructions[].steps_attempted/steps_applied/steps_skipped/scale_history/device/init_scale`,
-`nonfinite.check/handled_by_scaler/node/detail/hint`, `kernels[].status/signatures`,
+`nonfinite.check/handled_by_scaler/node/module/detail/hint`, `kernels[].status/signatures`,
 `simulation`, `unchecked_findings`, `notes`, `rank`, `ranks`.
 """
 
@@ -181,6 +181,19 @@ def cheap_coverage_note(losses: int, gradient_checks: int) -> str:
     )
 
 
+def none_seen(report: dict) -> str:
+    """What the summaries say when the checks found no non-finite value."""
+    where = " in this process" if report.get("untraced_processes") else ""  # its children ran untraced
+    checks = "checks off" if report.get("nan_mode") == "off" else f"--nan {report.get('nan_mode')}"
+    return f"none seen{where} ({checks})"
+
+
+def found_in(nonfinite: dict) -> str:
+    """` [MulBackward0]`, ` [block2]`: the autograd node or the module instance of a find."""
+    where = nonfinite.get("node") or nonfinite.get("module")
+    return f" [{where}]" if where else ""
+
+
 def nonfinite_section(item, display, state) -> dict | None:
     if item is None:
         return None
@@ -198,6 +211,8 @@ def nonfinite_section(item, display, state) -> dict | None:
     }
     if item.node:
         out["node"] = item.node
+    if item.module:
+        out["module"] = item.module
     if item.detail:
         out["detail"] = item.detail
     if item.check == "cheap" and item.rerun_from_step is not None:  # None: this run's op check already looked there

@@ -200,6 +200,7 @@ class TraceSession:
                     state.watch[(self.path, line)] = self.probes.watch_scaled_gradient_use
 
         self.simulator = None
+        state.simulating = bool(options.simulate)
         if options.simulate:
             from amplint.trace.simulate import CudaSimulator
 

@@ -162,6 +162,7 @@ class NonFinite:
     # handled if that scaler then skips the step, which is known only once it has stepped.
     awaits_scaler: bool = False
     node: str | None = None
+    module: str | None = None  # `--nan module`: the instance's attribute path (`block2.fc`)
     detail: str | None = None
     # A cheap find: the `--nan-from-step` of the `--nan op` rerun that localises it; None when
     # this run's op check already searched from there (the rerun would be this run again).
@@ -234,6 +235,15 @@ class TraceState:
         self.step_calls: dict[Callsite | None, list[int]] = defaultdict(lambda: [0, 0])
         self.step_autocast: dict[Callsite | None, dict] = {}
         self.autocast_entries: Counter = Counter()  # callsite of `with autocast` -> count
+        # `with autocast` entered disabled: by the script (`enabled=False`), or a CUDA region on a
+        # machine without CUDA, which --simulate cuda shadows (then it is not "off")
+        self.autocast_off_entries: Counter = Counter()  # callsite -> count
+        self.autocast_without_device_entries: Counter = Counter()  # callsite -> count
+        self.autocast_created_at: dict = {}  # entered callsite of a disabled region -> where it was built
+        # backward / step calls made with autocast off inside a region entered disabled (AMP003)
+        self.calls_in_off_region: Counter = Counter()  # callsite -> count
+        self.off_region_of: dict = {}  # callsite -> entered callsite of the first such region
+        self.simulating = False
 
         self.scalers: list[ScalerInfo] = []
         self.scaler_by_id: dict[int, int] = {}

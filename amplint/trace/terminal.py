@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from amplint.trace.report import CHEAP_COVERAGE_NOTE_START
+from amplint.trace.report import CHEAP_COVERAGE_NOTE_START, found_in, none_seen
 
 STATUS_STYLE = {"confirmed": "bold red", "refuted": "green", "not-reached": "yellow"}
 MAX_OP_LINES = 30
@@ -294,11 +294,10 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
     if cheap_coverage:
         console.print(Text(cheap_coverage, style="yellow"))
     elif nf is None:
-        where = " in this process" if report.get("untraced_processes") else ""  # its children ran untraced
-        console.print(f"none seen{where}" + (" (checks off)" if report.get("nan_mode") == "off" else f" (--nan {report.get('nan_mode')})"))
+        console.print(none_seen(report))
     else:
         handled = " - handled by GradScaler (step skipped)" if nf.get("handled_by_scaler") else ""
-        node = f" [{nf['node']}]" if nf.get("node") else ""
+        node = found_in(nf)
         console.print(
             Text(
                 f"first: {nf['op']}{node} at {nf['path']}:{nf['line']}, {nf['phase']}, step {nf['step']}, {nf['dtype']}"
