@@ -1161,6 +1161,7 @@ def test_threads_waiting_for_the_main_thread_end_as_under_python(tmp_path: Path)
     """Python's shutdown counts the main thread as ended before it waits for the others: a
     heartbeat looping while the main thread is alive, and a join of the main thread, end."""
     script = write(tmp_path, "watch.py", """
+        import atexit
         import threading
         import time
 
@@ -1180,6 +1181,7 @@ def test_threads_waiting_for_the_main_thread_end_as_under_python(tmp_path: Path)
 
         threading.Thread(target=heartbeat).start()
         threading.Thread(target=wait_for_main).start()
+        atexit.register(lambda: print("atexit: main thread alive:", threading.main_thread().is_alive()))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             print("out", torch.nn.Linear(4, 2)(torch.randn(3, 4)).dtype)
     """)
@@ -1188,6 +1190,7 @@ def test_threads_waiting_for_the_main_thread_end_as_under_python(tmp_path: Path)
     assert proc.returncode == plain.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == sorted(plain.stdout.splitlines())
     assert "heartbeat: main thread ended" in proc.stdout and (tmp_path / "r.json").exists()
+    assert "atexit: main thread alive: False" in proc.stdout
 
 
 def test_a_region_switched_off_is_quoted_where_it_was_built_not_where_another_starts(tmp_path: Path) -> None:
@@ -1219,3 +1222,91 @@ def test_a_region_switched_off_is_quoted_where_it_was_built_not_where_another_st
     [finding] = [f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "AMP003"]
     assert finding["status"] == "not-reached"
     assert "the region entered at train.py:14 was disabled (enabled=args.amp, set by the script option --amp)" in finding["evidence"]["note"]
+
+
+def test_a_custom_function_is_judged_by_the_backward_autograd_calls_for_it(tmp_path: Path) -> None:
+    """`vjp` with custom_bwd is what autograd runs (no finding), and a subclass that inherits its
+    parent's backward has its own runs counted, not the parent's."""
+    write(tmp_path, "fused.py", """
+        import torch
+
+
+        class Scale(torch.autograd.Function):
+            @staticmethod
+            @torch.amp.custom_fwd(device_type="cpu")
+            def forward(ctx, x):
+                return x * 2
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad * 2
+
+
+        class HalfScale(Scale):
+            @staticmethod
+            @torch.amp.custom_fwd(device_type="cpu")
+            def forward(ctx, x):
+                return x * 0.5
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad * 0.5
+
+
+        class Square(torch.autograd.Function):
+            @staticmethod
+            @torch.amp.custom_fwd(device_type="cpu")
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return x * x
+
+            @staticmethod
+            @torch.amp.custom_bwd(device_type="cpu")
+            def vjp(ctx, grad):
+                (x,) = ctx.saved_tensors
+                return 2 * x * grad
+
+
+        class Quarter(Scale):
+            @staticmethod
+            @torch.amp.custom_fwd(device_type="cpu")
+            def forward(ctx, x):
+                return x * 0.25
+
+
+        w = torch.ones(4, requires_grad=True)
+        for step in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = Scale.apply(w) + Square.apply(w) + Quarter.apply(w)
+            y.sum().backward()
+    """)
+    proc = trace(tmp_path, "-q", "--json", "r.json", "fused.py")
+    assert proc.returncode == 0, proc.stderr
+    findings = [f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "AMP013"]
+    assert {f["evidence"]["class"] for f in findings} == {"Scale", "Quarter"}  # not Square: its vjp has custom_bwd
+    assert all(f["status"] == "confirmed" and f["evidence"]["backward_runs"] == 2 for f in findings)
+
+
+def test_a_cuda_region_the_script_switched_off_is_quoted_not_blamed_on_the_machine(tmp_path: Path) -> None:
+    write(tmp_path, "train.py", """
+        import argparse
+
+        import torch
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--amp", action="store_true")
+        args = parser.parse_args()
+        model = torch.nn.Linear(8, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(2):
+            with torch.autocast("cuda", enabled=args.amp):
+                loss = model(torch.randn(4, 8)).square().mean()
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    """)
+    proc = trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    assert proc.returncode == 0, proc.stderr
+    [finding] = [f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "AMP003"]
+    assert finding["status"] == "not-reached"
+    assert "was disabled (enabled=args.amp, set by the script option --amp)" in finding["evidence"]["note"]

@@ -75,6 +75,25 @@ def checkpoint_contents(obj, depth: int = 0, budget: list | None = None) -> tupl
     return optimizer, scaler
 
 
+def _backward_method(cls) -> tuple[str, type | None, object]:
+    """What autograd calls for a Function's backward: `vjp` when a class of the project
+    overrides it, else `backward`; its name, the class that defines it and the attribute."""
+    for name in ("vjp", "backward"):
+        for klass in cls.__mro__:
+            if klass.__module__.split(".")[0] == "torch":  # torch's own Function bases
+                break
+            if name in klass.__dict__:
+                return name, klass, klass.__dict__[name]
+    return "backward", None, None
+
+
+def _autocast_on(device: str) -> bool:
+    try:
+        return bool(torch.is_autocast_enabled(device))
+    except (TypeError, RuntimeError):  # a torch whose is_autocast_enabled takes no device
+        return bool(torch.is_autocast_enabled())
+
+
 def _closure_value(function, name: str):
     """The value a closure (torch's `decorate_fwd`) holds for `name`; None if it holds none."""
     code, cells = getattr(function, "__code__", None), getattr(function, "__closure__", None) or ()
@@ -123,6 +142,7 @@ class RuleProbes:
         self.probes = probes
         self.state = probes.state
         self.classifier = probes.classifier
+        self._watched: set = set()  # Function classes whose backward (or vjp) is patched to count its runs
 
     def install(self) -> None:
         self._install_save()
@@ -183,7 +203,7 @@ class RuleProbes:
         forward = getattr(forward, "__func__", forward)
         code = getattr(getattr(forward, "__wrapped__", forward), "__code__", None)
         if code is not None and not self.classifier.is_library_file(code.co_filename):
-            backward = cls.__dict__.get("backward")
+            name, defining, backward = _backward_method(cls)
             backward = getattr(backward, "__func__", backward)
             fwd, bwd = _decorated(forward, "decorate_fwd"), _decorated(backward, "decorate_bwd")
             kind = "undecorated" if not fwd else ("fwd-without-bwd" if not bwd else None)
@@ -209,31 +229,36 @@ class RuleProbes:
                     "mixed_calls": 0,
                     "sites": {},
                 }
-                if kind == "fwd-without-bwd":
-                    self._watch_backward(cls, record, _closure_value(forward, "device_type") or "cuda")
+                if kind == "fwd-without-bwd" and self._watch_backward(defining, name):
+                    record["device"] = _closure_value(forward, "device_type") or "cuda"
+                    record["backward_runs"] = record["backward_runs_under_autocast"] = 0
         functions[cls] = record
         return record
 
-    def _watch_backward(self, cls, record: dict, device: str) -> None:
-        """Count the runs of the Function's own backward, and those with autocast on: what the
-        finding is about is the autocast state that backward ran in, not another backward's."""
-        original = cls.__dict__.get("backward")
+    def _watch_backward(self, defining, name: str) -> bool:
+        """Count the runs of a Function's own backward (the `backward` or `vjp` autograd calls,
+        patched once on the class that defines it), and those with autocast on, into the record
+        of the Function each run belongs to (a subclass inherits its parent's backward): what the
+        finding is about is the state that backward ran in, not another backward's."""
+        original = defining.__dict__.get(name) if defining is not None else None
         if not isinstance(original, staticmethod):
-            return
-        function = original.__func__
-        record["backward_runs"] = record["backward_runs_under_autocast"] = 0
+            return False
+        if defining in self._watched:
+            return True
+        function, records = original.__func__, self.state.custom_functions
 
         @functools.wraps(function)
         def backward(ctx, *grads):
-            record["backward_runs"] += 1
-            try:
-                record["backward_runs_under_autocast"] += bool(torch.is_autocast_enabled(device))
-            except (TypeError, RuntimeError):  # a torch whose is_autocast_enabled takes no device
-                record["backward_runs_under_autocast"] += bool(torch.is_autocast_enabled())
+            record = records.get(getattr(ctx, "_forward_cls", None))
+            if record is not None and "backward_runs" in record:
+                record["backward_runs"] += 1
+                record["backward_runs_under_autocast"] += _autocast_on(record["device"])
             return function(ctx, *grads)
 
-        cls.backward = staticmethod(backward)
-        self.probes._undo.append(lambda: setattr(cls, "backward", original))
+        setattr(defining, name, staticmethod(backward))
+        self._watched.add(defining)
+        self.probes._undo.append(lambda: setattr(defining, name, original))
+        return True
 
     def _install_function_apply(self) -> None:
         rules, state = self, self.state

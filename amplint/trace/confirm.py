@@ -414,6 +414,9 @@ def _region_off(entered, facts: Facts, sources: dict) -> str:
     state = facts.state
     if entered in state.autocast_without_device_entries:
         return f"CUDA autocast disabled itself at {facts.where(entered)} (no CUDA on this machine; --simulate cuda shadows it)"
+    if entered in state.autocast_refused_dtype:
+        device, dtype = state.autocast_refused_dtype[entered]
+        return f"the region entered at {facts.where(entered)} turned itself off ({device} autocast does not support {dtype})"
     built = state.autocast_created_at.get(entered) or entered
     return f"the region entered at {facts.where(entered)} was disabled{_switch(built, sources, 'autocast')}"
 

@@ -195,8 +195,9 @@ def run_target(
                 run_context.enter_context(_AfterFirstImport(*when_imported, exit_handlers.for_the_process))
             outcome = _run_main(path, module_name, _file_as_python_names_it(path, argv0))
             _print_script_traceback(outcome)
-            thread_shutdown.run()
-            exit_handlers.run()
+            with _main_thread_seen_as_ended():  # as Python's shutdown: through the atexit handlers too
+                thread_shutdown.run()
+                exit_handlers.run()
         return outcome
     finally:
         os._exit = real_os_exit
@@ -335,25 +336,24 @@ class _ThreadShutdown:
         try:
             for callback in reversed(callbacks):
                 callback()
-            with _main_thread_seen_as_ended():
-                while pending := [
-                    thread
-                    for thread in threading.enumerate()
-                    if not thread.daemon and thread is not current and thread not in self._threads_before
-                ]:
-                    for thread in pending:  # a thread may start others before it ends: look again
-                        thread.join()
+            while pending := [
+                thread
+                for thread in threading.enumerate()
+                if not thread.daemon and thread is not current and thread not in self._threads_before
+            ]:
+                for thread in pending:  # a thread may start others before it ends: look again
+                    thread.join()
         except BaseException as exc:  # noqa: BLE001 - Ctrl-C stops the wait: printed, as Python does
             _print_ignored(f"Exception ignored in: {threading!r}", exc)
 
 
 @contextlib.contextmanager
 def _main_thread_seen_as_ended():
-    """While the script's other threads are waited for, the main thread counts as ended, as in
-    Python's own shutdown (it releases the main thread's lock and marks it stopped first): a
-    watchdog looping `while threading.main_thread().is_alive():` ends, and so does a
-    `threading.main_thread().join()`, instead of waiting for amplint's report forever. Then it is
-    alive again, as amplint is still running. Python's own `_shutdown` does the same at the end."""
+    """While the script's other threads are waited for and its atexit handlers run, the main
+    thread counts as ended, as in Python's own shutdown (it releases the main thread's lock and
+    marks it stopped first): a watchdog looping `while threading.main_thread().is_alive():` ends,
+    and so does a `threading.main_thread().join()`, instead of waiting for amplint's report
+    forever. Then it is alive again, as amplint is still running."""
     main = threading.main_thread()
     lock = getattr(main, "_tstate_lock", None)  # Python 3.11/3.12 internals; newer ones: no change
     if threading.current_thread() is not main or lock is None or not lock.locked() or not hasattr(main, "_is_stopped"):

@@ -175,6 +175,7 @@ class Probes:
                 # where the object was made: a helper in another module, for runtime-only AMP003
                 self_._amplint_created_at = site = probes._callsite()
                 requested = kwargs.get("enabled", args[2] if len(args) > 2 else True)
+                self_._amplint_requested = bool(requested)
                 dtype = getattr(self_, "fast_dtype", None)
                 if requested and not getattr(self_, "_enabled", True) and dtype not in _LOW_PRECISION and not probes.state.paused:
                     # AMP016: the constructor warned "target dtype is not supported. Disabling autocast"
@@ -201,11 +202,15 @@ class Probes:
                 mirror.regions.append((device, bool(enabled), dtype, site, fp16_entry))
                 if mirror.suppressed or (not enabled and len(mirror.regions) > 1):
                     probes._refresh_suppressed()
-                # A CUDA region a CPU-only machine disabled: --simulate cuda shadows it anyway.
-                wanted_cuda = not enabled and getattr(self_, "device", None) == "cuda" and not torch.cuda.is_available()
+                # A CUDA region a CPU-only machine disabled (not one the script switched off):
+                # --simulate cuda shadows it anyway.
+                requested = getattr(self_, "_amplint_requested", True)
+                wanted_cuda = not enabled and requested and getattr(self_, "device", None) == "cuda" and not torch.cuda.is_available()
                 if not enabled:
                     (probes.state.autocast_without_device_entries if wanted_cuda else probes.state.autocast_off_entries)[site] += 1
                     probes.state.autocast_created_at.setdefault(site, created)
+                    if requested and not wanted_cuda:  # asked for, refused: a dtype autocast does not support there
+                        probes.state.autocast_refused_dtype.setdefault(site, (device, dtype))
                 probes.state.mirror.requested.append(getattr(self_, "fast_dtype", None) if wanted_cuda else None)
                 return result
 
@@ -915,6 +920,8 @@ class Probes:
 
         @functools.wraps(real)
         def _call_impl(module, *args, **kwargs):
+            if _compiling() or torch.jit.is_tracing():  # reads of values would break the graph or trace
+                return real(module, *args, **kwargs)
             monitor.module_called(module)
             try:
                 output = real(module, *args, **kwargs)

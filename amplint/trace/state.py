@@ -240,6 +240,7 @@ class TraceState:
         self.autocast_off_entries: Counter = Counter()  # callsite -> count
         self.autocast_without_device_entries: Counter = Counter()  # callsite -> count
         self.autocast_created_at: dict = {}  # entered callsite of a disabled region -> where it was built
+        self.autocast_refused_dtype: dict = {}  # entered callsite -> (device, dtype) autocast turned off
         # backward / step calls made with autocast off inside a region entered disabled (AMP003)
         self.calls_in_off_region: Counter = Counter()  # callsite -> count
         self.off_region_of: dict = {}  # callsite -> entered callsite of the first such region
