@@ -182,9 +182,10 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
 
 
 def _bf16_flag_verdict(facts: AmpFacts, dtypes: set[str], named: bool) -> str:
-    """What a scaler built for a bfloat16 flag (`named`: its name is the evidence) costs. A file with no autocast of its own (I-JEPA's
-    optimizer factory, given the flag by its training script) has only the flag's name to go on,
-    and the message says so: a flag named for bfloat16 has been seen to turn on float16 autocast."""
+    """What a scaler built for a bfloat16 flag (`named`: its name is the evidence) costs. A file
+    with no autocast of its own (I-JEPA's optimizer factory, given the flag by its training
+    script) has only the condition to go on, and the message says so: a flag named for bfloat16
+    has been seen to turn on float16 autocast."""
     if not facts.has_autocast:
         evidence, amend = ("its name says", "rename the flag") if named else ("it says", "correct the condition")
         return (

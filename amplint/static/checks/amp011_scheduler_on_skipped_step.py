@@ -222,11 +222,13 @@ def _scale_dropped(facts: AmpFacts, test: cst.BaseExpression) -> bool:
     if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
         return False
     operator, right = test.comparisons[0].operator, test.comparisons[0].comparator
-    if isinstance(operator, cst.GreaterThan):
-        test, right = cst.Comparison(right, [cst.ComparisonTarget(cst.LessThan(), test.left)]), test.left
-    elif not isinstance(operator, cst.LessThan):
+    if isinstance(operator, cst.LessThan):
+        now, before = test.left, right
+    elif isinstance(operator, cst.GreaterThan):
+        now, before = right, test.left
+    else:
         return False
-    return "get_scale" in facts.module.code_for_node(test.left) and _holds_an_earlier_scale(facts, right)
+    return "get_scale" in facts.module.code_for_node(now) and _holds_an_earlier_scale(facts, before)
 
 
 def _holds_an_earlier_scale(facts: AmpFacts, value: cst.BaseExpression) -> bool:

@@ -115,7 +115,8 @@ def _assigned_to(facts: AmpFacts, call: CallSite) -> str | None:
 
 
 def _opens_autocast_inside(facts: AmpFacts, function_node) -> bool:
-    """A compiled function (decorated, or given to `torch.compile`) that opens an enabled training autocast region itself."""
+    """A compiled function (decorated, or given to `torch.compile`) that opens an enabled
+    training autocast region itself."""
     return function_node is not None and any(
         rg.enabled(region) and ts.within(facts, call.node, function_node) and not rg.inference_only(facts, call)
         for call, region in rg.autocasts(facts)
