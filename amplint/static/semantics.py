@@ -1480,14 +1480,7 @@ class AmpFacts:
         values = [v for v, s in self.bindings(key, scope) if self.value_kind(v, s) == "scaler"]
         if not values:
             return False
-        for value in values:
-            constructor = constructor_of(value)
-            if constructor is None:
-                return False
-            enabled = argument(constructor, None, "enabled")
-            if not is_false(enabled):
-                return False
-        return True
+        return all(built_disabled(constructor_of(value)) for value in values)
 
     def is_optimizer(self, key: str | None, scope: Scope) -> bool:
         if key is None:
@@ -1897,6 +1890,11 @@ def _a_module_base(base: str, qualified: str | None) -> bool:
 def is_none(expr: cst.BaseExpression | None) -> bool:
     """The literal `None`."""
     return isinstance(expr, cst.Name) and expr.value == "None"
+
+
+def built_disabled(construction: cst.Call | None) -> bool:
+    """A construction passing a literal `enabled=False` (a GradScaler that scales nothing)."""
+    return construction is not None and is_false(argument(construction, None, "enabled"))
 
 
 def is_false(expr: cst.BaseExpression | None) -> bool:

@@ -9,7 +9,7 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts, CallSite, Loop, argument, dotted_name, is_false, is_per_step_function
+from amplint.static.semantics import AmpFacts, CallSite, Loop, argument, built_disabled, dotted_name, is_per_step_function
 
 CODE = "AMP004"
 
@@ -202,7 +202,7 @@ def _remedy(facts: AmpFacts, call: CallSite, key: str | None, via: CallSite | No
 def check(facts: AmpFacts) -> Iterator[Hit]:
     for call in facts.scalers_in():
         # A scaler built with `enabled=False` has no scale to calibrate: rebuilding it loses nothing.
-        if _built_once(call, facts) or is_false(argument(call.node, None, "enabled")):
+        if _built_once(call, facts) or built_disabled(call.node):
             continue
         key = _assigned_key(call)
         per_caller = list(facts.loops_per_caller(call.where))

@@ -10,7 +10,7 @@ from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
 from amplint.static import names
-from amplint.static.semantics import AmpFacts, CallSite, argument, constructor_of, dotted_name, is_false
+from amplint.static.semantics import AmpFacts, CallSite, argument, built_disabled, constructor_of, dotted_name
 
 CODE = "AMP009"
 
@@ -49,7 +49,7 @@ def _every_scaler_disabled(facts: AmpFacts) -> bool:
     """Every GradScaler the module builds passes a literal `enabled=False`, none comes in as a
     parameter, and every scaled backward goes through one of them: no loss is ever scaled."""
     built = facts.scalers_in()
-    if not built or not all(is_false(argument(c.node, None, "enabled")) for c in built):
+    if not built or not all(built_disabled(c.node) for c in built):
         return False
     if any(names.SCALER_WORD.search(param) for function in facts.functions for param in function.params):
         return False
@@ -63,7 +63,7 @@ def _bound_only_to_disabled_scalers(facts: AmpFacts, call: CallSite) -> bool:
     bound = facts.bindings(call.receiver_key, call.scope)
     built = [constructor_of(value) for value, _scope in bound]
     return bool(built) and all(
-        c is not None and facts.qualname(c.func, call.scope) in names.GRAD_SCALER and is_false(argument(c, None, "enabled"))
+        c is not None and facts.qualname(c.func, call.scope) in names.GRAD_SCALER and built_disabled(c)
         for c in built
     )
 

@@ -10,7 +10,7 @@ import libcst as cst
 from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
-from amplint.static.semantics import AmpFacts, CallSite, argument, dotted_name, is_false, is_true
+from amplint.static.semantics import AmpFacts, CallSite, argument, built_disabled, dotted_name, is_false, is_true
 
 CODE = "AMP010"
 
@@ -64,9 +64,9 @@ def _built_only_for_bf16(facts: AmpFacts, call: CallSite) -> tuple[cst.BaseExpre
     condition in words: `GradScaler() if use_bfloat16 else None` (I-JEPA's factory), `if
     args.bf16: scaler = GradScaler()`, `GradScaler(enabled=hps.train.bf16_run)` (Bert-VITS2), a
     `case "bf16":` of a `match` on the precision."""
-    enabled = _enabled_expression(call)
-    if is_false(enabled):
+    if built_disabled(call.node):
         return None  # built off: the bfloat16 arm of a precision switch that needs no scaler
+    enabled = _enabled_expression(call)
     if enabled is not None and _names_bf16(facts, enabled):
         return enabled, f"`{facts.module.code_for_node(enabled)}` is true"
     child: cst.CSTNode = call.node
