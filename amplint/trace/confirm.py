@@ -20,6 +20,7 @@ import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from amplint.trace.callsite import Callsite
 from amplint.trace.probes import deprecated_api_of
@@ -62,6 +63,16 @@ class Facts:
 
     def where(self, site: Callsite | None) -> str | None:
         return None if site is None else f"{self.display(site[0])}:{site[1]}"
+
+    @cached_property
+    def autocast_was_on(self) -> bool:
+        """Any sign of an enabled autocast region in the run: one entered, or work recorded under
+        one (a region inside a compiled function is entered by the compiled graph, not by
+        Python's `with`). Asked once per unjudged finding; the op table can be large."""
+        state = self.state
+        return bool(state.autocast_entries) or any(
+            calls[0] for table in (state.backward_calls, state.step_calls) for calls in table.values()
+        ) or any(record.get("calls_under_autocast") for record in state.compiled) or any(key[3] for key in state.ops)
 
 
 class _Site:
@@ -399,7 +410,7 @@ _NEED_AUTOCAST = ("AMP002", "AMP003", "AMP009", "AMP013", "AMP014", "AMP015", "A
 def _autocast_off_note(code: str, facts: Facts, sources: dict) -> str | None:
     """Why the run cannot judge this finding, when no autocast region was on in it."""
     state = facts.state
-    if code not in _NEED_AUTOCAST or _autocast_was_on(state) or (state.simulating and state.autocast_without_device_entries):
+    if code not in _NEED_AUTOCAST or facts.autocast_was_on or (state.simulating and state.autocast_without_device_entries):
         return None
     entered = state.autocast_off_entries or state.autocast_without_device_entries
     if entered:
@@ -419,14 +430,6 @@ def _region_off(entered, facts: Facts, sources: dict) -> str:
         return f"the region entered at {facts.where(entered)} turned itself off ({device} autocast does not support {dtype})"
     built = state.autocast_created_at.get(entered) or entered
     return f"the region entered at {facts.where(entered)} was disabled{_switch(built, sources, 'autocast')}"
-
-
-def _autocast_was_on(state: TraceState) -> bool:
-    """Any sign of an enabled autocast region: one entered, or work recorded under one (a region
-    inside a compiled function is entered by the compiled graph, not by Python's `with`)."""
-    return bool(state.autocast_entries) or any(
-        calls[0] for table in (state.backward_calls, state.step_calls) for calls in table.values()
-    ) or any(record.get("calls_under_autocast") for record in state.compiled) or any(key[3] for key in state.ops)
 
 
 def _switch(callsite, sources: dict, constructor: str) -> str:
