@@ -342,63 +342,55 @@ def test_sys_exit_true_is_exit_status_1(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "r.json").read_text())["exit"]["code"] == 1
 
 
+def _trivial_report(tmp_path: Path, *options: str) -> dict:
+    """The JSON report of a traced script that does almost nothing, for the summaries to render."""
+    write(tmp_path, "train.py", "import torch\nprint(torch.ones(2).sum())\n")
+    trace(tmp_path, "-q", *options, "--json", "r.json", "train.py")
+    return json.loads((tmp_path / "r.json").read_text())
+
+
+def _terminal_summary(report: dict, tmp_path: Path, width: int) -> str:
+    import io
+
+    from rich.console import Console
+
+    from amplint.trace.terminal import print_summary
+
+    out = io.StringIO()
+    print_summary(report, str(tmp_path), Console(file=out, width=width))
+    return out.getvalue()
+
+
 def test_the_summary_tells_inconclusive_kernel_probes_from_unverified_ones(tmp_path: Path) -> None:
     """The probe could not run an op here: that is "inconclusive", not "unverified" (which means
     the target device is absent)."""
-    import io
-
-    from rich.console import Console
-
-    from amplint.trace.terminal import print_summary
-
-    write(tmp_path, "train.py", "import torch\nprint(torch.ones(2).sum())\n")
-    trace(tmp_path, "-q", "--json", "r.json", "train.py")
-    report = json.loads((tmp_path / "r.json").read_text())
+    report = _trivial_report(tmp_path)
     probe = {"op": "aten::mm", "dtype": "bfloat16", "device": "cpu", "available": None}
     report["kernels"] = [{**probe, "status": "inconclusive", "error": "RuntimeError: expected scalar type"}]
-    out = io.StringIO()
-    print_summary(report, str(tmp_path), Console(file=out, width=120))
-    assert "0 available, 0 missing, 1 inconclusive, 0 unverified" in out.getvalue()
-    assert "inconclusive: aten::mm bfloat16 on cpu" in out.getvalue()
+    summary = _terminal_summary(report, tmp_path, 120)
+    assert "0 available, 0 missing, 1 inconclusive, 0 unverified" in summary
+    assert "inconclusive: aten::mm bfloat16 on cpu" in summary
 
 
 def test_the_summary_shows_every_inconclusive_op_once_with_its_dtypes(tmp_path: Path) -> None:
-    import io
-
-    from rich.console import Console
-
-    from amplint.trace.terminal import print_summary
-
-    write(tmp_path, "train.py", "import torch\nprint(torch.ones(2).sum())\n")
-    trace(tmp_path, "-q", "--json", "r.json", "train.py")
-    report = json.loads((tmp_path / "r.json").read_text())
+    report = _trivial_report(tmp_path)
     entry = {"device": "cpu", "available": None, "status": "inconclusive", "error": "RuntimeError: arguments"}
     report["kernels"] = [
         {**entry, "op": "mylib::whiten", "dtype": "float16"},
         {**entry, "op": "mylib::whiten", "dtype": "bfloat16"},
         {**entry, "op": "mylib::rescale", "dtype": "float16"},
     ]
-    out = io.StringIO()
-    print_summary(report, str(tmp_path), Console(file=out, width=160))
-    assert "inconclusive: mylib::whiten float16, bfloat16 on cpu" in out.getvalue()
-    assert "inconclusive: mylib::rescale float16 on cpu" in out.getvalue()
+    summary = _terminal_summary(report, tmp_path, 160)
+    assert "inconclusive: mylib::whiten float16, bfloat16 on cpu" in summary
+    assert "inconclusive: mylib::rescale float16 on cpu" in summary
 
 
 def test_the_summary_and_the_html_say_none_seen_in_this_process_when_children_ran_untraced(tmp_path: Path) -> None:
-    import io
-
-    from rich.console import Console
-
     from amplint.trace.html import render
-    from amplint.trace.terminal import print_summary
 
-    write(tmp_path, "train.py", "import torch\nprint(torch.ones(2).sum())\n")
-    trace(tmp_path, "-q", "--nan", "module", "--json", "r.json", "train.py")
-    report = json.loads((tmp_path / "r.json").read_text())
+    report = _trivial_report(tmp_path, "--nan", "module")
     report["untraced_processes"] = [{"pid": 4242, "how": "subprocess"}]
-    out = io.StringIO()
-    print_summary(report, str(tmp_path), Console(file=out, width=160))
-    assert "none seen in this process (--nan module)" in out.getvalue()
+    assert "none seen in this process (--nan module)" in _terminal_summary(report, tmp_path, 160)
     assert "None seen in this process (--nan module)." in render(report, str(tmp_path))
 
 
