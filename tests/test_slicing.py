@@ -13,10 +13,20 @@ ROOT = Path(__file__).parent.parent
 SOURCES = sorted(
     p for p in [*ROOT.glob("fixtures/static/*/*.py"), *ROOT.glob("fixtures/fix/*.py"), *ROOT.glob("examples/*.py")]
 )
-FILLER = "".join(
-    f"\n\ndef unrelated_helper_{i}(values):\n    total = 0\n    for v in values:\n        total += v * {i}\n    return total\n"
-    for i in range(400)
-)
+
+
+def _helpers(count: int) -> str:
+    return "".join(
+        f"\n\ndef unrelated_helper_{i}(values):\n    total = 0\n    for v in values:\n        total += v * {i}\n    return total\n"
+        for i in range(count)
+    )
+
+
+FILLER = _helpers(400)  # past SLICE_MIN_CHARS: the tests of what a large file's slice keeps
+# After every fixture: enough helpers to blank, with the size threshold patched to 0 rather
+# than reached, since the whole-file analysis each such test compares with costs libcst ~0.5 s
+# per 400 helpers, times ~700 fixtures.
+FEW_HELPERS = _helpers(12)
 
 
 def _codes() -> frozenset[str]:
@@ -37,16 +47,16 @@ def test_slicing_a_fixture_keeps_its_findings(path: Path, monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_slicing_a_fixture_buried_in_a_large_module_keeps_its_findings(path: Path) -> None:
+def test_slicing_a_fixture_followed_by_unrelated_helpers_keeps_its_findings(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slicing, "SLICE_MIN_CHARS", 0)
     try:
         source = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         pytest.skip("not UTF-8: covered by the whole-file test above")
     if source.startswith(("#!", "# -*-", "\ufeff")) or "from __future__" in source:
         pytest.skip("a coding line or future import must stay first")
-    large = source + FILLER
-    assert len(large) > slicing.SLICE_MIN_CHARS
-    assert _result(large, path.name, sliced=True) == _result(large, path.name, sliced=False)
+    padded = source + FEW_HELPERS
+    assert _result(padded, path.name, sliced=True) == _result(padded, path.name, sliced=False)
 
 
 RULE_FIXTURES = sorted(p for p in ROOT.glob("fixtures/static/AMP0*/*.py") if p.parent.name != "AMP000")  # AMP000: the syntax check
@@ -350,7 +360,7 @@ def test_a_slice_parses_as_it_is(path: Path, monkeypatch: pytest.MonkeyPatch) ->
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         pytest.skip("not UTF-8")
-    _codes_kept, sliced = slicing.prepare(text + FILLER, _codes())
+    _codes_kept, sliced = slicing.prepare(text + FEW_HELPERS, _codes())
     if sliced is None:
         pytest.skip("not sliced")
     libcst.parse_module(sliced)
