@@ -1089,6 +1089,31 @@ def test_torch_is_first_imported_by_the_script_and_a_script_without_torch_is_sai
     assert "the script did not import torch in this process: nothing was traced" in notes
 
 
+def test_a_script_that_never_compiles_runs_without_dynamo_loaded_as_under_python(tmp_path: Path) -> None:
+    """torch loads torch._dynamo (seconds of CPU) at the first op of any dispatch mode; the
+    tracer's modes leave it to the script, so an inference script is traced without it and its
+    ops are still recorded."""
+    write(
+        tmp_path,
+        "infer.py",
+        """
+        import sys
+        import torch
+
+        x = torch.randn(4, 4)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ x
+        print(y.dtype, "torch._dynamo" in sys.modules)
+        """,
+    )
+    proc = trace(tmp_path, "-q", "--json", "r.json", "infer.py")
+    plain = subprocess.run([sys.executable, "infer.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == plain.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout == "torch.bfloat16 False\n"
+    ops = json.loads((tmp_path / "r.json").read_text())["ops"]
+    assert {"op": "aten::mm", "line": 7, "output_dtypes": ["bfloat16"]}.items() <= next(o for o in ops if o["op"] == "aten::mm").items()
+
+
 def test_an_executor_left_running_finishes_its_queue_before_the_atexit_handlers(tmp_path: Path) -> None:
     """Python, when the script ends, tells a ThreadPoolExecutor that was never shut down to finish
     its queued work and waits for it, then runs the atexit handlers: the trace does the same (and

@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from amplint.trace.dispatch_mode import TracerDispatchMode
 
 _LOW = (torch.float16, torch.bfloat16)
 _MATMUL_OPS = frozenset(
@@ -110,7 +111,7 @@ def _decorated(function, code_name: str) -> bool:
     return code is not None and code.co_name == code_name and code.co_filename.replace("\\", "/").endswith("amp/autocast_mode.py")
 
 
-class _WorkerMatmuls(TorchDispatchMode):
+class _WorkerMatmuls(TracerDispatchMode):
     """In a worker thread started under autocast: matmul-class ops that ran in float32 there
     (the dispatch mode stack is thread-local, so the main recorder does not see them)."""
 

@@ -10,8 +10,8 @@ dtype and would only hide the interesting rows.
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from amplint.trace.dispatch_mode import TracerDispatchMode
 from amplint.trace.nonfinite import UNINITIALISED_OPS, NonFiniteMonitor
 from amplint.trace.state import TraceState
 
@@ -103,7 +103,7 @@ def _first_device(values) -> str | None:
     return None
 
 
-class DispatchRecorder(TorchDispatchMode):
+class DispatchRecorder(TracerDispatchMode):
     def __init__(self, state: TraceState, monitor: NonFiniteMonitor, *, record: bool, check_ops: bool, keep_templates: bool):
         super().__init__()
         self.state = state

@@ -20,8 +20,8 @@ from collections import Counter
 
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from amplint.trace.dispatch_mode import TracerDispatchMode
 from amplint.trace.nonfinite import floating_tensors
 
 MAX_STEPS = 2  # the dtype policy does not change with the step; keep the cost bounded
@@ -43,7 +43,7 @@ def _dtypes(value) -> list[str]:
     return out
 
 
-class _SimRecorder(TorchDispatchMode):
+class _SimRecorder(TracerDispatchMode):
     def __init__(self, sink: Counter, site):
         super().__init__()
         self.sink, self.site = sink, site

@@ -1,0 +1,44 @@
+"""The base of the tracer's dispatch modes: Dynamo kept out of their frames, loaded by the script.
+
+torch wraps the `__torch_dispatch__` of every TorchDispatchMode subclass in
+`torch._disable_dynamo`, so that a compiled region never compiles the mode's own frames; that
+wrapper imports torch._dynamo at the first op (1.5-2 s of CPU) and switches the frame evaluator
+off and on around every op. A script that never loads Dynamo would pay for both only because it
+is traced. Here the frames are kept from Dynamo the same way, from the first op after the script
+itself loaded torch._dynamo: nothing can be compiling before, since `torch.compile` imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def _kept_from_dynamo(dispatch):
+    disabled = None
+
+    @functools.wraps(dispatch)
+    def dispatch_outside_dynamo(self, func, types, args=(), kwargs=None):
+        nonlocal disabled
+        if disabled is None:
+            # Until `torch._dynamo.disable` is bound, Dynamo is not even imported in full.
+            disable = getattr(sys.modules.get("torch._dynamo"), "disable", None)
+            if disable is None:
+                return dispatch(self, func, types, args, kwargs)
+            disabled = disable(dispatch, recursive=True)
+        return disabled(self, func, types, args, kwargs)
+
+    return dispatch_outside_dynamo
+
+
+class TracerDispatchMode(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # torch's eager wrapper is replaced by the lazy one below
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__torch_dispatch__" in cls.__dict__:
+            cls.__torch_dispatch__ = _kept_from_dynamo(cls.__dict__["__torch_dispatch__"])
