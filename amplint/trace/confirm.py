@@ -142,10 +142,20 @@ def _amp003(site: _Site, facts: Facts):
     off = _sum_where(site, state.calls_in_off_region)
     if not in_autocast and off == total:  # every call ran inside an autocast region entered disabled
         entered = next(region for at, region in state.off_region_of.items() if site.matches(at))
-        if not (state.simulating and entered in state.autocast_without_device_entries):
-            evidence["note"] = f"autocast was off around it: {_region_off(entered, facts, {})}; {_NOT_RUN}"
+        note = _off_around("it", entered, facts)
+        if note:
+            evidence["note"] = note
             return 0, False, evidence
     return in_autocast, True, evidence
+
+
+def _off_around(what: str, entered: Callsite, facts: Facts) -> str | None:
+    """Why a finding whose action ran only inside an autocast region entered disabled is not
+    judged, whatever other regions of the run did; None where `--simulate cuda` ran that case."""
+    state = facts.state
+    if state.simulating and entered in state.autocast_without_device_entries:
+        return None
+    return f"autocast was off around {what}: {_region_off(entered, facts, {})}; {_NOT_RUN}"
 
 
 def _scalers_at(site: _Site, facts: Facts):
@@ -245,6 +255,11 @@ def _amp002(site: _Site, facts: Facts):
     elif conversions:
         evidence["module"] = conversions[0].module
         evidence["converted_to"] = conversions[0].dtype
+        off = next((c for c in conversions if c.forwards_in_off_region), None)
+        note = off and _off_around("its forwards", off.off_region, facts)
+        if note:  # it ran where autocast would have been, had the region not been disabled
+            evidence["note"] = note
+            return 0, False, evidence
     return forwards, bool(conversions) or _reached(site, facts), evidence
 
 

@@ -892,11 +892,17 @@ class Probes:
 
         def pre_hook(module, inputs):
             index = state.conversion_by_module.get(id(module))
-            if index is None or state.paused or not state.mirror.active:
+            mirror = state.mirror
+            if index is None or state.paused or not (mirror.active or mirror.regions):
                 return None
             record = state.conversions[index]
             low = next((p.dtype for p in module.parameters() if p.dtype in _LOW_PRECISION), None)
             if low is None:
+                return None
+            if not mirror.active:
+                if not mirror.regions[-1][1]:  # inside a region entered disabled
+                    record.forwards_in_off_region += 1
+                    record.off_region = record.off_region or mirror.regions[-1][3]
                 return None
             record.forwards_under_autocast += 1
             if record.autocast is None:

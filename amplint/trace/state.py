@@ -137,6 +137,10 @@ class Conversion:
     forwards_under_autocast: int = 0
     autocast: tuple | None = None  # (device, dtype) at the first such forward
     param_dtype: str | None = None
+    # Forwards inside an autocast region entered disabled (`enabled=args.amp` left off), and where
+    # the first such region was entered: the finding's case did not run, whatever other regions did.
+    forwards_in_off_region: int = 0
+    off_region: Callsite | None = None
 
 
 @dataclass
