@@ -434,6 +434,19 @@ def _autocast_off_note(code: str, facts: Facts, sources: dict) -> str | None:
     return f"no autocast region was entered in this run: {_NOT_RUN}"
 
 
+# Rules whose runtime events are only recorded where their lines ran under an enabled autocast
+# region (work handed to a thread from one): lines that ran without one judge nothing.
+_EVENTS_UNDER_AUTOCAST = ("AMP015",)
+
+
+def _ran_without_autocast_note(code: str, site: _Site, facts: Facts) -> str | None:
+    """Why the run cannot judge this finding when autocast was on elsewhere but never at its lines
+    (their region entered disabled by the script's flag, while an evaluation region was on)."""
+    if code not in _EVENTS_UNDER_AUTOCAST or any(site.matches(s) for s in facts.state.lines_under_autocast):
+        return None
+    return f"its lines ran, but never with autocast on (it was on elsewhere in this run): {_NOT_RUN}"
+
+
 def _region_off(entered, facts: Facts, sources: dict) -> str:
     """`the region entered at train.py:20 was disabled (enabled=args.amp, set by the script
     option --amp)`, quoting the call that built it; or that CUDA autocast turned itself off."""
@@ -578,7 +591,7 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
         if not count and (reached or _reached(site, facts)):
             unjudged = _scaled_nothing_note(finding.code, site, facts, sources)
             if unjudged is None and "note" not in evidence:  # a note saying what did not run stays
-                unjudged = _autocast_off_note(finding.code, facts, sources)
+                unjudged = _autocast_off_note(finding.code, facts, sources) or _ran_without_autocast_note(finding.code, site, facts)
         if unjudged:
             reached = False
             evidence["note"] = unjudged

@@ -87,6 +87,8 @@ class Probes:
             return None
         site = stack[0]
         self.state.lines_seen.add(site)
+        if self.state.mirror.active:
+            self.state.lines_under_autocast.add(site)
         if len(stack) > 1:
             self.callers.setdefault(site, set()).update(stack[1:])
         return site

@@ -161,6 +161,8 @@ class DispatchRecorder(TracerDispatchMode):
             ops[key] = ops.get(key, 0) + 1
             if site is not None:
                 state.lines_seen.add(site)
+                if active:
+                    state.lines_under_autocast.add(site)
             if self.keep_templates:
                 template_key = (func, in_dtypes)
                 if template_key not in state.op_templates:

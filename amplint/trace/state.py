@@ -270,6 +270,7 @@ class TraceState:
         self.nonfinite_pending: list[tuple[int, NonFinite]] = []  # deferred flag slot, record
         self.handled_overflow_steps: set[int] = set()  # steps whose non-finite values the scaler handled
         self.lines_seen: set[Callsite] = set()  # user lines that ran torch ops or probes
+        self.lines_under_autocast: set[Callsite] = set()  # those that ran them with autocast on in their thread
         self.files_seen: set[str] = set()
         self.notes: list[str] = []
         # processes started with multiprocessing, which run untraced: start callsite (None: torch
