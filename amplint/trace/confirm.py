@@ -337,8 +337,12 @@ def _unscale_reached_update(facts: Facts) -> str | None:
     return "scaler.unscale_() and a later update() did not both run in this run"
 
 
-def _no_backward_from_region(facts: Facts) -> str:
-    calls = backward_calls(facts.state)
+def _no_backward_from_region(site: _Site, facts: Facts) -> str:
+    state = facts.state
+    off = next((at for at in state.autocast_off_entries if site.matches(at)), None)
+    if off is not None and not any(site.matches(at) for at in state.autocast_entries):
+        return f"{_region_off(off, facts, {})}; {_NOT_RUN}"  # the script's flag left it off
+    calls = backward_calls(state)
     if not calls:
         return "no backward() ran in this run: no loss from this float16 region was backpropagated"
     return f"backward() ran {calls} time(s), never on a loss computed in this float16 region"
@@ -349,12 +353,12 @@ def _no_backward_from_region(facts: Facts) -> str:
 # compiled call), or whose problem needs a sequence the run may not have got to. None (and rules
 # not listed, whose events are the problem only) means the lines that ran refute the finding.
 _WITHOUT_EVENTS = {
-    "AMP007": _scaler_went_round,
-    "AMP008": _unscale_reached_update,
+    "AMP007": lambda site, facts: _scaler_went_round(facts),
+    "AMP008": lambda site, facts: _unscale_reached_update(facts),
     "AMP009": _no_backward_from_region,
-    "AMP010": lambda facts: "the line ran, but built no GradScaler",
-    "AMP012": lambda facts: "the line ran, but torch.save() was not called there",
-    "AMP017": lambda facts: "the line ran, but the compiled model was never called",
+    "AMP010": lambda site, facts: "the line ran, but built no GradScaler",
+    "AMP012": lambda site, facts: "the line ran, but torch.save() was not called there",
+    "AMP017": lambda site, facts: "the line ran, but the compiled model was never called",
 }
 
 
@@ -381,7 +385,7 @@ def _event_check(code: str):
         if events:
             evidence["note"] = events[0].unjudged
             return 0, False, evidence
-        unjudged = _WITHOUT_EVENTS.get(code, lambda facts: None)(facts)
+        unjudged = _WITHOUT_EVENTS.get(code, lambda site, facts: None)(site, facts)
         if unjudged is None:
             return 0, _reached(site, facts), evidence
         return _not_judged(site, facts, evidence, unjudged)
