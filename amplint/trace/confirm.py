@@ -348,6 +348,14 @@ def _no_backward_from_region(site: _Site, facts: Facts) -> str:
     return f"backward() ran {calls} time(s), never on a loss computed in this float16 region"
 
 
+def _never_suppressed(site: _Site, facts: Facts) -> str | None:
+    """AMP014 judges a region that disables autocast inside an enabled one: entered only where
+    nothing around it was on (the enclosing region's flag left off), it judged nothing."""
+    if any(site.matches(at) for at in facts.state.suppressing_regions):
+        return None
+    return f"the region never ran inside an enabled autocast region in this run: {_NOT_RUN}"
+
+
 # Why a run with no event at a finding's lines that ran did not judge it: the rules whose events
 # record the action they judge (a backward on the region's loss, a scaler built, a save, a
 # compiled call), or whose problem needs a sequence the run may not have got to. None (and rules
@@ -357,6 +365,7 @@ _WITHOUT_EVENTS = {
     "AMP008": lambda site, facts: _unscale_reached_update(facts),
     "AMP009": _no_backward_from_region,
     "AMP010": lambda site, facts: "the line ran, but built no GradScaler",
+    "AMP014": lambda site, facts: _never_suppressed(site, facts),
     "AMP012": lambda site, facts: "the line ran, but torch.save() was not called there",
     "AMP017": lambda site, facts: "the line ran, but the compiled model was never called",
 }

@@ -284,6 +284,7 @@ class Probes:
             for device, (enabled, site) in innermost.items()
             if not enabled and device in outer_enabled
         )
+        self.state.suppressing_regions.update(entry[3] for entry in mirror.suppressed)
 
     def autocast_construction(self, site, kind: str, dtype, message, device=None) -> None:
         record = self.state.autocast_constructions.get((site, kind))

@@ -271,6 +271,7 @@ class TraceState:
         self.handled_overflow_steps: set[int] = set()  # steps whose non-finite values the scaler handled
         self.lines_seen: set[Callsite] = set()  # user lines that ran torch ops or probes
         self.lines_under_autocast: set[Callsite] = set()  # those that ran them with autocast on in their thread
+        self.suppressing_regions: set[Callsite] = set()  # AMP014: entered disabling autocast inside an enabled region
         self.files_seen: set[str] = set()
         self.notes: list[str] = []
         # processes started with multiprocessing, which run untraced: start callsite (None: torch
