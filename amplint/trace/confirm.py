@@ -365,8 +365,8 @@ _WITHOUT_EVENTS = {
     "AMP008": lambda site, facts: _unscale_reached_update(facts),
     "AMP009": _no_backward_from_region,
     "AMP010": lambda site, facts: "the line ran, but built no GradScaler",
-    "AMP014": lambda site, facts: _never_suppressed(site, facts),
     "AMP012": lambda site, facts: "the line ran, but torch.save() was not called there",
+    "AMP014": _never_suppressed,
     "AMP017": lambda site, facts: "the line ran, but the compiled model was never called",
 }
 

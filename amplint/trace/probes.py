@@ -909,7 +909,7 @@ class Probes:
                 return None
             record.forwards_under_autocast += 1
             if record.autocast is None:
-                record.autocast = state.mirror.active[-1]
+                record.autocast = mirror.active[-1]
                 record.param_dtype = _dtype_name(low)
             return None
 
