@@ -1,6 +1,6 @@
 """Prove that speed never trades correctness: `amplint check` == the full analysis, file by file.
 
-    python bench/check_stages.py [TREE] [--jobs N] [--sample N]
+    python bench/check_stages.py [TREE] [--jobs N]
 
 "Staged" is `amplint check TREE --no-cache` as a user runs it: the walk, the byte gates, the
 screens, relevance slicing, worker processes. "Full" parses every Python file under TREE with
@@ -8,12 +8,7 @@ libcst and runs every rule on the whole file (a file without AMP code gets no sy
 a folder, as documented, so its AMP000 is left out). Findings (position, message and fix) must be the
 same for every file; any difference is printed and the exit status is 1. TREE defaults to the
 installed torch package. On it this takes a few minutes of CPU (the full analysis is the slow
-part).
-
-`--sample N` compares in full every file the byte gate lets through (where screens and slicing
-decide what the analysis sees) and one in N of the files it turns away, chosen by path so that a
-difference is found again on the next run. `tests/test_stages.py` runs it whole on the fixtures
-and the examples, and with `--sample 10` on the torch tree; run it whole on a tree by hand.
+part); `tests/test_stages.py` runs it on the fixtures and on the torch tree.
 """
 
 from __future__ import annotations
@@ -80,27 +75,21 @@ def _without_amp_code(source: bytes, codes: frozenset[str]) -> bool:
     return not possible_rules(source, codes)
 
 
-def python_files(tree: Path, sample: int = 1) -> list[Path]:
-    """The files a walk checks, biggest first so that workers finish together; with `sample`
-    above 1, of the files the gate turns away only every `sample`-th in path order."""
-    files = sorted(
+def python_files(tree: Path) -> list[Path]:
+    """The files a walk checks, biggest first so that workers finish together."""
+    files = [
         p for p in tree.rglob("*")
         if p.suffix in PYTHON_SUFFIXES and p.is_file() and not SKIPPED_DIRS.intersection(p.relative_to(tree).parts[:-1])
-    )
-    if sample > 1:
-        codes = frozenset({*all_checks(), "AMP000"})
-        turned_away = [p for p in files if not possible_rules(p.read_bytes(), codes)]
-        files = sorted({*files} - {*turned_away} | {*turned_away[::sample]})
+    ]
     return sorted(files, key=lambda p: -p.stat().st_size)
 
 
-def compare(tree: Path, jobs: int, sample: int = 1) -> int:
+def compare(tree: Path, jobs: int) -> int:
     """Print every file whose findings differ and a summary line; the number of such files."""
     start = time.perf_counter()
     reported = staged(tree, jobs)
     staged_seconds = time.perf_counter() - start
-    files = python_files(tree, sample)
-    files += [Path(path) for path in {*reported} - {str(p.resolve()) for p in files}]  # reported, whether sampled or not
+    files = python_files(tree)
     differences = findings = 0
     full_seconds = 0.0
     with ProcessPoolExecutor(jobs) as pool:
@@ -125,13 +114,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("tree", nargs="?", type=Path)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--sample", type=int, default=1, metavar="N", help="one in N of the files the gate turns away")
     args = parser.parse_args()
     if args.tree is None:
         import importlib.util
 
         args.tree = Path(importlib.util.find_spec("torch").submodule_search_locations[0])
-    return 1 if compare(args.tree.resolve(), args.jobs, args.sample) else 0
+    return 1 if compare(args.tree.resolve(), args.jobs) else 0
 
 
 if __name__ == "__main__":
