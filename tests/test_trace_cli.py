@@ -1114,6 +1114,33 @@ def test_a_script_that_never_compiles_runs_without_dynamo_loaded_as_under_python
     assert {"op": "aten::mm", "line": 7, "output_dtypes": ["bfloat16"]}.items() <= next(o for o in ops if o["op"] == "aten::mm").items()
 
 
+def test_dynamo_never_compiles_the_tracers_own_frames(tmp_path: Path) -> None:
+    """A compiled model called while the tracer's dispatch mode records its ops: Dynamo must skip
+    the mode's frames as torch's own wrapper makes it, not trace (and recompile) them."""
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        from torch import nn
+
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        compiled = torch.compile(model, backend="aot_eager")
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for step in range(3):
+            x, y = torch.randn(4, 8), torch.randint(0, 3, (4,))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(compiled(x), y)
+            loss.backward()
+            opt.step()
+        print("done")
+        """,
+    )
+    proc = trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
+    assert "amplint" not in proc.stderr and "recompile" not in proc.stderr, proc.stderr
+
+
 def test_an_executor_left_running_finishes_its_queue_before_the_atexit_handlers(tmp_path: Path) -> None:
     """Python, when the script ends, tells a ThreadPoolExecutor that was never shut down to finish
     its queued work and waits for it, then runs the atexit handlers: the trace does the same (and

@@ -2,10 +2,11 @@
 
 torch wraps the `__torch_dispatch__` of every TorchDispatchMode subclass in
 `torch._disable_dynamo`, so that a compiled region never compiles the mode's own frames; that
-wrapper imports torch._dynamo at the first op (1.5-2 s of CPU) and switches the frame evaluator
-off and on around every op. A script that never loads Dynamo would pay for both only because it
-is traced. Here the frames are kept from Dynamo the same way, from the first op after the script
-itself loaded torch._dynamo: nothing can be compiling before, since `torch.compile` imports it.
+wrapper imports torch._dynamo at the first op (1.5-2 s of CPU). A script that never loads Dynamo
+would pay for it only because it is traced. Here the mode's frames are kept from Dynamo the same
+way from the first op after the script itself loaded torch._dynamo (nothing can be compiling
+before: `torch.compile` imports it), and the frame of the wrapper that decides is marked, through
+torch's C API, as one Dynamo never compiles. A torch without that API keeps its own wrapper.
 """
 
 from __future__ import annotations
@@ -33,12 +34,26 @@ def _kept_from_dynamo(dispatch):
     return dispatch_outside_dynamo
 
 
+def _never_compiled(code) -> bool:
+    """Mark a code object as one Dynamo skips (what `torch._dynamo.eval_frame.skip_code` does),
+    without importing torch._dynamo; False where this torch has no such API."""
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+    except ImportError:
+        return False
+    set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
+    return True
+
+
+_LAZY = _never_compiled(_kept_from_dynamo(None).__code__)
+
+
 class TracerDispatchMode(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        return False  # torch's eager wrapper is replaced by the lazy one below
+        return not _LAZY  # with the lazy wrapper below, torch's eager one is not wanted
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "__torch_dispatch__" in cls.__dict__:
+        if _LAZY and "__torch_dispatch__" in cls.__dict__:
             cls.__torch_dispatch__ = _kept_from_dynamo(cls.__dict__["__torch_dispatch__"])
