@@ -377,7 +377,9 @@ def _amp017(facts) -> list[RuleEvent]:
             'set torch._functorch.config.backward_pass_autocast = "off"'
         )
         unjudged = None
-        if record["calls_under_autocast"] and not backward_ran:  # the run ended (or crashed) before any backward
+        if not record["calls_under_autocast"]:  # its region left off by the script's flag, say, while another was on
+            unjudged = "the compiled model was never called under autocast in this run: the case the finding is about did not run"
+        elif not backward_ran:  # the run ended (or crashed) before any backward
             unjudged = "no backward() ran after the compiled calls under autocast: the backward the finding is about did not run"
         sites = (record["site"],) + ((record["backward_at"],) if record.get("backward_at") else ())
         events.append(RuleEvent("AMP017", record["site"], count, evidence, message, sites, unjudged=unjudged))
