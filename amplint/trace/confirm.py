@@ -74,6 +74,13 @@ class Facts:
             calls[0] for table in (state.backward_calls, state.step_calls) for calls in table.values()
         ) or any(record.get("calls_under_autocast") for record in state.compiled) or any(key[3] for key in state.ops)
 
+    @property
+    def autocast_ran(self) -> bool:
+        """Autocast was on somewhere in the run, or `--simulate cuda` stood in for a CUDA region
+        that turned itself off: the findings about work under autocast could be judged."""
+        state = self.state
+        return self.autocast_was_on or bool(state.simulating and state.autocast_without_device_entries)
+
 
 class _Site:
     """A static finding's place: its file and line range."""
@@ -356,6 +363,15 @@ def _never_suppressed(site: _Site, facts: Facts) -> str | None:
     return f"the region never ran inside an enabled autocast region in this run: {_NOT_RUN}"
 
 
+def _never_under_autocast(site: _Site, facts: Facts) -> str | None:
+    """AMP015 records work handed to a thread only from lines that ran with autocast on: lines
+    that never did, in a run where autocast was on elsewhere (their region's flag left off, an
+    evaluation region on), judged nothing. Where it ran nowhere, the whole-run note says more."""
+    if not facts.autocast_ran or any(site.matches(at) for at in facts.state.lines_under_autocast):
+        return None
+    return f"its lines ran, but never with autocast on (it was on elsewhere in this run): {_NOT_RUN}"
+
+
 # Why a run with no event at a finding's lines that ran did not judge it: the rules whose events
 # record the action they judge (a backward on the region's loss, a scaler built, a save, a
 # compiled call), or whose problem needs a sequence the run may not have got to. None (and rules
@@ -367,6 +383,7 @@ _WITHOUT_EVENTS = {
     "AMP010": lambda site, facts: "the line ran, but built no GradScaler",
     "AMP012": lambda site, facts: "the line ran, but torch.save() was not called there",
     "AMP014": _never_suppressed,
+    "AMP015": _never_under_autocast,
     "AMP017": lambda site, facts: "the line ran, but the compiled model was never called",
 }
 
@@ -438,26 +455,13 @@ _NEED_AUTOCAST = ("AMP002", "AMP003", "AMP009", "AMP013", "AMP014", "AMP015", "A
 def _autocast_off_note(code: str, facts: Facts, sources: dict) -> str | None:
     """Why the run cannot judge this finding, when no autocast region was on in it."""
     state = facts.state
-    if code not in _NEED_AUTOCAST or facts.autocast_was_on or (state.simulating and state.autocast_without_device_entries):
+    if code not in _NEED_AUTOCAST or facts.autocast_ran:
         return None
     entered = state.autocast_off_entries or state.autocast_without_device_entries
     if entered:
         site, _count = entered.most_common(1)[0]
         return f"autocast was off in this run: {_region_off(site, facts, sources)}; {_NOT_RUN}"
     return f"no autocast region was entered in this run: {_NOT_RUN}"
-
-
-# Rules whose runtime events are only recorded where their lines ran under an enabled autocast
-# region (work handed to a thread from one): lines that ran without one judge nothing.
-_EVENTS_UNDER_AUTOCAST = ("AMP015",)
-
-
-def _ran_without_autocast_note(code: str, site: _Site, facts: Facts) -> str | None:
-    """Why the run cannot judge this finding when autocast was on elsewhere but never at its lines
-    (their region entered disabled by the script's flag, while an evaluation region was on)."""
-    if code not in _EVENTS_UNDER_AUTOCAST or any(site.matches(s) for s in facts.state.lines_under_autocast):
-        return None
-    return f"its lines ran, but never with autocast on (it was on elsewhere in this run): {_NOT_RUN}"
 
 
 def _region_off(entered, facts: Facts, sources: dict) -> str:
@@ -604,7 +608,7 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
         if not count and (reached or _reached(site, facts)):
             unjudged = _scaled_nothing_note(finding.code, site, facts, sources)
             if unjudged is None and "note" not in evidence:  # a note saying what did not run stays
-                unjudged = _autocast_off_note(finding.code, facts, sources) or _ran_without_autocast_note(finding.code, site, facts)
+                unjudged = _autocast_off_note(finding.code, facts, sources)
         if unjudged:
             reached = False
             evidence["note"] = unjudged
