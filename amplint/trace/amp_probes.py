@@ -227,6 +227,7 @@ class RuleProbes:
                     "span": span,
                     "forward_at": (code.co_filename, code.co_firstlineno),
                     "calls_under_autocast": 0,
+                    "off_region": None,  # where a region left off around an apply was entered
                     "mixed_calls": 0,
                     "sites": {},
                 }
@@ -268,19 +269,24 @@ class RuleProbes:
         raw = original.__func__
 
         def apply(cls, *args, **kwargs):
-            if not state.mirror.active or state.paused:
-                return raw(cls, *args, **kwargs)
-            record = state.custom_functions.get(cls, False)
-            if record is False:
-                record = rules._function_record(cls)
-            if record is not None:
-                rules._record_apply(record, args, kwargs)
+            mirror = state.mirror
+            if (mirror.active or mirror.regions) and not state.paused:
+                record = state.custom_functions.get(cls, False)
+                if record is False:
+                    record = rules._function_record(cls)
+                if record is not None:
+                    rules._record_apply(record, args, kwargs)
             return raw(cls, *args, **kwargs)
 
         function_cls.apply = classmethod(functools.wraps(raw)(apply))
         self.probes._undo.append(lambda: setattr(function_cls, "apply", original))
 
     def _record_apply(self, record: dict, args, kwargs) -> None:
+        mirror = self.state.mirror
+        if not mirror.active:  # inside a region the script's flag left off, say, while another is on
+            if record["off_region"] is None:
+                record["off_region"] = mirror.off_region()
+            return
         site = self.probes._callsite(1)
         sites = record["sites"]
         record["calls_under_autocast"] += 1
@@ -441,15 +447,20 @@ class RuleProbes:
         record = {
             "site": site, "backend": backend if isinstance(backend, str) else None,
             "calls": 0, "calls_under_autocast": 0, "mismatched_backwards": 0, "backwards_with_setting": 0,
+            "off_region": None,  # where a region left off around a call was entered
         }
         state.compiled.append(record)
 
         def note_call():
             record["calls"] += 1
+            if state.paused:
+                return
             active = state.mirror.active
-            if active and not state.paused:
+            if active:
                 record["calls_under_autocast"] += 1
                 state.compiled_pending = (record, active[-1])
+            elif record["off_region"] is None:
+                record["off_region"] = state.mirror.off_region()
 
         if isinstance(compiled, torch.nn.Module):
             compiled.register_forward_pre_hook(lambda module, inputs: note_call())

@@ -24,7 +24,7 @@ from functools import cached_property
 
 from amplint.trace.callsite import Callsite
 from amplint.trace.probes import deprecated_api_of
-from amplint.trace.rule_events import RuleEvent, backward_calls, rule_events
+from amplint.trace.rule_events import NOT_RUN, RuleEvent, backward_calls, rule_events
 from amplint.trace.state import Conversion, TraceState
 
 CHECKED_CODES = tuple(f"AMP{n:03d}" for n in range(1, 18))
@@ -162,7 +162,14 @@ def _off_around(what: str, entered: Callsite, facts: Facts) -> str | None:
     state = facts.state
     if state.simulating and entered in state.autocast_without_device_entries:
         return None
-    return f"autocast was off around {what}: {_region_off(entered, facts, {})}; {_NOT_RUN}"
+    return f"autocast was off around {what}: {_region_off(entered, facts, {})}; {NOT_RUN}"
+
+
+def _unjudged_note(event: RuleEvent, facts: Facts) -> str:
+    """What the run did not judge at an event, naming the region left off around it if any."""
+    if event.off_around is not None:
+        return _off_around(*event.off_around, facts) or event.unjudged
+    return event.unjudged
 
 
 def _scalers_at(site: _Site, facts: Facts):
@@ -348,7 +355,7 @@ def _no_backward_from_region(site: _Site, facts: Facts) -> str:
     state = facts.state
     off = next((at for at in state.autocast_off_entries if site.matches(at)), None)
     if off is not None and not any(site.matches(at) for at in state.autocast_entries):
-        return f"{_region_off(off, facts, {})}; {_NOT_RUN}"  # the script's flag left it off
+        return f"{_region_off(off, facts, {})}; {NOT_RUN}"  # the script's flag left it off
     calls = backward_calls(state)
     if not calls:
         return "no backward() ran in this run: no loss from this float16 region was backpropagated"
@@ -360,7 +367,7 @@ def _never_suppressed(site: _Site, facts: Facts) -> str | None:
     nothing around it was on (the enclosing region's flag left off), it judged nothing."""
     if any(site.matches(at) for at in facts.state.suppressing_regions):
         return None
-    return f"the region never ran inside an enabled autocast region in this run: {_NOT_RUN}"
+    return f"the region never ran inside an enabled autocast region in this run: {NOT_RUN}"
 
 
 def _never_under_autocast(site: _Site, facts: Facts) -> str | None:
@@ -369,7 +376,7 @@ def _never_under_autocast(site: _Site, facts: Facts) -> str | None:
     evaluation region on), judged nothing. Where it ran nowhere, the whole-run note says more."""
     if not facts.autocast_ran or any(site.matches(at) for at in facts.state.lines_under_autocast):
         return None
-    return f"its lines ran, but never with autocast on (it was on elsewhere in this run): {_NOT_RUN}"
+    return f"its lines ran, but never with autocast on (it was on elsewhere in this run): {NOT_RUN}"
 
 
 # Why a run with no event at a finding's lines that ran did not judge it: the rules whose events
@@ -409,7 +416,7 @@ def _event_check(code: str):
         if count or judged:
             return count, True, evidence
         if events:
-            evidence["note"] = events[0].unjudged
+            evidence["note"] = _unjudged_note(events[0], facts)
             return 0, False, evidence
         unjudged = _WITHOUT_EVENTS.get(code, lambda site, facts: None)(site, facts)
         if unjudged is None:
@@ -425,7 +432,6 @@ _amp016_events = _event_check("AMP016")
 # enabled=False by the script's flag, disabled for want of its device on a CPU-only machine, or
 # whose scale() was never called before the run ended) leaves the run unable to refute them.
 _NEED_SCALED_GRADIENTS = ("AMP005", "AMP006", "AMP010", "AMP011", "AMP012")
-_NOT_RUN = "the case the finding is about did not run"
 
 
 def _scaled_nothing_note(code: str, site: _Site, facts: Facts, sources: dict) -> str | None:
@@ -436,12 +442,12 @@ def _scaled_nothing_note(code: str, site: _Site, facts: Facts, sources: dict) ->
     if any(s.enabled and s.scale_calls for s in scalers):
         return None
     if not scalers:  # (AMP010's own check says its line built none)
-        return None if code == "AMP010" else f"no GradScaler was built in this run, so no loss was scaled: {_NOT_RUN}"
+        return None if code == "AMP010" else f"no GradScaler was built in this run, so no loss was scaled: {NOT_RUN}"
     if any(s.enabled for s in scalers):
-        return f"the GradScaler never scaled a loss in this run (scaler.scale() was not called): {_NOT_RUN}"
+        return f"the GradScaler never scaled a loss in this run (scaler.scale() was not called): {NOT_RUN}"
     switched_off = next((s for s in scalers if s.disabled_on_request), None)
     if switched_off is not None:
-        return f"the GradScaler built at {facts.where(switched_off.callsite)} was off in this run{_switch(switched_off.callsite, sources, 'GradScaler')} and scaled nothing: {_NOT_RUN}"
+        return f"the GradScaler built at {facts.where(switched_off.callsite)} was off in this run{_switch(switched_off.callsite, sources, 'GradScaler')} and scaled nothing: {NOT_RUN}"
     device = scalers[0].device
     return f"the GradScaler disabled itself (no {device} device on this machine) and scaled nothing: the {device} case did not run"
 
@@ -460,8 +466,8 @@ def _autocast_off_note(code: str, facts: Facts, sources: dict) -> str | None:
     entered = state.autocast_off_entries or state.autocast_without_device_entries
     if entered:
         site, _count = entered.most_common(1)[0]
-        return f"autocast was off in this run: {_region_off(site, facts, sources)}; {_NOT_RUN}"
-    return f"no autocast region was entered in this run: {_NOT_RUN}"
+        return f"autocast was off in this run: {_region_off(site, facts, sources)}; {NOT_RUN}"
+    return f"no autocast region was entered in this run: {NOT_RUN}"
 
 
 def _region_off(entered, facts: Facts, sources: dict) -> str:

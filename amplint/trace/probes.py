@@ -298,10 +298,10 @@ class Probes:
         """A backward or optimizer step at `site`, with autocast on or off (AMP003); off inside an
         autocast region entered disabled, that region is noted: the finding's case did not run."""
         table[site][0 if evidence else 1] += 1
-        regions = self.state.mirror.regions
-        if evidence is None and regions and not regions[-1][1]:
+        off_region = self.state.mirror.off_region() if evidence is None else None
+        if off_region is not None:
             self.state.calls_in_off_region[site] += 1
-            self.state.off_region_of.setdefault(site, regions[-1][3])
+            self.state.off_region_of.setdefault(site, off_region)
 
     def autocast_evidence(self) -> dict | None:
         mirror = self.state.mirror
@@ -903,9 +903,10 @@ class Probes:
             if low is None:
                 return None
             if not mirror.active:
-                if not mirror.regions[-1][1]:  # inside a region entered disabled
+                off_region = mirror.off_region()
+                if off_region is not None:
                     record.forwards_in_off_region += 1
-                    record.off_region = record.off_region or mirror.regions[-1][3]
+                    record.off_region = record.off_region or off_region
                 return None
             record.forwards_under_autocast += 1
             if record.autocast is None:

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 from amplint.trace.callsite import Callsite
 
+# The end of every note on a finding the run could not judge.
+NOT_RUN = "the case the finding is about did not run"
+
 
 @dataclass
 class RuleEvent:
@@ -32,6 +35,9 @@ class RuleEvent:
     # What the rule judges that did not run here (a backward that never came): the event then
     # refutes nothing, and this is the note of the `not-reached` finding it joins.
     unjudged: str | None = None
+    # (what ran, where the region around it was entered) when it ran only inside autocast regions
+    # the script left off: the note then names that region and the option that would turn it on.
+    off_around: tuple[str, Callsite] | None = None
 
 
 def _first(items):
@@ -253,10 +259,14 @@ def _amp013(facts) -> list[RuleEvent]:
                     else f"no backward() ran after {record['class']}.forward"
                 )
                 unjudged = f"{ran} ran under autocast: the backward the finding is about did not run"
+        off_around = None
+        if not record["calls_under_autocast"]:  # applied only inside regions the script left off
+            unjudged = f"{record['class']}.apply never ran under autocast in this run: {NOT_RUN}"
+            off_around = (f"{record['class']}.apply", record["off_region"])
         sites = tuple(record["sites"]) + tuple(s for s in (record["defined_at"], record["forward_at"]) if s)
         evidence["called_at"] = sorted(filter(None, (facts.where(s) for s in record["sites"])))[:5]
         anchor = record["defined_at"] or record["forward_at"]
-        events.append(RuleEvent("AMP013", anchor, count, evidence, message, sites, tuple(spans), unjudged=unjudged))
+        events.append(RuleEvent("AMP013", anchor, count, evidence, message, sites, tuple(spans), unjudged=unjudged, off_around=off_around))
     return events
 
 
@@ -376,13 +386,15 @@ def _amp017(facts) -> list[RuleEvent]:
             f'backward_pass_autocast="{setting}": the compiled backward re-enters autocast, unlike eager; '
             'set torch._functorch.config.backward_pass_autocast = "off"'
         )
-        unjudged = None
+        unjudged, off_around = None, None
         if not record["calls_under_autocast"]:  # its region left off by the script's flag, say, while another was on
-            unjudged = "the compiled model was never called under autocast in this run: the case the finding is about did not run"
+            unjudged = f"the compiled model was never called under autocast in this run: {NOT_RUN}"
+            if record["off_region"] is not None:
+                off_around = ("the compiled model's calls", record["off_region"])
         elif not backward_ran:  # the run ended (or crashed) before any backward
             unjudged = "no backward() ran after the compiled calls under autocast: the backward the finding is about did not run"
         sites = (record["site"],) + ((record["backward_at"],) if record.get("backward_at") else ())
-        events.append(RuleEvent("AMP017", record["site"], count, evidence, message, sites, unjudged=unjudged))
+        events.append(RuleEvent("AMP017", record["site"], count, evidence, message, sites, unjudged=unjudged, off_around=off_around))
     return events
 
 

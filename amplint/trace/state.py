@@ -206,6 +206,12 @@ class AutocastMirror(threading.local):
         self.suppressed: tuple = ()
         self.parent: tuple | None = None  # AMP015: in a worker thread, (parent's active autocast, record)
 
+    def off_region(self):
+        """Where the innermost open `with autocast` was entered, when it was entered disabled (the
+        script's flag left it off): work under it is not the case a finding about autocast is about."""
+        regions = self.regions
+        return regions[-1][3] if regions and not regions[-1][1] else None
+
 
 class _ThreadPauses(threading.local):
     depth = 0
