@@ -602,9 +602,11 @@ def _amp_anchors(facts: AmpFacts) -> dict[int, list[CallSite]]:
     return _anchors(facts, "AMP002 amp anchors", lambda call: _uses_amp(call, facts), decorated)
 
 
-def _training_anchors(facts: AmpFacts) -> dict[int, list[CallSite]]:
-    """The same for training: a backward, a GradScaler built, an optimizer stepped."""
-    backwards = {id(call) for call in rg.backwards(facts)}
+def _training_anchors(facts: AmpFacts, backward_trains: bool) -> dict[int, list[CallSite]]:
+    """The same for training: a GradScaler built, an optimizer stepped, and with `backward_trains`
+    a backward (which gives float16 weights float16 gradients; for a float16 input it only computes
+    the gradients a kernel test compares)."""
+    backwards = {id(call) for call in rg.backwards(facts)} if backward_trains else set()
 
     def trains(call: CallSite) -> bool:
         return (
@@ -613,7 +615,7 @@ def _training_anchors(facts: AmpFacts) -> dict[int, list[CallSite]]:
             or (call.method == "step" and facts.is_optimizer(call.receiver_key, call.scope))
         )
 
-    return _anchors(facts, "AMP002 training anchors", trains, set())
+    return _anchors(facts, f"AMP002 training anchors {backward_trains}", trains, set())
 
 
 def _anchors(facts: AmpFacts, key: str, direct_use, marked: set[int]) -> dict[int, list[CallSite]]:
@@ -636,14 +638,19 @@ def _anchors(facts: AmpFacts, key: str, direct_use, marked: set[int]) -> dict[in
 
 
 def _test_that_does_not_train(call: CallSite, facts: AmpFacts) -> bool:
-    """A cast in a test that reaches no backward, GradScaler or optimizer step (a float16 or
-    bfloat16 forward under autocast): a test runner runs each test by itself, so the module's
-    other tests training does not make this one train."""
-    test = _test_function(call.scope)
-    if test is None:
-        return False
-    anchors = _training_anchors(facts)
-    return not anchors[id(facts.module_scope)] and not _test_reaches(test, anchors, facts)
+    """A cast in a test, or in a helper only tests call, that reaches no GradScaler and no
+    optimizer step, nor a backward when a model is cast (a float16 or bfloat16 forward under
+    autocast; apex's kernel tests running a reference model on a float16 input and comparing the
+    gradients): a test runner runs each test by itself, so the module's other tests training does
+    not make this one train."""
+    anchors = _training_anchors(facts, backward_trains=not (_is_data(call, facts) or _handed_to_a_model(call, facts)))
+    return not anchors[id(facts.module_scope)] and _only_in_tests_reaching_none(call.scope, anchors, facts)
+
+
+def _handed_to_a_model(call: CallSite, facts: AmpFacts) -> bool:
+    """A cast handed straight to a model's forward (`reference(ref_input.half())`): an input."""
+    consumer = _handed_to(_outermost_method_call(call.node, facts), facts)
+    return consumer is not None and facts.value_kind(consumer.func, call.scope) == "model"
 
 
 def _test_reaches(test: Scope, anchors: dict[int, list[CallSite]], facts: AmpFacts) -> bool:
@@ -851,15 +858,16 @@ def _test_without_amp(call: CallSite, facts: AmpFacts) -> bool:
     functions it calls: a test runner runs each test by itself (timm's suite casts a module to
     float16 in one test and checks autocast in the next; peft's bfloat16 forward tests sit beside
     a `_test_model` helper that opens autocast for others). AMP at module level is every test's."""
-    return not any(_opens_amp(c) for c in facts.module_scope.calls) and _only_in_tests_without_amp(call.scope, facts)
+    return not any(_opens_amp(c) for c in facts.module_scope.calls) and _only_in_tests_reaching_none(
+        call.scope, _amp_anchors(facts), facts
+    )
 
 
-def _only_in_tests_without_amp(scope: Scope, facts: AmpFacts, depth: int = 0) -> bool:
-    """Whether code in `scope` runs only in tests that reach no AMP: it is in one, or in a function
-    of the file that reaches no AMP itself and that only such tests call, up to names.CALL_DEPTH
-    calls away (xformers' `_get_model_blocks(..., dtype)`, building float16 blocks for two tests
-    that never open autocast). A function also used as a value may run anywhere."""
-    anchors = _amp_anchors(facts)
+def _only_in_tests_reaching_none(scope: Scope, anchors: dict[int, list[CallSite]], facts: AmpFacts, depth: int = 0) -> bool:
+    """Whether code in `scope` runs only in tests that reach none of `anchors`: it is in one, or in
+    a function of the file that reaches none itself and that only such tests call, up to
+    names.CALL_DEPTH calls away (xformers' `_get_model_blocks(..., dtype)`, building float16 blocks
+    for two tests that never open autocast). A function also used as a value may run anywhere."""
     test = _test_function(scope)
     if test is not None:
         return not _test_reaches(test, anchors, facts)
@@ -869,7 +877,7 @@ def _only_in_tests_without_amp(scope: Scope, facts: AmpFacts, depth: int = 0) ->
     callers = facts.callers(function)
     passed_as_a_value = any(r.dotted.rsplit(".", 1)[-1] == function.name for r in facts.references)
     return bool(callers) and not passed_as_a_value and all(
-        _only_in_tests_without_amp(site.scope, facts, depth + 1) for site in callers
+        _only_in_tests_reaching_none(site.scope, anchors, facts, depth + 1) for site in callers
     )
 
 
