@@ -170,18 +170,25 @@ MODEL_PREFIXES = ("torchvision.models.",)
 # Packages whose training loop scales the loss itself: accelerate's Accelerator, Lightning's
 # precision plugins, DeepSpeed's engine, apex.amp, ColossalAI's booster, Composer's Trainer.
 FRAMEWORK_PACKAGES = frozenset({"lightning", "pytorch_lightning", "accelerate", "deepspeed", "apex", "colossalai", "composer"})
-# Their helper modules hand them nothing: `from accelerate.utils import set_seed`,
-# `from apex.optimizers import FusedAdam`.
+# Their helper modules hand them nothing: `from accelerate.utils import set_seed`.
 _FRAMEWORK_HELPERS = re.compile(r"\.(?:utils?|utilities|internal|testing|test_utils|logging|ops|optimizers|normalization|parallel|data)(?:\.|$)")
 # Objects of those frameworks whose `backward(loss)` and `clip_grad_norm_(...)` scale and unscale
 # for the caller (`accelerator.backward`, `engine.clip_grad_norm_`).
 FRAMEWORK_OWNERS = ("accelerator", "fabric", "engine", "model_engine", "trainer", "strategy")
 
 
+# apex is mostly fused kernels (`apex.mlp`, `apex.fused_dense`, `apex.contrib.*`): only these of its
+# modules scale a loss (`amp.scale_loss`, `FP16_Optimizer`, Megatron's GradScaler).
+_APEX_LOSS_SCALING = re.compile(r"apex(?:\.(?:amp|fp16_utils|transformer\.amp)(?:\..*)?)?")
+
+
 def imports_a_framework(qualname: str) -> bool:
-    """Whether an imported name (`accelerate.Accelerator`, `deepspeed`) brings a framework that
-    scales the loss for the code that uses it."""
-    return qualname.split(".")[0] in FRAMEWORK_PACKAGES and not _FRAMEWORK_HELPERS.search(qualname)
+    """Whether an imported name (`accelerate.Accelerator`, `deepspeed`, `apex.amp`) brings a
+    framework that scales the loss for the code that uses it."""
+    package = qualname.split(".")[0]
+    if package == "apex":
+        return _APEX_LOSS_SCALING.fullmatch(qualname) is not None
+    return package in FRAMEWORK_PACKAGES and not _FRAMEWORK_HELPERS.search(qualname)
 
 
 # A name that says it holds a loss scaler (`scaler`, `grad_scaler`, timm's `NativeScaler`), in any
