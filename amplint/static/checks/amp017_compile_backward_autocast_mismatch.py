@@ -9,6 +9,7 @@ import libcst as cst
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
+from amplint.static import names
 from amplint.static.semantics import AmpFacts, CallSite, argument, constructor_of, dotted_name, is_true
 
 CODE = "AMP017"
@@ -51,19 +52,31 @@ def _compiled(facts: AmpFacts) -> list[tuple[CallSite, str | None, object]]:
     return found
 
 
-def _function_compiled(facts: AmpFacts, compiled: cst.BaseExpression | None, scope):
+def _function_compiled(facts: AmpFacts, compiled: cst.BaseExpression | None, scope, depth: int = 0):
     """The function of this file a `torch.compile` argument runs: named, through
-    `functools.partial(f, model)`, a lambda that calls it, or a method of a local instance
-    (`torch.compile(computer.forward_loss)`)."""
-    if isinstance(compiled, cst.Call) and facts.qualname(compiled.func, scope) == "functools.partial":
-        return _function_compiled(facts, argument(compiled, 0, "func"), scope)
+    `functools.partial(f, model)`, a lambda that calls it, a method of a local instance
+    (`torch.compile(computer.forward_loss)`), or what a factory of the file returns
+    (`torch.compile(make_train_step(model, opt))`, also through a name bound to its result)."""
+    if compiled is None or depth > names.CALL_DEPTH:
+        return None
+    if isinstance(compiled, cst.Call):
+        if facts.qualname(compiled.func, scope) == "functools.partial":
+            return _function_compiled(facts, argument(compiled, 0, "func"), scope, depth + 1)
+        factory = facts._function_named(compiled.func, scope)
+        returned = factory.returns if factory is not None else ()
+        return next(filter(None, (_function_compiled(facts, r, factory, depth + 1) for r in returned)), None)
     if isinstance(compiled, cst.Lambda) and isinstance(compiled.body, cst.Call):
-        return _function_compiled(facts, compiled.body.func, scope)
+        return _function_compiled(facts, compiled.body.func, scope, depth + 1)
     if isinstance(compiled, cst.Attribute) and isinstance(compiled.value, cst.Name):
         owner = facts._local_instance_class(compiled.value.value, scope)
         if owner is not None:
             return facts._method_of(owner, compiled.attr.value)
-    return facts._function_named(compiled, scope) if compiled is not None else None
+    named = facts._function_named(compiled, scope)
+    if named is None and isinstance(compiled, cst.Name):  # `step = make_train_step(...)`, then `torch.compile(step)`
+        bound = facts.bindings(compiled.value, scope)
+        if len(bound) == 1:
+            return _function_compiled(facts, *bound[0], depth + 1)
+    return named
 
 
 def _compiles_a_module(facts: AmpFacts, call: CallSite) -> bool:
