@@ -321,6 +321,13 @@ def leaves_before(facts: AmpFacts, where: Context, later: Context) -> bool:
     return False
 
 
+def _steps_through_a_scaler(facts: AmpFacts, call: CallSite) -> bool:
+    """`opt.step()` on an instance of a class of the file whose `step` goes through a GradScaler
+    (fairseq's AMPOptimizer): the method's own events, spliced in at the call, say what it does."""
+    method = facts.called_function(call)
+    return method is not None and any(c.method == "step" and enabled_scaler_use(facts, c) for c in method.calls)
+
+
 def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
     events: list[Event] = []
     for call in function.calls:
@@ -334,7 +341,8 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
         elif call.method == "scale" and enabled_scaler_use(facts, call):
             events.append(Event("scale_backward", call, key, None, call.where))
         elif call.method == "step" and facts.is_optimizer(key, call.scope) and not facts.is_scaler(key, call.scope):
-            events.append(Event("opt_step", call, None, key, call.where))
+            if not _steps_through_a_scaler(facts, call):
+                events.append(Event("opt_step", call, None, key, call.where))
         elif call.method in ("step", "step_update") and is_scheduler(facts, key, call.scope, call.where):  # timm: step_update
             events.append(Event("sched_step", call, None, key, call.where))
         elif call.method == "step" and _one_of_the_schedulers(call):

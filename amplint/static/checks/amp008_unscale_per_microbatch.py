@@ -9,7 +9,8 @@ import libcst as cst
 
 from amplint.static.checks import Hit
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts
+from amplint.static import names
+from amplint.static.semantics import AmpFacts, dotted_name
 
 CODE = "AMP008"
 
@@ -28,6 +29,67 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             if hit is not None:
                 reported.add(id(event.call.node))
                 yield hit
+    for hit in _wrapper_and_wrapped(facts):
+        if id(hit.node) not in reported:
+            yield hit
+
+
+def _wrapper_and_wrapped(facts: AmpFacts) -> Iterator[Hit]:
+    """`scaler.unscale_(X)` and `scaler.step(Y)` where one of X and Y is an optimizer wrapper and
+    the other the optimizer it holds (fairseq's AMPOptimizer: `unscale_(self.optimizer)`, a property
+    returning `self.fp32_optimizer.optimizer`, then `step(self.fp32_optimizer)`), in one function
+    or in the methods of one class: the scaler records what it unscaled per optimizer object."""
+    events = [e for f in (facts.module_scope, *facts.functions) for e in ts.own_events(facts).get(id(f), ())]
+    steps = [e for e in events if e.kind == "step" and e.target is not None]
+    for unscale in (e for e in events if e.kind == "unscale" and e.target is not None):
+        held = _through_properties(facts, unscale.target, unscale.call.scope)
+        for step in steps:
+            stepped = _through_properties(facts, step.target, step.call.scope)
+            if not (ts.same_object(step.scaler, unscale.scaler) and _one_holds_the_other(held, stepped)):
+                continue
+            if not _same_owner(unscale, step):
+                continue
+            yield Hit(
+                unscale.call.node,
+                f"`{unscale.scaler}.unscale_({unscale.target})` unscales `{held}`, but `{step.scaler}.step({step.target})` "
+                f"(line {{0}}) steps `{stepped}`, "
+                + ("the wrapper that holds it" if held.startswith(stepped + ".") else "the optimizer it holds")
+                + ": the GradScaler records unscaling per optimizer object, so `step()` unscales the same "
+                "gradients again (divided by the scale twice: updates far too small, which Adam's normalisation "
+                "mostly hides and SGD does not); pass the same object to `unscale_` and `step`",
+                unscale.call.where.statement,
+                related=(step.call.node,),
+            )
+            break
+
+
+def _one_holds_the_other(a: str, b: str) -> bool:
+    return a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _same_owner(a: ts.Event, b: ts.Event) -> bool:
+    """Both in one function, or in methods of one class (`self` is the same object)."""
+    fa, fb = a.call.scope.function_scope, b.call.scope.function_scope
+    return fa is fb or (fa.class_name is not None and fa.class_name == fb.class_name)
+
+
+def _through_properties(facts: AmpFacts, key: str, scope) -> str:
+    """`self.optimizer` as the `@property` of the class returns it (`self.fp32_optimizer.optimizer`)."""
+    class_name = scope.function_scope.class_name
+    for _ in range(names.CALL_DEPTH):
+        head, _, attribute = key.partition(".")
+        if head != "self" or not attribute or class_name is None:
+            break
+        first, _, rest = attribute.partition(".")
+        getter = next((
+            f for f in facts.functions_by_name.get(first, ())
+            if f.class_name == class_name and any(dotted_name(d.decorator) == "property" for d in f.decorators)
+        ), None)
+        returned = dotted_name(getter.returns[0]) if getter is not None and len(getter.returns) == 1 else None
+        if returned is None or not returned.startswith("self."):
+            break
+        key = f"{returned}.{rest}" if rest else returned
+    return key
 
 
 def _partners(facts: AmpFacts, event: ts.Event, events: list[ts.Event]) -> list[ts.Event]:
