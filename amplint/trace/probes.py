@@ -27,7 +27,7 @@ import torch.nn.utils.clip_grad as clip_grad_module
 import torch.optim.lr_scheduler as lr_scheduler_module
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from amplint.trace.callsite import CodeClassifier
+from amplint.trace.callsite import Callsite, CodeClassifier
 from amplint.trace.nonfinite import NonFiniteMonitor, stored_values
 from amplint.trace.state import ClipEvent, Conversion, Float16Region, SchedulerStep, ScalerInfo, ScalerStep, TraceState, Update, WarningRecord
 
@@ -54,6 +54,14 @@ def _keeping_torch_error(event: dict | None):
         if event is not None:
             event["torch_raised"] = f"{type(exc).__name__}: {exc}"
         raise
+
+
+def _parameter_ids(optimizer) -> frozenset:
+    """The parameters an optimizer (or a wrapper exposing `param_groups`) steps."""
+    try:
+        return frozenset(id(p) for group in optimizer.param_groups for p in group["params"])
+    except (AttributeError, KeyError, TypeError):  # an object GradScaler cannot unscale either
+        return frozenset()
 
 
 def _dtype_name(dtype) -> str | None:
@@ -444,7 +452,8 @@ class Probes:
             if state.paused:
                 return None
             current = state.in_scaler_step
-            if current is not None and current.optimizer == id(optimizer):
+            if current is not None and current.takes(optimizer):
+                state.last_step_of_optimizer[id(optimizer)] = current  # (the wrapped optimizer's, for its schedulers)
                 current.optimizer_seconds = -time.perf_counter()
                 current.applied = True
                 found_inf = getattr(optimizer, "found_inf", None)  # fused optimizers skip inside
@@ -494,9 +503,10 @@ class Probes:
                 return
             state.in_optimizer = max(0, state.in_optimizer - 1)
             current = state.in_scaler_step
-            if current is not None and current.optimizer == id(optimizer) and current.optimizer_seconds < 0:
+            taken = current is not None and current.takes(optimizer)
+            if taken and current.optimizer_seconds < 0:
                 current.optimizer_seconds += time.perf_counter()
-            if current is None or current.optimizer != id(optimizer):
+            if not taken:
                 record = ScalerStep(-1, id(optimizer), state.step, None, True)
                 state.last_step_of_optimizer[id(optimizer)] = record
                 state.step_completed()
@@ -642,6 +652,8 @@ class Probes:
                         "enabled": info.enabled,
                     }
                     state.unscales.append(event)
+                else:
+                    probes._note_unscaled_through_another(info, optimizer, site)
                 try:
                     with _keeping_torch_error(event), state.pause():
                         result = real(self_, optimizer)
@@ -651,6 +663,7 @@ class Probes:
                 if info.stage.get(key) != "STEPPED":
                     info.stage[key] = "UNSCALED"
                 info.last_unscale[key] = (site, info.scale_calls)
+                info.unscaled_params[key] = _parameter_ids(optimizer)
                 return result
 
             return unscale_
@@ -680,8 +693,13 @@ class Probes:
                         "enabled": info.enabled,
                     }
                     state.pairing.append(event)
+                if id(optimizer) not in info.stage:  # step() will unscale it: was that done through another object?
+                    other = probes._note_unscaled_through_another(info, optimizer, site)
+                    if other is not None:  # its parameters are stepped now: not an unscale_ without a step
+                        info.stepped_through.add(other)
                 monitor.check_gradients(optimizer, site, handled=info.enabled and info.scaled)
-                record = ScalerStep(info.index, id(optimizer), state.step, site, applied=False)
+                wrapped = frozenset() if isinstance(optimizer, torch.optim.Optimizer) else _parameter_ids(optimizer)
+                record = ScalerStep(info.index, id(optimizer), state.step, site, applied=False, wrapped_params=wrapped)
                 state.in_scaler_step = record
                 try:
                     with _keeping_torch_error(event):
@@ -720,7 +738,7 @@ class Probes:
                         event = {"kind": "update-without-step", "site": site, "scaler": info.index, "step": state.step, "enabled": info.enabled}
                         state.pairing.append(event)
                     for key, stage in info.stage.items():
-                        if stage == "UNSCALED":  # AMP008: unscale_ on an iteration with no step
+                        if stage == "UNSCALED" and key not in info.stepped_through:  # AMP008: unscale_ on an iteration with no step
                             unscale_site = info.last_unscale.get(key, (site, 0))[0]
                             state.unscales.append(
                                 {"kind": "unscale-without-step", "site": unscale_site, "update_at": site, "scaler": info.index, "step": state.step, "enabled": info.enabled}
@@ -739,6 +757,8 @@ class Probes:
                 info.unscaled.clear()
                 info.stage.clear()
                 info.window.clear()
+                info.unscaled_params.clear()
+                info.stepped_through.clear()
                 return result
 
             return update
@@ -749,6 +769,25 @@ class Probes:
         self._patch(scaler_cls, "step", wrap_step)
         self._patch(scaler_cls, "update", wrap_update)
 
+    def _note_unscaled_through_another(self, info: ScalerInfo, optimizer, site: Callsite) -> int | None:
+        """AMP008: `optimizer` is about to be unscaled (by `unscale_` or inside `step`) while another
+        object holding the same parameters was unscaled since update(): an optimizer wrapper and
+        the optimizer it holds. The scaler tracks each object apart and divides the same gradients
+        by the scale again. Returns that other object's key."""
+        mine = _parameter_ids(optimizer)
+        other = next((key for key, params in info.unscaled_params.items() if key != id(optimizer) and mine & params), None)
+        if other is None:
+            return None
+        self.state.unscales.append({
+            "kind": "unscale-through-another-object",
+            "site": info.last_unscale[other][0],
+            "again_at": site,
+            "scaler": info.index,
+            "step": self.state.step,
+            "enabled": info.enabled,
+        })
+        return other
+
     def still_scaled(self, params: list | None) -> ScalerInfo | None:
         """An enabled scaler whose scaled gradients (for these params' optimizers) are not unscaled."""
         owners = self.owners_of(params) if params else []
@@ -756,7 +795,9 @@ class Probes:
             if not (info.enabled and info.scaled):
                 continue
             if owners:
-                if any(id(opt) not in info.unscaled for opt in owners):
+                # (an optimizer is unscaled too when a wrapper holding its parameters was)
+                through_wrappers = frozenset().union(*info.unscaled_params.values())
+                if any(id(opt) not in info.unscaled for opt in owners) and not all(id(p) in through_wrappers for p in params):
                     return info
             elif not info.unscaled:
                 return info

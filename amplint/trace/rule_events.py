@@ -121,6 +121,14 @@ def _amp008(facts) -> list[RuleEvent]:
             evidence["micro_batches_between"] = first["scale_calls_between"]
             sites = tuple({site} | {e["again_at"] for e in group})
             message = f"scaler.unscale_() ran again for the same optimizer after {first['scale_calls_between']} more scaled micro-batch(es), before step()/update()"
+        elif kind == "unscale-through-another-object":
+            evidence["unscale_again"] = len(group)
+            evidence["again_at"] = facts.where(first["again_at"])
+            sites = tuple({site} | {e["again_at"] for e in group})
+            message = (
+                "the gradients scaler.unscale_() unscaled were unscaled again through another object holding the same "
+                "parameters (an optimizer wrapper and the optimizer it holds), before update(): divided by the scale twice"
+            )
         else:
             evidence["iterations_without_step"] = len(group)
             evidence["update_at"] = facts.where(first["update_at"])

@@ -77,6 +77,10 @@ class ScalerInfo:
     stage: dict = field(default_factory=dict)  # id(optimizer) -> "UNSCALED" | "STEPPED"
     window: list = field(default_factory=list)  # (id(optimizer), step callsite) since the last update()
     last_unscale: dict = field(default_factory=dict)  # id(optimizer) -> (callsite, scale_calls then)
+    # AMP008: the parameters each object unscaled since update() held (a wrapper and the optimizer it
+    # holds are two objects to the scaler, one set of gradients to unscale)
+    unscaled_params: dict = field(default_factory=dict)  # id(optimizer) -> frozenset of id(param)
+    stepped_through: set = field(default_factory=set)  # unscaled optimizers a step of such a wrapper took
     windows: list = field(default_factory=list)  # per update(): (callsite, optimizer ids stepped before it)
     # AMP010: where the scaled losses came from, and the time spent in the scaler's own calls
     scale_calls: int = 0
@@ -93,6 +97,18 @@ class ScalerStep:
     applied: bool | None  # None: decided by a deferred found_inf (fused optimizers)
     found_inf_slot: int | None = None
     optimizer_seconds: float = 0.0  # inside optimizer.step() (AMP010 counts the scaler's own time)
+    # Given a wrapper rather than a torch optimizer (fairseq's FP32Optimizer): the parameters it
+    # holds, by which the torch optimizer stepped inside is recognised as this step's.
+    wrapped_params: frozenset = frozenset()
+
+    def takes(self, optimizer) -> bool:
+        """Whether `optimizer.step()` is the step this scaler.step() runs: the object it was given,
+        or the torch optimizer inside the wrapper it was given."""
+        if self.optimizer == id(optimizer):
+            return True
+        return bool(self.wrapped_params) and any(
+            id(p) in self.wrapped_params for group in optimizer.param_groups for p in group["params"]
+        )
 
     def applied_given(self, values: list | None) -> bool | None:
         """Whether the optimizer step ran, reading a deferred found_inf from `values`
