@@ -1141,6 +1141,44 @@ def test_dynamo_never_compiles_the_tracers_own_frames(tmp_path: Path) -> None:
     assert "amplint" not in proc.stderr and "recompile" not in proc.stderr, proc.stderr
 
 
+_FULLGRAPH_SCRIPT = """
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def loss_of(out, y):
+        return nn.functional.cross_entropy(out, y)
+
+    for step in range(2):
+        x, y = torch.randn(4, 8), torch.randint(0, 3, (4,))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_of(compiled(x), y)
+        loss.backward()
+    print("done")
+    """
+
+
+def test_a_fullgraph_compile_runs_under_the_op_recording_and_says_it_ran_eagerly(tmp_path: Path) -> None:
+    """Under the op recorder Dynamo skips every frame, which `fullgraph=True` makes an error the
+    script never raises untraced: the trace runs it with fullgraph off and a note says so."""
+    write(tmp_path, "train.py", _FULLGRAPH_SCRIPT)
+    proc = trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
+    notes = json.loads((tmp_path / "r.json").read_text())["notes"]
+    assert any(n.startswith("torch.compile(fullgraph=True) at train.py:6 ran with fullgraph=False") for n in notes), notes
+
+
+def test_a_fullgraph_compile_keeps_fullgraph_without_op_recording(tmp_path: Path) -> None:
+    write(tmp_path, "train.py", _FULLGRAPH_SCRIPT)
+    proc = trace(tmp_path, "-q", "--no-ops", "--json", "r.json", "train.py")
+    assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
+    notes = json.loads((tmp_path / "r.json").read_text())["notes"]
+    assert not any("fullgraph" in n for n in notes), notes
+
+
 def test_an_executor_left_running_finishes_its_queue_before_the_atexit_handlers(tmp_path: Path) -> None:
     """Python, when the script ends, tells a ThreadPoolExecutor that was never shut down to finish
     its queued work and waits for it, then runs the atexit handlers: the trace does the same (and

@@ -424,6 +424,11 @@ class RuleProbes:
             @functools.wraps(real)
             def compile(model=None, *args, **kwargs):
                 site = probes._callsite()
+                # Under amplint's dispatch modes Dynamo skips every frame, which fullgraph=True
+                # turns into an error the script never raises untraced: it runs eagerly instead.
+                fullgraph_dropped = bool(kwargs.get("fullgraph")) and state.dispatch_modes_on and not state.paused
+                if fullgraph_dropped:
+                    kwargs["fullgraph"] = False
                 result = real(model, *args, **kwargs)
                 if state.paused:
                     return result
@@ -433,21 +438,22 @@ class RuleProbes:
 
                     @functools.wraps(decorator)
                     def decorate(fn):
-                        return rules._watch_compiled(decorator(fn), site, backend)
+                        return rules._watch_compiled(decorator(fn), site, backend, fullgraph_dropped)
 
                     return decorate
-                return rules._watch_compiled(result, site, backend)
+                return rules._watch_compiled(result, site, backend, fullgraph_dropped)
 
             return compile
 
         probes._patch(torch, "compile", wrap)
 
-    def _watch_compiled(self, compiled, site, backend):
+    def _watch_compiled(self, compiled, site, backend, fullgraph_dropped: bool):
         state = self.state
         record = {
             "site": site, "backend": backend if isinstance(backend, str) else None,
             "calls": 0, "calls_under_autocast": 0, "mismatched_backwards": 0, "backwards_with_setting": 0,
             "off_region": None,  # where a region left off around a call was entered
+            "fullgraph_dropped": fullgraph_dropped,
         }
         state.compiled.append(record)
 

@@ -240,6 +240,7 @@ class TraceSession:
             self.simulator.install(self.probes)
         if self.recorder is not None:
             installed.enter_context(self.recorder)
+        self.state.dispatch_modes_on = has_modes
 
     # -- after the run ---------------------------------------------------------------------------
     def executed_project_files(self) -> list[str]:
@@ -293,6 +294,13 @@ class TraceSession:
         used_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         device = "cuda" if used_cuda else "cpu"
         notes = list(self.notes) + state.notes
+        relaxed = [record["site"] for record in state.compiled if record["fullgraph_dropped"]]
+        if relaxed:
+            notes.append(
+                f"torch.compile(fullgraph=True) at {self.display(relaxed[0][0])}:{relaxed[0][1]} ran with fullgraph=False: "
+                "amplint's op recording makes Dynamo skip every frame, which fullgraph=True turns into an error the "
+                "untraced script does not raise; rerun with --no-ops to trace the compiled program"
+            )
         autocast_disabled = [w for w in state.warnings.values() if "Disabling" in w.message and "autocast" in w.message.lower()]
         if autocast_disabled:
             w = autocast_disabled[0]

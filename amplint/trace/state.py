@@ -319,6 +319,7 @@ class TraceState:
         self.bce_errors: dict = {}  # AMP016: callsite -> record
         self.bce_devices: dict = {}  # AMP016: callsite -> autocast devices binary_cross_entropy ran under
         self.compiled: list = []  # AMP017: records of torch.compile results
+        self.dispatch_modes_on = False  # the op recorder or the CUDA simulator holds the script's thread
         self.compiled_pending = None  # a compiled call under autocast since the last backward
 
     def step_completed(self) -> None:
