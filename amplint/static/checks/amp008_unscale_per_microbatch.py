@@ -76,8 +76,8 @@ def _same_owner(a: ts.Event, b: ts.Event) -> bool:
 def _through_properties(facts: AmpFacts, key: str, scope) -> str:
     """`self.optimizer` as the `@property` of the class returns it (`self.fp32_optimizer.optimizer`)."""
     class_name = scope.function_scope.class_name
-    for _ in range(names.CALL_DEPTH):
-        head, _, attribute = key.partition(".")
+    for _depth in range(names.CALL_DEPTH):  # a property returning another property's attribute
+        head, _dot, attribute = key.partition(".")
         if head != "self" or not attribute or class_name is None:
             break
         first, _, rest = attribute.partition(".")
