@@ -95,6 +95,8 @@ def migrated_arguments(call: cst.Call, kind: str, device: str, torch_name: str |
     if has_star_args(call):
         return None  # positions behind *args / **kwargs are unknown
     args = list(call.args)
+    if any(a.keyword is None and isinstance(a.value, (cst.SimpleString, cst.ConcatenatedString)) for a in args):
+        return None  # a device string where the old API takes `enabled` or `init_scale`: already the new call's
     if kind == "autocast":
         positional_names = names.AUTOCAST_POSITIONAL["deprecated"]
         converted = []
@@ -215,33 +217,34 @@ def deprecated_import(ref: ImportRef, facts: AmpFacts) -> FixPlan | None:
     node = next((s for s in statement.body if isinstance(s, cst.ImportFrom)), None)
     if node is None:
         return None
-    return _from_import_fix(node, facts)
+    return _from_import_fix(node, ref.scope, facts)
 
 
 def _alias_fix(expr: cst.BaseExpression, scope: Scope, facts: AmpFacts) -> FixPlan | None:
-    """Uses through `from torch.cuda.amp import X` or `from torch.cuda import amp`: fix the import."""
+    """Uses through `from torch.cuda.amp import X` or `from torch.cuda import amp`: fix the import
+    the use resolves through."""
     head = (dotted_name(expr) or "").split(".")[0]
+    binding = scope.binding_scope(head)
     for ref in facts.imports:
         statement = ref.statement
-        if not isinstance(statement, cst.SimpleStatementLine):
+        if ref.scope is not binding or not isinstance(statement, cst.SimpleStatementLine):
             continue
         for small in statement.body:
             if isinstance(small, cst.ImportFrom) and any(_bound_name(a) == head for a in _aliases(small)):
-                if scope.resolve_head(head) == ref.qualname or scope.resolve_head(head) is not None:
-                    return _from_import_fix(small, facts)
+                return _from_import_fix(small, binding, facts)
             if isinstance(small, cst.Import):
                 alias = next((a for a in small.names if a.asname is not None and _bound_name(a) == head), None)
-                if alias is not None and scope.resolve_head(head) is not None:
-                    return _module_import_fix(alias, facts)
+                if alias is not None:
+                    return _module_import_fix(alias, binding, facts)
     return None
 
 
-def _module_import_fix(alias: cst.ImportAlias, facts: AmpFacts) -> FixPlan | None:
+def _module_import_fix(alias: cst.ImportAlias, scope: Scope, facts: AmpFacts) -> FixPlan | None:
     """`import torch.cuda.amp as amp` -> `import torch.amp as amp`, with every `amp.X(...)`."""
     module = dotted_name(alias.name)
     if module not in ("torch.cuda.amp", "torch.cpu.amp"):
         return None
-    uses = _module_alias_uses(_bound_name(alias), facts)
+    uses = _module_alias_uses(_bound_name(alias), scope, facts)
     if uses is None or not all(_supported(kind, facts) for kind in ("autocast", "GradScaler")):
         return None
     return _together([*uses, _safe(Replacement(alias.name, "torch.amp"))])
@@ -269,7 +272,8 @@ _NEW_MODULE = {
 }
 
 
-def _from_import_fix(node: cst.ImportFrom, facts: AmpFacts) -> FixPlan | None:
+def _from_import_fix(node: cst.ImportFrom, scope: Scope, facts: AmpFacts) -> FixPlan | None:
+    """The import rewritten with the uses of the names it binds in `scope` (where it is written)."""
     module = dotted_name(node.module)
     if node.relative or module is None:
         return None
@@ -283,12 +287,12 @@ def _from_import_fix(node: cst.ImportFrom, facts: AmpFacts) -> FixPlan | None:
         if module in ("torch.cuda", "torch.cpu"):
             if name != "amp":
                 return None  # `from torch.cuda import amp, Stream`: leave mixed imports alone
-            uses = _module_alias_uses(bound, facts)
+            uses = _module_alias_uses(bound, scope, facts)
         else:
             kind = names.DEPRECATED_AMP.get(f"{module}.{name}", (None, None))[1]
             if kind is None:
                 return None
-            uses = _name_uses(bound, kind, facts)
+            uses = _name_uses(bound, kind, scope, facts)
         if uses is None:
             return None
         plans.extend(uses)
@@ -303,17 +307,18 @@ def _kinds_in(node: cst.ImportFrom, module: str) -> set[str]:
     return {names.DEPRECATED_AMP[f"{module}.{dotted_name(a.name)}"][1] for a in _aliases(node)}
 
 
-def _name_uses(bound: str | None, kind: str, facts: AmpFacts) -> list[FixPlan] | None:
-    """Rewrites for every use of a name imported from the deprecated module, or None if one can't be."""
+def _name_uses(bound: str | None, kind: str, scope: Scope, facts: AmpFacts) -> list[FixPlan] | None:
+    """Rewrites for every use of a name the import in `scope` binds, or None if one can't be. A use
+    that resolves through another import of the name (in another function) is that import's."""
     plans = []
     for call in facts.calls:
-        if call.callee == bound and call.method is None and call.scope.resolve_head(bound) is not None:
+        if call.callee == bound and call.method is None and call.scope.binding_scope(bound) is scope:
             plan = _use_call(call, kind, facts)
             if plan is None:
                 return None
             plans.append(plan)
     for ref in facts.references:
-        if ref.dotted == bound and ref.where.scope.resolve_head(bound) is not None:
+        if ref.dotted == bound and ref.where.scope.binding_scope(bound) is scope:
             if kind in ("custom_fwd", "custom_bwd") and _is_bare_decorator(ref.node, facts):
                 device = names.DEPRECATED_AMP[ref.where.scope.resolve(bound)][0]
                 plans.append(_safe(Replacement(ref.node, f'{bound}(device_type="{device}")')))
@@ -323,11 +328,11 @@ def _name_uses(bound: str | None, kind: str, facts: AmpFacts) -> list[FixPlan] |
     return plans
 
 
-def _module_alias_uses(bound: str | None, facts: AmpFacts) -> list[FixPlan] | None:
-    """Rewrites for every `amp.X(...)` after `from torch.cuda import amp`."""
+def _module_alias_uses(bound: str | None, scope: Scope, facts: AmpFacts) -> list[FixPlan] | None:
+    """Rewrites for every `amp.X(...)` through the import in `scope` of `from torch.cuda import amp`."""
     plans = []
     for call in facts.calls:
-        if call.receiver_key == bound and call.scope.resolve_head(bound) is not None:
+        if call.receiver_key == bound and call.scope.binding_scope(bound) is scope:
             kind = names.DEPRECATED_AMP.get(call.qualname or "", (None, None))[1]
             if kind is None:
                 return None
@@ -336,7 +341,7 @@ def _module_alias_uses(bound: str | None, facts: AmpFacts) -> list[FixPlan] | No
                 return None
             plans.append(plan)
     for ref in facts.references:
-        if ref.dotted.split(".")[0] == bound and ref.where.scope.resolve_head(bound) is not None:
+        if ref.dotted.split(".")[0] == bound and ref.where.scope.binding_scope(bound) is scope:
             qualname = ref.where.scope.resolve(ref.dotted)
             kind = names.DEPRECATED_AMP.get(qualname or "", (None, None))[1]
             if kind in ("custom_fwd", "custom_bwd") and _is_bare_decorator(ref.node, facts):

@@ -54,6 +54,13 @@ class Scope:
         # can only mean the torch package.
         return "torch" if head == "torch" else None
 
+    def binding_scope(self, head: str) -> Scope | None:
+        """The scope whose import a name resolves through, as `resolve_head` finds it."""
+        scope: Scope | None = self
+        while scope is not None and head not in scope.imports:
+            scope = scope.parent
+        return scope
+
     def resolve(self, dotted: str | None) -> str | None:
         if not dotted:
             return None

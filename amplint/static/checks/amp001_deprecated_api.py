@@ -140,14 +140,6 @@ def _bound_name(alias: cst.ImportAlias) -> str | None:
     return alias.name.value if isinstance(alias.name, cst.Name) else None
 
 
-def _binding_scope(scope: Scope, head: str) -> Scope | None:
-    """The scope whose import a name resolves through, as `Scope.resolve_head` finds it."""
-    current: Scope | None = scope
-    while current is not None and head not in current.imports:
-        current = current.parent
-    return current
-
-
 def check(facts: AmpFacts) -> Iterator[Hit]:
     replacements = _replacements(facts)
     # Names imported from the deprecated modules only as a fallback also name the replacement,
@@ -163,7 +155,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
 
     def through_a_fallback(dotted: str, scope: Scope) -> bool:
         head = dotted.split(".")[0]
-        if (id(_binding_scope(scope, head)), head) in fallbacks:
+        if (id(scope.binding_scope(head)), head) in fallbacks:
             return True
         # `auto_cast = partial(torch.amp.autocast, ...)` if TORCH_2_4 else `torch.cuda.amp.autocast`,
         # then `with auto_cast(...)`: the old API is bound only on the older-torch side.
