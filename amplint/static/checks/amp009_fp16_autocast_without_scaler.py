@@ -103,9 +103,28 @@ def _falls_back_to_float16(facts: AmpFacts, call: CallSite) -> bool:
 
 
 def _chooses_by_support(facts: AmpFacts, choice: cst.BaseExpression | None, scope) -> bool:
+    """`torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16`, or the same choice
+    of a string looked up in a table (nanoGPT: `dtype = "bfloat16" if ... else "float16"`, then
+    `{"bfloat16": torch.bfloat16, "float16": torch.float16, ...}[dtype]`)."""
+    table: dict[str, str | None] | None = None
+    if isinstance(choice, cst.Subscript) and isinstance(choice.value, cst.Dict) and len(choice.slice) == 1:
+        table = {
+            element.key.evaluated_value: facts.qualname(element.value, scope)
+            for element in choice.value.elements
+            if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString)
+        }
+        index = choice.slice[0].slice
+        bound = facts.bindings(dotted_name(index.value), scope) if isinstance(index, cst.Index) else []
+        if len(bound) != 1:
+            return False
+        choice, scope = bound[0]
     if not isinstance(choice, cst.IfExp):
         return False
-    branches = {facts.qualname(choice.body, scope), facts.qualname(choice.orelse, scope)}
+    arms = (choice.body, choice.orelse)
+    if table is None:
+        branches = {facts.qualname(arm, scope) for arm in arms}
+    else:
+        branches = {table.get(arm.evaluated_value) if isinstance(arm, cst.SimpleString) else None for arm in arms}
     return bool(branches & rg.FLOAT16 and branches & rg.BFLOAT16) and bool(
         rg.BF16_SUPPORT_CALL.search(facts.module.code_for_node(choice.test))
     )
