@@ -1190,6 +1190,8 @@ class AmpFacts:
                 return _on_one_path(_autocast_from_call(expr, conditional, scope))
             if qualified in names.AUTOCAST:
                 region = _autocast_from_call(expr, qualified, scope)
+                if region.enabled == "maybe" and self._never_switched_on(region.enabled_when, scope):
+                    region = replace(region, enabled="no", enabled_when=None)
                 bound = self.held_values(dotted_name(expr.func), scope)
                 if self._bound_among(bound, names.NO_OP_CONTEXTS):  # `ctx = torch.autocast` if amp else `suppress`
                     return _on_one_path(region)
@@ -1243,6 +1245,33 @@ class AmpFacts:
             factory = self._function_named(value.func, value_scope) if isinstance(value, cst.Call) else None
             if factory is not None:
                 yield factory
+
+    def _never_switched_on(self, enabled: cst.BaseExpression | None, scope: Scope) -> bool:
+        """`enabled=enable_autocast`, a parameter whose default is `False` that no call passes, in a
+        function all of whose calls this file holds (private, nested, or in a test module; not one
+        passed around as a value): ColossalAI's `run_fwd_bwd(..., enable_autocast=False)`."""
+        function = scope.function_scope
+        if not isinstance(enabled, cst.Name) or not isinstance(function.node, cst.FunctionDef):
+            return False
+        name = enabled.value
+        params = function.node.params
+        positional = [*params.posonly_params, *params.params]
+        param = next((p for p in (*positional, *params.kwonly_params) if p.name.value == name), None)
+        if param is None or not (isinstance(param.default, cst.Name) and param.default.value == "False"):
+            return False
+        if any(a.key == name and a.where.scope.function_scope is function for a in self.assignments):
+            return False  # rebound in the body
+        nested = function.parent is not None and function.parent.kind == "function"
+        in_tests = any(names.names_a_test(f.name) for f in self.functions)
+        if not (function.name.startswith("_") or nested or in_tests):
+            return False
+        if any(r.dotted.rsplit(".", 1)[-1] == function.name for r in self.references):
+            return False  # passed around: called where this file cannot see
+        callers = self.callers(function)
+        index = next((i for i, p in enumerate(positional) if p is param), None)
+        if index is not None and function.class_name is not None and positional[0].name.value in ("self", "cls"):
+            index -= 1  # `obj.method(a, b)` binds `self` itself
+        return bool(callers) and not any(_passes(call.node, name, index) for call in callers)
 
     def _returned_by_a_factory(self, call: cst.Call, scope: Scope, depth: int) -> Autocast | None:
         """`autocast = get_autocast(args.precision)`, then `with autocast():` (open_clip): the
@@ -1801,6 +1830,16 @@ def _kind_of_constructor(qualified: str) -> str | None:
     if qualified in names.MODEL_FACTORIES or qualified.startswith(names.MODEL_PREFIXES):
         return "model"
     return None
+
+
+def _passes(call: cst.Call, keyword: str, position: int | None) -> bool:
+    """Whether a call may give a value to a parameter (by keyword, by `position`, or through `*`/`**`)."""
+    if has_star_args(call):
+        return True
+    positional = [a for a in call.args if a.keyword is None]
+    return any(a.keyword is not None and a.keyword.value == keyword for a in call.args) or (
+        position is not None and len(positional) > position
+    )
 
 
 def _autocast_from_call(call: cst.Call, qualified: str, scope: Scope) -> Autocast:
