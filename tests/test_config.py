@@ -340,6 +340,16 @@ def test_exclude_skips_folders_and_files_when_walking(tmp_path: Path) -> None:
     assert {Path(f["path"]).as_posix() for f in json.loads(result.stdout)} == {"src/train.py"}
 
 
+def test_build_output_folders_are_skipped_but_a_package_named_dist_is_walked(tmp_path: Path) -> None:
+    """`build/` and `dist/` hold a build's copies; `pkg/dist/__init__.py` (mmengine's) is source."""
+    write(tmp_path / "build" / "lib" / "pkg" / "train.py", TWO_RULES)
+    write(tmp_path / "dist" / "train.py", TWO_RULES)
+    write(tmp_path / "pkg" / "dist" / "__init__.py", "")
+    write(tmp_path / "pkg" / "dist" / "train.py", TWO_RULES)
+    result = amplint(".", "--format", "json", cwd=tmp_path)
+    assert {Path(f["path"]).as_posix() for f in json.loads(result.stdout)} == {"pkg/dist/train.py"}
+
+
 def test_an_exclude_pattern_starting_with_dot_slash_counts_from_the_config_folder(tmp_path: Path) -> None:
     write(tmp_path / "pyproject.toml", '[tool.amplint]\nexclude = ["./generated/"]\n')
     write(tmp_path / "generated" / "a.py", TWO_RULES)

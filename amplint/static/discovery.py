@@ -24,6 +24,9 @@ SKIPPED_DIRS = frozenset(
         "node_modules", "site-packages", "venv",
     }
 )
+# Of those, the names a build writes its output to, which a project may also give a package of its
+# own (mmengine's `mmengine/dist/`): a folder so named that holds an `__init__.py` is walked.
+_BUILD_OUTPUT_DIRS = frozenset({"_build", "build", "dist"})
 PYTHON_SUFFIXES = (".py", ".pyi")
 
 
@@ -169,7 +172,9 @@ def _walk(folder: str, resolved: str, display: str, patterns: list[_Patterns], r
     for entry in entries:
         name = entry.name
         if entry.is_dir(follow_symlinks=False):
-            if name in SKIPPED_DIRS or os.path.exists(os.path.join(entry.path, "pyvenv.cfg")):
+            if name in SKIPPED_DIRS and not (name in _BUILD_OUTPUT_DIRS and os.path.isfile(os.path.join(entry.path, "__init__.py"))):
+                continue
+            if os.path.exists(os.path.join(entry.path, "pyvenv.cfg")):
                 continue
             if any(p.matches(name, is_dir=True) for p in patterns):
                 continue
