@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from amplint.config import ConfigError, Settings, discover, load_config_file, parse_codes_option, settings_from_table, with_overrides
+from amplint.config import (
+    ConfigError,
+    Settings,
+    declared_min_torch,
+    discover,
+    load_config_file,
+    parse_codes_option,
+    settings_from_table,
+    with_overrides,
+)
 
 ALL = ["AMP000", "AMP001", "AMP002", "AMP003", "AMP004", "AMP005"]
 
@@ -472,6 +481,52 @@ def test_min_torch_reaches_the_fixes(tmp_path: Path) -> None:
     old = json.loads(amplint("old/train.py", "--format", "json", "--select", "AMP001", cwd=tmp_path).stdout)
     assert [f["code"] for f in new] == [f["code"] for f in old] == ["AMP001"]
     assert new[0]["fix"] is not None and old[0]["fix"] is None
+
+
+@pytest.mark.parametrize(
+    ("project", "oldest"),
+    [
+        ({"dependencies": ["numpy", "torch>=1.8.0"]}, (1, 8, 0)),
+        ({"dependencies": ["torch>=2.1,<3; python_version >= '3.9'"]}, (2, 1)),
+        ({"dependencies": ["torch==2.4.*"]}, (2, 4)),
+        ({"dependencies": ["torch~=2.3.1"]}, (2, 3, 1)),
+        ({"dependencies": ["Torch >= 2.2"], "optional-dependencies": {"old": ["torch>=1.13"]}}, (1, 13)),
+        ({"dependencies": ["torch"]}, None),  # any torch
+        ({"dependencies": ["torch<3"]}, None),
+        ({"dependencies": ["torch @ https://download.pytorch.org/whl/torch.whl"]}, None),
+        ({"dependencies": ["torch (>=1.9)"]}, (1, 9)),
+        ({"dependencies": ["torchvision>=0.15"]}, None),
+        ({"dependencies": ["not a requirement ("]}, None),
+        ({}, None),
+    ],
+)
+def test_the_oldest_torch_a_project_declares(project: dict, oldest: tuple | None) -> None:
+    assert declared_min_torch(project) == oldest
+
+
+def test_a_declared_torch_requirement_stands_for_min_torch_unless_it_is_set(tmp_path: Path) -> None:
+    write(tmp_path / "lib" / "pyproject.toml", '[project]\nname = "lib"\ndependencies = ["torch>=1.8.0"]\n')
+    write(tmp_path / "app" / "pyproject.toml", '[project]\nname = "app"\ndependencies = ["torch>=2.4"]\n')
+    write(tmp_path / "set" / "pyproject.toml", '[project]\nname = "s"\ndependencies = ["torch>=1.8"]\n[tool.amplint]\nmin-torch = "2.3"\n')
+    for folder in ("lib/src", "app", "set"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    known: dict = {}  # one cache for all: a sibling's answer must not leak into another folder
+    assert discover(tmp_path / "lib" / "src", known).min_torch == (1, 8, 0)
+    assert discover(tmp_path / "app", known).min_torch == (2, 4)
+    assert discover(tmp_path / "set", known).min_torch == (2, 3)
+    assert discover(tmp_path, known).min_torch is None
+
+
+def test_a_project_declaring_an_old_torch_gets_no_fix_that_needs_a_newer_one(tmp_path: Path) -> None:
+    """yolov5 declares `torch>=1.8.0`: `torch.amp.GradScaler("cuda")` (torch 2.3) would break it."""
+    source = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
+    write(tmp_path / "old" / "pyproject.toml", '[project]\nname = "old"\ndependencies = ["torch>=1.8.0"]\n')
+    write(tmp_path / "old" / "train.py", source)
+    write(tmp_path / "new" / "pyproject.toml", '[project]\nname = "new"\ndependencies = ["torch>=2.4"]\n')
+    write(tmp_path / "new" / "train.py", source)
+    amplint("--fix", "old/train.py", "new/train.py", cwd=tmp_path)
+    assert (tmp_path / "old" / "train.py").read_text() == source
+    assert (tmp_path / "new" / "train.py").read_text() == 'import torch\nscaler = torch.amp.GradScaler("cuda")\n'
 
 
 @pytest.mark.parametrize(

@@ -49,13 +49,14 @@ def resolve_settings(paths: tuple[str, ...], config_file: str | None, select: st
         settings = load_config_file(Path(config_file))
         return [(with_overrides(settings, selected, ignored, extended), named)]
     known: dict[Path, Settings] = {}
-    groups: dict[Path | None, tuple[Settings, list[str]]] = {}
+    # One group per configuration, and per oldest torch a project declares under it.
+    groups: dict[tuple, tuple[Settings, list[str]]] = {}
     for path in named:
         start = Path((stdin_filename or ".") if path == STDIN else path)
         while not start.exists() and start != start.parent:  # a stdin name need not exist
             start = start.parent
         settings = discover(start if start.exists() else Path.cwd(), known)
-        groups.setdefault(settings.source, (settings, []))[1].append(path)
+        groups.setdefault((settings.source, settings.min_torch), (settings, []))[1].append(path)
     return [(with_overrides(settings, selected, ignored, extended), group) for settings, group in groups.values()]
 
 
