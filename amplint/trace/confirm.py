@@ -274,6 +274,13 @@ def _amp002(site: _Site, facts: Facts):
         if note:  # it ran where autocast would have been, had the region not been disabled
             evidence["note"] = note
             return 0, False, evidence
+        frozen = sum(c.forwards_frozen for c in conversions)
+        if frozen:
+            evidence["forwards_frozen"] = frozen
+            evidence["note"] = (
+                "it ran under autocast only with gradients off or its low-precision parameters frozen "
+                "(a frozen model, such as a distillation teacher): nothing trains those weights"
+            )
     return forwards, bool(conversions) or _reached(site, facts), evidence
 
 

@@ -949,6 +949,9 @@ class Probes:
                     record.forwards_in_off_region += 1
                     record.off_region = record.off_region or off_region
                 return None
+            if not torch.is_grad_enabled() or not any(p.requires_grad for p in module.parameters() if p.dtype in _LOW_PRECISION):
+                record.forwards_frozen += 1
+                return None
             record.forwards_under_autocast += 1
             if record.autocast is None:
                 record.autocast = mirror.active[-1]

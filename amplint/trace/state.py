@@ -157,6 +157,9 @@ class Conversion:
     # the first such region was entered: the finding's case did not run, whatever other regions did.
     forwards_in_off_region: int = 0
     off_region: Callsite | None = None
+    # Forwards under autocast with gradients off or no trainable low-precision parameter (a frozen
+    # float16 teacher under no_grad): nothing trains those weights, the rule's exemption.
+    forwards_frozen: int = 0
 
 
 @dataclass
