@@ -23,7 +23,9 @@ what the scaler exists for: it is recorded as "handled by GradScaler" and the se
 an unhandled one. Whether the scaler skips is known only once it has stepped, so such a find waits
 for that step; one that no `scaler.step` skipped (an `optimizer.step()` outside the scaler took the
 gradients) is unhandled. A non-finite forward pass is never handled: the loss is non-finite before
-any scale applies, whatever the scaler then does. Handled overflows are counted by the skipped
+any scale applies, whatever the scaler then does; unless the loss holds a gradient penalty taken
+from a scaled loss (`autograd.grad(scaler.scale(loss), create_graph=True)`), which overflows with
+the scale. Handled overflows are counted by the skipped
 `scaler.step`, once whichever checks saw them, as the scaler block counts skipped steps.
 """
 
@@ -312,7 +314,10 @@ class NonFiniteMonitor:
         self._losses_checked += 1
         detail = "the tensor passed to backward() is non-finite"
         step = self.state.step
-        self._check(floats, lambda: self._cheap_find("loss", callsite, "forward", floats, detail, made_at=step, awaits_scaler=False))
+        # A loss holding a gradient penalty of a scaled loss overflows with the scale: the
+        # scaler's skip (and back-off) is what handles it, not a forward pass gone wrong.
+        penalty = self.state.scaled_penalty_step == step and self.scaler_in_flight()
+        self._check(floats, lambda: self._cheap_find("loss", callsite, "forward", floats, detail, made_at=step, awaits_scaler=penalty))
 
     def backward_begins(self, tensors, callsite) -> None:
         """A `backward()` is about to add to the parameters' gradients. Those an earlier one left

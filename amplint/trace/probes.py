@@ -350,6 +350,8 @@ class Probes:
             def grad(outputs, inputs, *args, **kwargs):
                 # create_graph=True is a gradient penalty: forward work, allowed under autocast.
                 create_graph = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
+                if create_graph and state.scaled_since_backward and not state.paused:
+                    state.scaled_penalty_step = state.step
                 if state.paused or create_graph or _compiling():
                     return real(outputs, inputs, *args, **kwargs)
                 site = probes._callsite()

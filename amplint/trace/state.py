@@ -309,6 +309,10 @@ class TraceState:
         self.last_region: tuple | None = None  # (device, dtype, entered at) of the last enabled region entered
         self.fp16_regions: dict = {}  # AMP009: (entered at, created at) -> Float16Region
         self.scaled_since_backward = False
+        # The step at which a gradient penalty took the gradients of a scaled loss (PyTorch's recipe:
+        # `autograd.grad(scaler.scale(loss), create_graph=True)`): an overflow in the penalty comes
+        # from the scale, and the loss it is added to is the scaler's to skip.
+        self.scaled_penalty_step: int | None = None
         self.fp16_backwards: dict = {}  # AMP009: (entered at, created at) -> record of the backward calls after it
         # AMP009: (backward callsite, regions that ended their entries) -> those the loss's graph held:
         # the graph is walked once per pattern of a training step, not at every step
