@@ -244,7 +244,8 @@ def test_strict_fails_on_confirmed_finding_and_summary_goes_to_stderr(tmp_path: 
     assert "AMP003" in plain.stderr and "confirmed" in plain.stderr
     strict = trace(tmp_path, "--strict", "-q", "bad.py")
     assert strict.returncode == 1
-    assert strict.stderr.strip() == "" or "AMP003" not in strict.stderr  # -q: no summary
+    # -q: no summary, only the one line that says why --strict failed the run
+    assert strict.stderr.strip() == "amplint trace: --strict: exit 1: AMP003 confirmed at bad.py:9", strict.stderr
 
 
 def test_html_report_is_self_contained(tmp_path: Path) -> None:
@@ -1139,6 +1140,36 @@ def test_dynamo_never_compiles_the_tracers_own_frames(tmp_path: Path) -> None:
     proc = trace(tmp_path, "-q", "--json", "r.json", "train.py")
     assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
     assert "amplint" not in proc.stderr and "recompile" not in proc.stderr, proc.stderr
+
+
+def test_a_finding_whose_line_never_ran_says_so_in_its_evidence(tmp_path: Path) -> None:
+    """`not-reached` always carries its reason in `note`, as for the cases that ran but missed."""
+    write(tmp_path, "train.py", """
+        import torch
+        from torch import nn
+
+
+        def never_called(model, opt, loader):
+            for x, y in loader:
+                scaler = torch.amp.GradScaler("cpu")
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = nn.functional.cross_entropy(model(x), y)
+                scaler.scale(loss).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                scaler.step(opt)
+                scaler.update()
+
+
+        print("done")
+        """)
+    proc = trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
+    findings = {f["code"]: f for f in json.loads((tmp_path / "r.json").read_text())["findings"]}
+    assert {"AMP004", "AMP005"} <= set(findings), findings
+    for code in ("AMP004", "AMP005"):
+        assert findings[code]["status"] == "not-reached"
+        assert findings[code]["evidence"]["note"] == "the line never ran in this run"
+    assert findings["AMP004"]["evidence"]["enabled"] is None  # no scaler was built, on or off
 
 
 _FULLGRAPH_SCRIPT = """

@@ -115,6 +115,10 @@ def _reached(site: _Site, facts: Facts) -> bool:
     return any(site.matches(s) for s in facts.state.lines_seen)
 
 
+# The note of a finding whose lines the run never reached.
+LINE_NEVER_RAN = "the line never ran in this run"
+
+
 def _status(confirmed: int, reached: bool) -> str:
     return "confirmed" if confirmed else ("refuted" if reached else "not-reached")
 
@@ -188,7 +192,7 @@ def _scaler_evidence(scalers, facts: Facts) -> tuple[int, dict]:
         "max_steps_per_scaler": max(per_scaler, default=0),
         "steps": len(steps),
         "steps_skipped": skipped,
-        "enabled": any(s.enabled for s in scalers),
+        "enabled": any(s.enabled for s in scalers) if scalers else None,  # (none built: neither)
         "init_scale": scalers[0].init_scale if scalers else None,
     }
     callers = {facts.where(s.called_from) for s in scalers if s.called_from}
@@ -625,6 +629,8 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
         if unjudged:
             reached = False
             evidence["note"] = unjudged
+        if not count and not reached and "note" not in evidence and not _reached(site, facts):
+            evidence["note"] = LINE_NEVER_RAN
         if finding.code == "AMP002" and reached and not evidence["conversions"]:
             # The line ran but converted no module: an input tensor cast by hand, which the runtime
             # check (it follows converted modules into autocast) cannot judge either way.

@@ -178,7 +178,10 @@ class TraceSession:
             error_status = _error(unwritten)
             return outcome.exit_code or error_status  # the script's own failure comes first
         if options.strict and outcome.exit_code == 0:
-            return 1 if self.strict_failure(report) else 0
+            reasons = self.strict_failures(report)
+            if reasons:
+                print(f"amplint trace: --strict: exit 1: {'; '.join(reasons)}", file=sys.stderr)
+                return 1
         return outcome.exit_code
 
     def build_instruments(self) -> None:
@@ -358,6 +361,8 @@ class TraceSession:
     def _say_what_ran_untraced(self, untraced: list[dict], findings: list[dict]) -> None:
         """This process saw only its own part of the run: a line it did not reach may have run in
         a child, so a finding it did not reach says so instead of "the line never ran"."""
+        from amplint.trace.confirm import LINE_NEVER_RAN
+
         places = ", ".join(f"{p['path']}:{p['line']}" for p in untraced if p["path"])
         where = f" ({places})" if places else ""
         count = sum(p["count"] for p in untraced)
@@ -366,8 +371,8 @@ class TraceSession:
             "(ops, GradScaler steps, non-finite values) is not in this report"
         )
         for finding in findings:
-            if finding["status"] == "not-reached":
-                finding["evidence"].setdefault("note", f"not reached in the traced process; it may have run in a process the script started{where}")
+            if finding["status"] == "not-reached" and finding["evidence"].get("note", LINE_NEVER_RAN) == LINE_NEVER_RAN:
+                finding["evidence"]["note"] = f"not reached in the traced process; it may have run in a process the script started{where}"
 
     def write(self, report: dict) -> None:
         from amplint.trace import report as rpt
@@ -402,12 +407,16 @@ class TraceSession:
             write_html(merged, os.path.join(self.cwd, self.options.html_path), self.cwd)
 
     @staticmethod
-    def strict_failure(report: dict) -> bool:
+    def strict_failures(report: dict) -> list[str]:
+        """What makes `--strict` fail the run, in words: confirmed findings, missing kernels, a
+        non-finite value the GradScaler did not handle."""
+        reasons = [
+            f"{f['code']} confirmed at {f['path']}:{f['line']}" for f in report["findings"] if f["status"] == "confirmed"
+        ]
+        reasons += [f"no {k['dtype']} kernel for {k['op']} on {k['device']}" for k in report["kernels"] if k.get("available") is False]
         nonfinite = report["nonfinite"]
-        return (
-            any(f["status"] == "confirmed" for f in report["findings"])
-            or any(k.get("available") is False for k in report["kernels"])
-            # An overflow the GradScaler handled (step skipped, scale backed off) is fp16 working
-            # as designed, not a failure.
-            or (nonfinite is not None and not nonfinite.get("handled_by_scaler"))
-        )
+        # An overflow the GradScaler handled (step skipped, scale backed off) is fp16 working as
+        # designed, not a failure.
+        if nonfinite is not None and not nonfinite.get("handled_by_scaler"):
+            reasons.append(f"a non-finite {nonfinite['op']} at {nonfinite.get('path')}:{nonfinite.get('line')}")
+        return reasons
