@@ -36,7 +36,11 @@ _CODEC_SPELLING = re.compile(r"[A-Za-z][\w.-]{0,19}")
 _MOVES_DATA = frozenset({
     "torch.as_tensor", "torch.from_numpy", "torch.tensor", "torch.clone", "torch.stack", "torch.cat",
     "torch.zeros", "torch.ones", "torch.empty", "torch.full", "torch.arange", "torch.zeros_like",
-    "torch.ones_like", "torch.empty_like", "torch.load", "torch.save", "torch.no_grad", "torch.inference_mode",
+    "torch.ones_like", "torch.empty_like", "torch.full_like", "torch.linspace", "torch.eye",
+    # a loader thread's synthetic or shuffled batch: random tensors are built, not cast
+    "torch.rand", "torch.randn", "torch.randint", "torch.randperm", "torch.rand_like", "torch.randn_like",
+    "torch.randint_like", "torch.Generator", "torch.manual_seed",
+    "torch.load", "torch.save", "torch.no_grad", "torch.inference_mode",
     "torch.cuda.stream", "torch.cuda.Stream", "torch.cuda.current_stream", "torch.cuda.synchronize",
     "torch.cuda.set_device", "torch.set_num_threads",
 })
@@ -62,6 +66,7 @@ _HARMLESS_METHODS = frozenset({
     "keys", "values", "join", "split", "strip", "rstrip", "lstrip", "splitlines", "read", "readline", "readlines",
     # moving data: autocast does not cast these
     "to", "cuda", "cpu", "pin_memory", "contiguous", "clone", "detach", "numpy", "tolist", "item", "record_stream",
+    "manual_seed",  # `torch.Generator().manual_seed(i)`: a loader's reproducible batch
 })
 _HARMLESS_FUNCTIONS = frozenset({
     "print", "len", "range", "str", "repr", "int", "float", "bool", "min", "max", "sum", "sorted",
