@@ -15,6 +15,8 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from amplint.project import declared_torch, oldest_torch
+
 KNOWN_KEYS = {"select", "ignore", "extend-select", "per-file-ignores", "exclude", "extend-exclude", "min-torch", "respect-gitignore"}
 _CODE = re.compile(r"^AMP\d{0,3}$")
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
@@ -216,53 +218,12 @@ def load_config_file(path: Path) -> Settings:
     return settings_from_table(table or {}, path.resolve())
 
 
-# A PEP 508 requirement's name and extras, and what follows up to its markers: enough to find the
-# torch requirements without importing packaging's full requirement parser (13 ms a run).
-_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*)")
-
-
-def declared_min_torch(project: object) -> tuple[int, ...] | None:
-    """The oldest torch a `[project]` table admits: the lowest lower bound (`>=`, `==`, `~=`, `>`)
-    of its `torch` requirements, in `dependencies` and every `optional-dependencies` list; None
-    when one of them has no lower bound (`torch`, `torch<3`, a URL) or none names torch."""
-    if not isinstance(project, dict):
-        return None
-    listed = [project.get("dependencies", [])]
-    extras = project.get("optional-dependencies", {})
-    if isinstance(extras, dict):
-        listed.extend(extras.values())
-    torch = [
-        match.group(2).strip()
-        for requirements in listed if isinstance(requirements, list)
-        for text in requirements
-        if (match := _REQUIREMENT.match(str(text))) and re.sub(r"[-_.]+", "-", match.group(1)).lower() == "torch"
-    ]
-    if not torch:
-        return None
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    bounds = []
-    for specifiers in torch:
-        lower = []
-        try:
-            for spec in SpecifierSet(specifiers.strip("()")):
-                if spec.operator in (">=", "==", "~=", ">", "==="):
-                    lower.append(Version(spec.version.removesuffix(".*")).release)
-        except (InvalidSpecifier, InvalidVersion):
-            return None  # `torch @ https://...`, or a version torch's own tags never take
-        if not lower:
-            return None  # any torch will do
-        bounds.append(max(lower))
-    return min(bounds)
-
-
 def discover(start: Path, known: dict[Path, Settings] | None = None, folder_resolved: bool = False) -> Settings:
     """The nearest pyproject.toml with a [tool.amplint] table, from `start` upwards.
 
-    Without `min-torch` there, the oldest torch the nearest pyproject.toml with a `[project]`
-    table admits stands for it, as ruff reads `requires-python` for its target version: a `--fix`
-    must not write APIs newer than the torch the project declares (yolov5: `torch>=1.8.0`).
+    Without `min-torch` there, the oldest torch the nearest project folder declares stands for it
+    (`amplint.project`), as ruff reads `requires-python` for its target version: a `--fix` must
+    not write APIs newer than the torch the project declares (yolov5: `torch>=1.8.0`).
 
     `known` (folder -> its settings) carries the answers of earlier calls into the next: the
     files pre-commit names share a few folders, and each pyproject is read once.
@@ -275,7 +236,7 @@ def discover(start: Path, known: dict[Path, Settings] | None = None, folder_reso
     else:
         start = start.resolve()
         folder = start if start.is_dir() else start.parent
-    visited: list[tuple[Path, dict | None]] = []  # each folder walked, with its pyproject's [project]
+    visited: list[tuple[Path, list[str] | None]] = []  # each folder walked, with the torch it declares
     settings = None
     for candidate in (folder, *folder.parents):
         if candidate in known:
@@ -283,17 +244,17 @@ def discover(start: Path, known: dict[Path, Settings] | None = None, folder_reso
             break
         pyproject = candidate / "pyproject.toml"
         data = _read_toml(pyproject) if pyproject.is_file() else {}
-        visited.append((candidate, data.get("project") if isinstance(data.get("project"), dict) else None))
+        visited.append((candidate, declared_torch(candidate, data) or None))
         table = _amplint_table(data, pyproject, top_level=False) if data else None
         if table is not None:
             settings = settings_from_table(table, pyproject.resolve())
             break
     if settings is None:
         settings = Settings(root=Path.cwd())
-    # From the top down: each folder takes the nearest [project] at or above it.
-    for candidate, project in reversed(visited):
-        if project is not None and not settings.min_torch_set:
-            settings = replace(settings, min_torch=declared_min_torch(project))
+    # From the top down: each folder takes the nearest torch requirement at or above it.
+    for candidate, torch in reversed(visited):
+        if torch is not None and not settings.min_torch_set:
+            settings = replace(settings, min_torch=oldest_torch(torch))
         known[candidate] = settings
     return settings
 

@@ -13,13 +13,13 @@ import pytest
 from amplint.config import (
     ConfigError,
     Settings,
-    declared_min_torch,
     discover,
     load_config_file,
     parse_codes_option,
     settings_from_table,
     with_overrides,
 )
+from amplint.project import declared_torch, oldest_torch
 
 ALL = ["AMP000", "AMP001", "AMP002", "AMP003", "AMP004", "AMP005"]
 
@@ -500,17 +500,43 @@ def test_min_torch_reaches_the_fixes(tmp_path: Path) -> None:
         ({}, None),
     ],
 )
-def test_the_oldest_torch_a_project_declares(project: dict, oldest: tuple | None) -> None:
-    assert declared_min_torch(project) == oldest
+def test_the_oldest_torch_a_pyproject_declares(project: dict, oldest: tuple | None, tmp_path: Path) -> None:
+    assert oldest_torch(declared_torch(tmp_path, {"project": project})) == oldest
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "oldest"),
+    [
+        ("requirements.txt", "numpy\n-r base.txt\n# torch>=0.4\ntorch>=1.8.0  # see pytorch.org\n", (1, 8, 0)),
+        ("setup.py", "from setuptools import setup\nsetup(name='x', install_requires=['torch>=2.1,<2.3'])\n", (2, 1)),
+        ("setup.py", "import setuptools\nsetuptools.setup(extras_require={'gpu': ['torch>=1.10']})\n", (1, 10)),
+        ("setup.py", "setup(install_requires=open('requirements.txt').read().split())\n", None),  # computed: not read
+        ("setup.py", "setup(install_requires=[\n", None),  # not Python: nothing read, no error
+        ("setup.cfg", "[options]\ninstall_requires =\n    numpy\n    torch>=1.13.1\n", (1, 13, 1)),
+        ("setup.cfg", "[options.extras_require]\ntrain = torch>=2.0\n", (2, 0)),
+    ],
+)
+def test_the_oldest_torch_setup_files_and_requirements_declare(name: str, text: str, oldest, tmp_path: Path) -> None:
+    write(tmp_path / name, text)
+    assert oldest_torch(declared_torch(tmp_path, {})) == oldest
+
+
+def test_a_setup_py_that_reads_its_requirements_txt_is_bounded_by_that_file(tmp_path: Path) -> None:
+    """audiocraft: setup.py reads requirements.txt, which pins `torch==2.1.0`."""
+    write(tmp_path / "setup.py", "setup(install_requires=[l for l in open('requirements.txt')])\n")
+    write(tmp_path / "requirements.txt", "torch==2.1.0\ntorchaudio>=2.0.0\n")
+    assert oldest_torch(declared_torch(tmp_path, {})) == (2, 1, 0)
 
 
 def test_a_declared_torch_requirement_stands_for_min_torch_unless_it_is_set(tmp_path: Path) -> None:
     write(tmp_path / "lib" / "pyproject.toml", '[project]\nname = "lib"\ndependencies = ["torch>=1.8.0"]\n')
+    write(tmp_path / "lib" / "src" / "docs" / "requirements.txt", "sphinx\n")  # says nothing of torch
     write(tmp_path / "app" / "pyproject.toml", '[project]\nname = "app"\ndependencies = ["torch>=2.4"]\n')
     write(tmp_path / "set" / "pyproject.toml", '[project]\nname = "s"\ndependencies = ["torch>=1.8"]\n[tool.amplint]\nmin-torch = "2.3"\n')
     for folder in ("lib/src", "app", "set"):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
     known: dict = {}  # one cache for all: a sibling's answer must not leak into another folder
+    assert discover(tmp_path / "lib" / "src" / "docs", known).min_torch == (1, 8, 0)
     assert discover(tmp_path / "lib" / "src", known).min_torch == (1, 8, 0)
     assert discover(tmp_path / "app", known).min_torch == (2, 4)
     assert discover(tmp_path / "set", known).min_torch == (2, 3)
@@ -524,8 +550,11 @@ def test_a_project_declaring_an_old_torch_gets_no_fix_that_needs_a_newer_one(tmp
     write(tmp_path / "old" / "train.py", source)
     write(tmp_path / "new" / "pyproject.toml", '[project]\nname = "new"\ndependencies = ["torch>=2.4"]\n')
     write(tmp_path / "new" / "train.py", source)
-    amplint("--fix", "old/train.py", "new/train.py", cwd=tmp_path)
+    write(tmp_path / "setup_py" / "setup.py", "from setuptools import setup\nsetup(install_requires=['torch>=2.1,<2.3'])\n")
+    write(tmp_path / "setup_py" / "train.py", source)
+    amplint("--fix", "old/train.py", "new/train.py", "setup_py/train.py", cwd=tmp_path)
     assert (tmp_path / "old" / "train.py").read_text() == source
+    assert (tmp_path / "setup_py" / "train.py").read_text() == source  # torch.amp.GradScaler needs 2.3
     assert (tmp_path / "new" / "train.py").read_text() == 'import torch\nscaler = torch.amp.GradScaler("cuda")\n'
 
 
