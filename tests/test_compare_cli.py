@@ -476,6 +476,28 @@ def test_a_quality_of_minus_inf_is_shown_as_returned(tmp_path):
     [trial] = json.loads((tmp_path / "r.json").read_text())["trials"]
     assert result.returncode == 1 and trial["quality_error"] == "quality() returned -inf"
     assert "quality() returned -inf" in result.stdout and "not computable" not in result.stdout
+    assert "not a finite number" in result.stdout and "threshold" not in result.stdout  # no min_quality set
+
+
+def test_a_helper_beside_the_spec_named_like_a_module_amplint_imports_later_does_not_replace_it(tmp_path):
+    """The spec's folder goes first on sys.path (its helpers import): a user's `statistics.py`
+    there must not take the place of the module the gains pass reads its medians from."""
+    (tmp_path / "statistics.py").write_text('"""The project\'s own script for dataset statistics."""\nMEAN = 0.0\n')
+    spec = write(tmp_path, IDENTITY_SCORES + """
+    TRIALS = ["bfloat16"]
+    def cases():
+        return [("a", torch.ones(1, 4))]
+    """)
+    result = amplint(spec, "--warmup", "1", "--repeats", "2", "--json", str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stderr
+    [trial] = json.loads((tmp_path / "r.json").read_text())["trials"]
+    assert trial["passed"] and trial["timing"]["trial_ms"] > 0
+
+
+def test_a_folder_given_as_baseline_is_said_to_be_one(tmp_path):
+    result = amplint(str(FIXTURES / "visible_difference.py"), "--baseline", str(tmp_path))
+    assert_one_error_line(result, "amplint compare: error: ")
+    assert result.stderr.strip().endswith(f"baseline file {tmp_path} is a directory"), result.stderr
 
 
 def test_a_trial_raising_in_the_specs_forward_shows_the_spec_line(tmp_path):

@@ -112,6 +112,9 @@ def _run(
     if threads is not None:
         torch.set_num_threads(threads)
 
+    # Imported before the spec's folder goes first on sys.path: a helper beside the spec named
+    # like a module these import later (a `statistics.py`) must not take its place.
+    from amplint.compare import gains  # noqa: F401
     from amplint.compare import report as reporting
     from amplint.compare import run, store
     from amplint.compare import spec as specs
@@ -165,6 +168,8 @@ def _unwritable_output(path: str, spec_path: str) -> str | None:
         return f"{path} is a directory"
     if _same_file(path, spec_path) or (path.endswith((".py", ".pyw")) and os.path.exists(path)):
         return f"{path} is Python source; the file written there would overwrite it"
+    if not os.access(path if os.path.exists(path) else (folder or "."), os.W_OK):
+        return f"{path}: permission denied"
     return None
 
 

@@ -29,6 +29,7 @@ import os
 import statistics
 import tempfile
 import time
+import warnings
 
 import torch
 
@@ -40,7 +41,9 @@ def measure(prepared: Prepared, dtype: str, *, warmup: int = 3, repeats: int = 1
     baseline_model = prepared.fresh_model()
     trial_model = prepared.fresh_model()
     variants = {"baseline": (baseline_model, None), "trial": (trial_model, dtype)}
-    with full_fp32_precision(), torch.inference_mode():
+    # The trials recorded the model's warnings; the timed passes repeat them to no purpose.
+    with full_fp32_precision(), torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         for _ in range(warmup):
             for model, autocast_dtype in variants.values():
                 _one_pass(prepared, model, autocast_dtype)

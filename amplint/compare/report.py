@@ -149,7 +149,7 @@ def _trial_table(report: dict, baseline: dict, trial: dict) -> Table:
                 _num(trial["quality"], none=trial.get("quality_error") or "not computable")
                 + (f" (min {_num(minimum)})" if minimum is not None else "")
             ),
-            _fail("below the project threshold") if FAILED_QUALITY in failed else PASS,
+            (_fail("not a finite number" if trial["quality"] is None else "below the project threshold") if FAILED_QUALITY in failed else PASS),
         )
     if trial["passed"]:
         timing, memory = trial.get("timing"), trial.get("memory")

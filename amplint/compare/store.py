@@ -45,7 +45,15 @@ def save_baseline(path: str, prepared: Prepared, baseline: Baseline) -> None:
         raise CompareError(f"cannot write the baseline to {path}: {describe_exception(exc)}") from None
 
 
+def _first_ids(ids: list) -> str:
+    """The first five case ids, and how many more there are."""
+    shown = ", ".join(map(repr, ids[:5]))
+    return shown + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+
+
 def load_baseline(path: str, prepared: Prepared) -> Baseline:
+    if os.path.isdir(path):
+        raise CompareError(f"baseline file {path} is a directory")
     if not os.path.isfile(path):
         raise CompareError(f"baseline file {path}: no such file")
     try:
@@ -74,8 +82,8 @@ def load_baseline(path: str, prepared: Prepared) -> Baseline:
             detail = "; ".join(
                 part
                 for part in (
-                    f"missing from the spec: {', '.join(map(repr, missing[:5]))}" if missing else "",
-                    f"new in the spec: {', '.join(map(repr, added[:5]))}" if added else "",
+                    f"missing from the spec: {_first_ids(missing)}" if missing else "",
+                    f"new in the spec: {_first_ids(added)}" if added else "",
                 )
                 if part
             )
