@@ -192,7 +192,19 @@ def test_a_half_precision_model_is_rejected_as_a_baseline(tmp_path):
         def cases():
             return [("a", torch.ones(2))]
     """)
-    with pytest.raises(CompareError, match="'weight' in float16; the baseline must be FP32"):
+    with pytest.raises(CompareError, match=r"'weight' in float16; the baseline must be FP32: do not call \.half\(\)"):
+        compare(path)
+
+
+def test_a_double_precision_model_is_rejected_with_advice_that_fits_it(tmp_path):
+    path = write_spec(tmp_path, """
+        import torch
+        def model():
+            return torch.nn.Linear(2, 2).double()
+        def cases():
+            return [("a", torch.ones(2))]
+    """)
+    with pytest.raises(CompareError, match="'weight' in float64; the baseline must be FP32: build it in float32"):
         compare(path)
 
 

@@ -72,9 +72,9 @@ def prepare(spec: Spec) -> Prepared:
     device = torch.device(spec.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise CompareError(f"DEVICE is {spec.device!r} but CUDA is not available here (torch {torch.__version__})")
+            raise CompareError(f"the device is {spec.device!r} but CUDA is not available here (torch {torch.__version__})")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise CompareError(f"DEVICE is {spec.device!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+            raise CompareError(f"the device is {spec.device!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
     spec_file = os.path.abspath(spec.path)
 
     seed_everything()
@@ -94,10 +94,12 @@ def prepare(spec: Spec) -> Prepared:
                 "load the weights into the model (`load_state_dict(..., assign=True)`) before returning it"
             )
         if tensor.is_floating_point() and tensor.dtype != torch.float32:
-            raise CompareError(
-                f"model() returned {name!r} in {_dtype(tensor.dtype)}; the baseline must be FP32 "
-                "(do not call .half()/.bfloat16() on the model: autocast chooses the dtype per op)"
+            advice = (
+                "do not call .half()/.bfloat16() on the model (autocast chooses the dtype per op)"
+                if tensor.element_size() < 4
+                else "build it in float32 (a float64 default dtype, or .double(), gives this)"
             )
+            raise CompareError(f"model() returned {name!r} in {_dtype(tensor.dtype)}; the baseline must be FP32: {advice}")
 
     _check_copyable(model, "the model")
     seed_everything()
