@@ -97,6 +97,20 @@ def test_a_file_too_deep_for_pythons_parser_is_reported(tmp_path: Path, named: b
     assert finding["code"] == "AMP000" and "nests too deeply" in finding["message"]
 
 
+@pytest.mark.parametrize("depth", [500, 3000], ids=["past CPython's limit", "past libcst's stack"])
+@pytest.mark.parametrize("named", [True, False], ids=["named", "in a folder"])
+def test_brackets_nested_past_pythons_limit_are_amp000_not_a_crash(tmp_path: Path, depth: int, named: bool) -> None:
+    """CPython refuses more than 200 nested brackets; libcst's native parser would read a few
+    hundred more, then overflow the C stack and kill the process (a generated file in pre-commit)."""
+    path = tmp_path / "generated.py"
+    path.write_text(f"import torch\nx = {'(' * depth}1{')' * depth}\nwith torch.autocast('cuda'):\n    loss.backward()\n")
+    result = _run(str(path) if named else str(tmp_path))
+    assert result.returncode == 1, result.stderr
+    [finding] = json.loads(result.stdout)
+    assert finding["code"] == "AMP000" and finding["line"] == 2
+    assert finding["message"] == "cannot parse: too many nested parentheses"
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="needs a file system that takes any bytes in names")
 @pytest.mark.parametrize("output_format", ["text", "concise", "json", "sarif", "github"])
 def test_a_file_name_that_is_not_utf8_is_reported_in_every_format(tmp_path: Path, output_format: str) -> None:

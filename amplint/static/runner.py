@@ -287,6 +287,7 @@ def _syntax_only(source: bytes, display: str) -> list[Finding]:
         TOO_DEEP_FOR_PYTHON,
         SourceError,
         decode_source,
+        nesting_error,
         parse_error_finding,
         python_tree,
     )
@@ -298,7 +299,10 @@ def _syntax_only(source: bytes, display: str) -> list[Finding]:
         return [parse_error_finding(display, error)]
     except (RecursionError, MemoryError):
         return [parse_error_finding(display, SourceError(TOO_DEEP_FOR_PYTHON))]
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError) as error:
+        too_deep = nesting_error(error) if isinstance(error, SyntaxError) else None
+        if too_deep is not None:
+            return [parse_error_finding(display, too_deep)]
         from amplint.static.analyse import parse
 
         try:

@@ -42,6 +42,7 @@ from amplint.static.source import (
     TOO_DEEP_FOR_PYTHON,
     SourceError,
     lines_with_endings,
+    nesting_error,
     physical_lines,
 )
 
@@ -381,7 +382,10 @@ def prepare(text: str, codes: frozenset[str], check_syntax: bool = True) -> tupl
         tree = screen.tree
     except (RecursionError, MemoryError):
         raise SourceError(TOO_DEEP_FOR_PYTHON) from None
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError) as error:
+        too_deep = nesting_error(error) if isinstance(error, SyntaxError) else None
+        if too_deep is not None:
+            raise too_deep from None
         return codes, None  # libcst, the parser of record, reports it or reads newer syntax
     kept |= codes & {"AMP000"}
     if kept - {"AMP000"} and screen.walk.longest_chain > LONGEST_CHAIN:

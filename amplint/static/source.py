@@ -22,6 +22,16 @@ class SourceError(Exception):
 
 # What CPython's own parser cannot hold: libcst would take minutes over it, or crash.
 TOO_DEEP_FOR_PYTHON = "cannot analyse: the file nests too deeply for Python's parser"
+# CPython's limits on nesting, which libcst's native parser does not share: past about 1,100
+# brackets it overflows the C stack and the process dies. Such a refusal is final.
+_NESTING_LIMITS = ("too many nested parentheses", "too many statically nested blocks", "too many nested f-strings")
+
+
+def nesting_error(error: SyntaxError) -> SourceError | None:
+    """The AMP000 error for a file CPython refuses for its nesting, which no parser is asked again."""
+    if not any(limit in (error.msg or "") for limit in _NESTING_LIMITS):
+        return None
+    return SourceError(f"cannot parse: {error.msg}", error.lineno or 1, error.offset or 1)
 
 
 def decode_source(source: bytes | str) -> tuple[str, str]:
