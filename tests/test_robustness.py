@@ -185,6 +185,24 @@ def test_a_named_broken_link_says_where_it_points(tmp_path: Path) -> None:
     assert result.stderr.strip() == f"amplint: error: {link}: a symbolic link to {tmp_path / 'moved' / 'train.py'}, which does not exist"
 
 
+def test_a_named_link_in_a_loop_of_links_says_so(tmp_path: Path) -> None:
+    link = tmp_path / "self.py"
+    link.symlink_to(link)
+    result = _run(str(link))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"amplint: error: {link}: a symbolic link in a loop of links"
+
+
+def test_links_in_a_loop_inside_a_walked_folder_are_passed_over_like_broken_ones(tmp_path: Path) -> None:
+    (tmp_path / "self.py").symlink_to(tmp_path / "self.py")
+    (tmp_path / "a.py").symlink_to(tmp_path / "b.py")
+    (tmp_path / "b.py").symlink_to(tmp_path / "a.py")
+    (tmp_path / "train.py").write_text("from torch.cuda.amp import GradScaler\n")
+    result = _run(str(tmp_path))
+    assert result.returncode == 1 and "Traceback" not in result.stderr and result.stderr == "", result.stderr
+    assert [f["path"] for f in json.loads(result.stdout)] == [str(tmp_path / "train.py")]
+
+
 def test_good_and_bad_files_together(tmp_path: Path) -> None:
     """One unparsable file does not stop the others from being checked."""
     broken = tmp_path / "broken.py"

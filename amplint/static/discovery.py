@@ -136,6 +136,14 @@ class _Patterns:
         return _Patterns(self.spec, f"{self.prefix}{name}/")
 
 
+def _is_file(entry: os.DirEntry) -> bool:
+    """A file, or a link to one; a link that leads nowhere (missing, or a loop of links) is not."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
 def walk(argument: str, excluder: Excluder, respect_gitignore: bool, unreadable: list[str] | None = None) -> Iterator[SourceFile]:
     """Python files below a folder named on the command line, in a stable order. Folders that
     cannot be listed are added to `unreadable` (as "display: reason")."""
@@ -180,7 +188,7 @@ def _walk(folder: str, resolved: str, display: str, patterns: list[_Patterns], r
                 continue
             below = [p.below(name) for p in patterns]
             yield from _walk(entry.path, os.path.join(resolved, name), os.path.join(display, name), below, respect_gitignore, unreadable)
-        elif name.endswith(PYTHON_SUFFIXES) and entry.is_file():
+        elif name.endswith(PYTHON_SUFFIXES) and _is_file(entry):
             if any(p.matches(name, is_dir=False) for p in patterns):
                 continue
             # A link is known by what it points to, so a file linked twice is checked once.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import sys
@@ -90,11 +91,21 @@ def collect_files(
             _add_once(files, seen, SourceFile(path, argument, named=True))
         else:
             if path.is_symlink() and not path.exists():
-                reason = f"a symbolic link to {os.readlink(path)}, which does not exist"
+                reason = _broken_link(path)
             else:
                 reason = "no such file or directory" if not path.exists() else "not a file or directory"
             result.errors.append(f"{argument}: {reason}")
     return files
+
+
+def _broken_link(path: Path) -> str:
+    """Why a symbolic link leads nowhere: its target is missing, or the links go round in a loop."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link in a loop of links"
+    return f"a symbolic link to {os.readlink(path)}, which does not exist"
 
 
 def _add_once(files: list[SourceFile], seen: dict[str, int], source: SourceFile) -> None:
