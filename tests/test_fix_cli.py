@@ -151,6 +151,27 @@ def test_diff_of_a_folder_applies_with_git_apply(tree: Path, tmp_path: Path) -> 
     assert snapshot(patched) == snapshot(tree)
 
 
+@pytest.mark.parametrize(
+    ("encoding", "comment"), [("latin-1", "# rébuilt"), ("shift_jis", "# 日本語のコメント"), ("gb18030", "# 中文注释")]
+)
+def test_diff_of_a_file_in_its_own_encoding_applies_with_git_apply_and_patch(tmp_path: Path, encoding: str, comment: str) -> None:
+    """patch and git apply match a hunk byte for byte: a non-UTF-8 file's lines stay in its encoding."""
+    original = f"# -*- coding: {encoding} -*-\nimport torch\n{comment}\nscaler = torch.cuda.amp.GradScaler()\n".encode(encoding)
+    for name in ("fixed", "git", "patch"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.py").write_bytes(original)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path / "git", check=True)
+    diff = subprocess.run(
+        [sys.executable, "-m", "amplint", "--diff", "--no-cache", "train.py"], capture_output=True, cwd=tmp_path / "fixed", timeout=120
+    ).stdout
+    assert comment.encode(encoding) in diff  # the context line, in the file's own bytes
+    assert subprocess.run(["git", "apply"], input=diff, capture_output=True, cwd=tmp_path / "git").returncode == 0
+    assert subprocess.run(["patch", "-p1", "-s"], input=diff, capture_output=True, cwd=tmp_path / "patch").returncode == 0
+    amplint("--fix", "train.py", cwd=tmp_path / "fixed")
+    fixed = (tmp_path / "fixed" / "train.py").read_bytes()
+    assert fixed != original and (tmp_path / "git" / "train.py").read_bytes() == (tmp_path / "patch" / "train.py").read_bytes() == fixed
+
+
 def test_diff_of_a_path_through_a_parent_folder_names_it_plainly(tree: Path) -> None:
     """`git apply` refuses `..` in a path as it refuses `.`: `sub/../x.py` is written `x.py`."""
     (tree / "sub").mkdir()

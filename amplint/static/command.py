@@ -175,7 +175,7 @@ def _check_stdin(settings: Settings, o, output_format: str) -> int:
 
         fixed = fix_source(source, display, settings.codes_for(display, all_codes()), o["unsafe_fixes"], settings.min_torch)
         if o["diff"]:
-            if problem := _write_output(_unified_diff(display, source, fixed.source), o["output_file"]):
+            if problem := _write_output(_unified_diff(display, source, fixed.source), o["output_file"], patch=True):
                 _error(problem)
                 return EXIT_ERROR
             if not o["quiet"] and fixed.applied:
@@ -199,6 +199,20 @@ def _write_stdout_bytes(data: bytes) -> None:
     sys.stdout.flush()
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
+
+
+def _patch_text(source: bytes) -> str:
+    """A file's text for its patch, holding the file's own bytes: patch and `git apply` match a
+    hunk byte for byte, so a latin-1 or Shift-JIS file's lines stay in its encoding (carried as
+    surrogate escapes, written back as they were) rather than become UTF-8. An encoding whose line
+    break is not the byte `\n` is diffed as text."""
+    from amplint.static.source import SourceError, decode_source
+
+    try:
+        text, encoding = decode_source(source)
+    except SourceError:
+        return source.decode("utf-8", errors="surrogateescape")
+    return text if "\n".encode(encoding) != b"\n" else source.decode("utf-8", errors="surrogateescape")
 
 
 def _decoded(source: bytes) -> str:
@@ -293,7 +307,7 @@ def _add_noqa_to_files(result: RunResult) -> _Outcome:
 
 def _finish_fixes(outcome: _Outcome, o) -> None:
     """Once for the run: the patch (--diff) and how many findings were fixed."""
-    if o["diff"] and (problem := _write_output("".join(outcome.patches), o["output_file"])):
+    if o["diff"] and (problem := _write_output("".join(outcome.patches), o["output_file"], patch=True)):
         _error(problem)
         outcome.errors.append(problem)
     if not o["quiet"] and outcome.fixed:
@@ -315,8 +329,8 @@ def _unified_diff(display: str, before: bytes, after: bytes) -> str:
 
     # Lines as patch and git read them, ending at "\n" only: str.splitlines also breaks at form
     # feeds, U+2028 and a lone "\r", which makes hunks no tool can apply.
-    old = _PATCH_LINE.findall(_decoded(before))
-    new = _PATCH_LINE.findall(_decoded(after))
+    old = _PATCH_LINE.findall(_patch_text(before))
+    new = _PATCH_LINE.findall(_patch_text(after))
     # `git apply` refuses `.` and `..` in a path: `./src/a.py` is `src/a.py`, `sub/../a.py` is `a.py`;
     # an absolute path is written as git writes one, `a/tmp/x.py`, not `a//tmp/x.py`.
     name = Path(os.path.normpath(display)).as_posix().lstrip("/")
@@ -363,9 +377,13 @@ def _report(outcome: _Outcome, files_checked: int, o, output_format: str, source
     return True
 
 
-def _write_output(text: str, output_file: str | None) -> str | None:
-    """The report or patch to --output-file, else standard output; why not, if it cannot be written."""
+def _write_output(text: str, output_file: str | None, *, patch: bool = False) -> str | None:
+    """The report or patch to --output-file, else standard output; why not, if it cannot be written.
+    A patch goes out as the bytes it holds (each file's own encoding, see _patch_text)."""
     if not output_file:
+        if patch and hasattr(sys.stdout, "buffer"):
+            _write_stdout_bytes(text.encode("utf-8", errors="surrogateescape"))
+            return None
         sys.stdout.write(text)
         sys.stdout.flush()
         return None
