@@ -376,6 +376,14 @@ def test_statistics_as_json(project: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("option", [["--format", "sarif"], ["--format", "github"], ["--diff"]])
+def test_statistics_with_a_format_that_cannot_hold_counts_is_a_usage_error(project: Path, option: list[str]) -> None:
+    """A SARIF file or a patch holding a count table would break the CI step that reads it."""
+    result = amplint("src", "--statistics", *option, "--output-file", "out.txt", *SELECT, cwd=project)
+    assert result.returncode == 2 and not (project / "out.txt").exists()
+    assert result.stderr.strip() == f"amplint: error: --statistics cannot be combined with {' '.join(option)}"
+
+
 def test_exit_zero_keeps_the_report(project: Path) -> None:
     result = amplint("src", "--exit-zero", "--format", "concise", *SELECT, cwd=project)
     assert result.returncode == 0 and "AMP003" in result.stdout

@@ -84,6 +84,10 @@ def run_check_command(paths: tuple[str, ...], **o) -> int:
     if STDIN in paths and len(paths) > 1:
         _error("`-` (standard input) cannot be combined with other paths")
         return EXIT_ERROR
+    if o["statistics"] and (o["diff"] or o["output_format"] in ("sarif", "github")):
+        # Counts are neither a patch, nor SARIF a code-scanning upload could read, nor annotations.
+        _error(f"--statistics cannot be combined with {'--diff' if o['diff'] else '--format ' + o['output_format']}")
+        return EXIT_ERROR
     try:
         groups = resolve_settings(paths, o["config_file"], o["select"], o["ignore"], o["extend_select"], o["stdin_filename"])
     except ConfigError as exc:
