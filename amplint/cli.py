@@ -111,6 +111,10 @@ def check_command(paths: tuple[str, ...], **options) -> None:
     """Check PATHS (files or directories; `-` reads standard input) for AMP mistakes."""
     from amplint.static.command import run_check_command
 
+    if sys.stdout is None:  # started with standard output closed (`amplint src >&-`)
+        click.echo("amplint: error: cannot write to standard output: it is closed", err=True)
+        sys.exit(2)
+
     try:
         status = run_check_command(paths, **options)
     except BrokenPipeError:

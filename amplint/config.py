@@ -143,7 +143,10 @@ def _anchored(pattern: str) -> str:
 def parse_codes_option(value: str | None, option: str) -> tuple[str, ...] | None:
     if value is None:
         return None
-    return tuple(_check_code(c.strip().upper(), option) for c in value.split(",") if c.strip())
+    codes = tuple(_check_code(c.strip().upper(), option) for c in value.split(",") if c.strip())
+    if not codes:  # `--select ""` would pass every file having checked nothing
+        raise ConfigError(f"{option} names no rule code (give codes or prefixes such as AMP003 or AMP)")
+    return codes
 
 
 def settings_from_table(table: dict, source: Path) -> Settings:

@@ -36,6 +36,22 @@ def test_path_alone_means_check(project: Path) -> None:
     assert implicit.stdout == explicit.stdout and "train.py:2:10: AMP001" in implicit.stdout
 
 
+def test_a_selection_that_names_no_rule_is_a_usage_error(project: Path) -> None:
+    """`--select ""` (an unset CI variable) would pass every file having checked nothing."""
+    result = amplint("train.py", "--select", "", cwd=project)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "amplint: error: --select names no rule code (give codes or prefixes such as AMP003 or AMP)"
+
+
+def test_a_closed_standard_output_is_one_error_line(project: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "amplint", "train.py"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=project,
+        timeout=120, pass_fds=(), preexec_fn=lambda: os.close(1),
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "amplint: error: cannot write to standard output: it is closed"
+
+
 def test_options_first_still_mean_check(project: Path) -> None:
     result = amplint("--select", "AMP001", "--format", "concise", "train.py", cwd=project)
     assert result.returncode == 1 and result.stdout.startswith("train.py:2:10: AMP001")

@@ -358,7 +358,13 @@ def test_unwritable_output_file_exits_2_with_one_line(project: Path) -> None:
     result = amplint("src", "--output-file", "src/train.py/report.txt", cwd=project)  # under a file
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("amplint: error: src/train.py/report.txt: cannot write")
+    assert lines == ["amplint: error: src/train.py/report.txt: cannot write: src/train.py is a file, not a folder"]
+
+
+def test_output_file_dash_is_standard_output(project: Path) -> None:
+    result = amplint("src", "--format", "json", "--output-file", "-", *SELECT, cwd=project)
+    assert result.returncode == 1 and not (project / "-").exists()
+    assert len(json.loads(result.stdout)) == 3
 
 
 def test_statistics_counts_per_rule(project: Path) -> None:

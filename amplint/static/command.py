@@ -384,13 +384,16 @@ def _report(outcome: _Outcome, files_checked: int, o, output_format: str, source
 def _write_output(text: str, output_file: str | None, *, patch: bool = False) -> str | None:
     """The report or patch to --output-file, else standard output; why not, if it cannot be written.
     A patch goes out as the bytes it holds (each file's own encoding, see _patch_text)."""
-    if not output_file:
+    if not output_file or output_file == "-":  # `-`: standard output, as for the paths
         if patch and hasattr(sys.stdout, "buffer"):
             _write_stdout_bytes(text.encode("utf-8", errors="surrogateescape"))
             return None
         sys.stdout.write(text)
         sys.stdout.flush()
         return None
+    blocking = next((p for p in Path(output_file).parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        return f"{output_file}: cannot write: {blocking} is a file, not a folder"
     try:
         Path(output_file).parent.mkdir(parents=True, exist_ok=True)  # `reports/amplint.sarif` in CI
         # A file name that is not UTF-8 keeps its bytes, as it does on standard output; a patch
