@@ -144,7 +144,7 @@ def parse_codes_option(value: str | None, option: str) -> tuple[str, ...] | None
     if value is None:
         return None
     codes = tuple(_check_code(c.strip().upper(), option) for c in value.split(",") if c.strip())
-    if not codes:  # `--select ""` would pass every file having checked nothing
+    if not codes and option == "--select":  # `--select ""` would pass every file having checked nothing
         raise ConfigError(f"{option} names no rule code (give codes or prefixes such as AMP003 or AMP)")
     return codes
 
