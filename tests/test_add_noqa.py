@@ -51,6 +51,16 @@ def test_add_noqa_silences_every_finding_and_a_second_run_adds_nothing(tmp_path:
     assert again.returncode == 0 and "Added 0 noqa directives." in again.stderr
 
 
+def test_a_file_with_lone_carriage_returns_gets_its_comments_and_they_suppress(tmp_path: Path) -> None:
+    """Classic Mac line endings: Python ends a line at a lone CR, and so do --add-noqa and noqa."""
+    script = tmp_path / "train.py"
+    script.write_bytes(TRAIN.replace("\n", "\r").encode())
+    first = amplint("--add-noqa", "train.py", cwd=tmp_path)
+    assert first.returncode == 0 and "Added 3 noqa directives." in first.stderr, first.stderr
+    assert script.read_bytes().split(b"\r")[4] == b"    loss.backward()  # noqa: AMP003"
+    assert amplint("--no-cache", "train.py", cwd=tmp_path).returncode == 0
+
+
 def test_add_noqa_comments_only_the_selected_rules(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN, encoding="utf-8")

@@ -21,6 +21,7 @@ from amplint.static.screen import nodes
 from amplint.static.semantics import AmpFacts
 from amplint.static.slicing import first_line, prepare
 from amplint.static.source import (
+    LINE_BREAK,
     SourceError,
     decode_source,
     noqa_codes,
@@ -31,7 +32,7 @@ from amplint.static.source import (
 )
 
 # `# amplint: noqa` alone on its line, at any indentation; a string holding it suppresses nothing.
-_FILE_NOQA = re.compile(r"^[ \t]*#\s*amplint:\s*noqa\s*$", re.IGNORECASE | re.MULTILINE)
+_FILE_NOQA = re.compile(r"(?:^|(?<=[\r\n]))[ \t]*#\s*amplint:\s*noqa[ \t]*(?=[\r\n]|$)", re.IGNORECASE)
 
 
 def parse(text: str) -> cst.Module:
@@ -336,7 +337,8 @@ def _finding(code: str, hit: Hit, path: str, positions: _Locator, lines: list[st
 def _comments(text: str) -> Iterator[tuple[int, str]]:
     """(line, text) of every real comment: a `# noqa` inside a string literal suppresses nothing."""
     try:
-        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        # Universal newlines: a lone CR ends a line, as in Python's tokenizer and LINE_BREAK.
+        for token in tokenize.generate_tokens(io.StringIO(text, newline=None).readline):
             if token.type == tokenize.COMMENT:
                 yield token.start[0], token.string
     except (tokenize.TokenError, SyntaxError):
@@ -345,7 +347,7 @@ def _comments(text: str) -> Iterator[tuple[int, str]]:
 
 def _file_noqa(text: str) -> bool:
     """`# amplint: noqa` on a line of its own, as a comment (tokenized only when the text has it)."""
-    lines = {text.count("\n", 0, m.start()) + 1 for m in _FILE_NOQA.finditer(text)}
+    lines = {len(LINE_BREAK.findall(text, 0, m.start())) + 1 for m in _FILE_NOQA.finditer(text)}
     return bool(lines) and any(number in lines and _FILE_NOQA.match(comment) for number, comment in _comments(text))
 
 

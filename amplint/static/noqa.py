@@ -73,7 +73,8 @@ def _lines_that_take_a_comment(text: str) -> tuple[set[int], dict[int, str]]:
     open_lines: set[int] = set()
     comments: dict[int, str] = {}
     try:
-        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        # Universal newlines: a lone CR ends a line, as in Python's tokenizer and _LINE_BREAK.
+        for token in tokenize.generate_tokens(io.StringIO(text, newline=None).readline):
             if token.type in (tokenize.NEWLINE, tokenize.NL):
                 open_lines.add(token.start[0])
             elif token.type == tokenize.COMMENT:
