@@ -239,7 +239,7 @@ def discover(start: Path, known: dict[Path, Settings] | None = None, folder_reso
     else:
         start = start.resolve()
         folder = start if start.is_dir() else start.parent
-    visited: list[tuple[Path, list[str] | None]] = []  # each folder walked, with the torch it declares
+    visited: list[tuple[Path, dict]] = []  # each folder walked, with its pyproject.toml read
     settings = None
     for candidate in (folder, *folder.parents):
         if candidate in known:
@@ -247,16 +247,18 @@ def discover(start: Path, known: dict[Path, Settings] | None = None, folder_reso
             break
         pyproject = candidate / "pyproject.toml"
         data = _read_toml(pyproject) if pyproject.is_file() else {}
-        visited.append((candidate, declared_torch(candidate, data) or None))
+        visited.append((candidate, data))
         table = _amplint_table(data, pyproject, top_level=False) if data else None
         if table is not None:
             settings = settings_from_table(table, pyproject.resolve())
             break
     if settings is None:
         settings = Settings(root=Path.cwd())
-    # From the top down: each folder takes the nearest torch requirement at or above it.
-    for candidate, torch in reversed(visited):
-        if torch is not None and not settings.min_torch_set:
+    # From the top down: each folder takes the nearest torch requirement at or above it (project
+    # files are read only when the configuration does not set min-torch).
+    for candidate, data in reversed(visited):
+        torch = [] if settings.min_torch_set else declared_torch(candidate, data)
+        if torch:
             settings = replace(settings, min_torch=oldest_torch(torch))
         known[candidate] = settings
     return settings

@@ -311,7 +311,7 @@ def _syntax_only(source: bytes, display: str) -> list[Finding]:
     except (RecursionError, MemoryError):
         return [parse_error_finding(display, SourceError(TOO_DEEP_FOR_PYTHON))]
     except (SyntaxError, ValueError) as error:
-        too_deep = nesting_error(error) if isinstance(error, SyntaxError) else None
+        too_deep = nesting_error(error)
         if too_deep is not None:
             return [parse_error_finding(display, too_deep)]
         from amplint.static.analyse import parse

@@ -383,7 +383,7 @@ def prepare(text: str, codes: frozenset[str], check_syntax: bool = True) -> tupl
     except (RecursionError, MemoryError):
         raise SourceError(TOO_DEEP_FOR_PYTHON) from None
     except (SyntaxError, ValueError) as error:
-        too_deep = nesting_error(error) if isinstance(error, SyntaxError) else None
+        too_deep = nesting_error(error)
         if too_deep is not None:
             raise too_deep from None
         return codes, None  # libcst, the parser of record, reports it or reads newer syntax

@@ -27,9 +27,10 @@ TOO_DEEP_FOR_PYTHON = "cannot analyse: the file nests too deeply for Python's pa
 _NESTING_LIMITS = ("too many nested parentheses", "too many statically nested blocks", "too many nested f-strings")
 
 
-def nesting_error(error: SyntaxError) -> SourceError | None:
-    """The AMP000 error for a file CPython refuses for its nesting, which no parser is asked again."""
-    if not any(limit in (error.msg or "") for limit in _NESTING_LIMITS):
+def nesting_error(error: Exception) -> SourceError | None:
+    """The AMP000 error for a file CPython refuses for its nesting, which no parser is asked again;
+    None for any other error CPython's parse raised."""
+    if not (isinstance(error, SyntaxError) and any(limit in (error.msg or "") for limit in _NESTING_LIMITS)):
         return None
     return SourceError(f"cannot parse: {error.msg}", error.lineno or 1, error.offset or 1)
 

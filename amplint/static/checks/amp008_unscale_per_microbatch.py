@@ -40,11 +40,10 @@ def _wrapper_and_wrapped(facts: AmpFacts) -> Iterator[Hit]:
     returning `self.fp32_optimizer.optimizer`, then `step(self.fp32_optimizer)`), in one function
     or in the methods of one class: the scaler records what it unscaled per optimizer object."""
     events = [e for f in (facts.module_scope, *facts.functions) for e in ts.own_events(facts).get(id(f), ())]
-    steps = [e for e in events if e.kind == "step" and e.target is not None]
+    steps = [(e, _through_properties(facts, e.target, e.call.scope)) for e in events if e.kind == "step" and e.target is not None]
     for unscale in (e for e in events if e.kind == "unscale" and e.target is not None):
         held = _through_properties(facts, unscale.target, unscale.call.scope)
-        for step in steps:
-            stepped = _through_properties(facts, step.target, step.call.scope)
+        for step, stepped in steps:
             if not (ts.same_object(step.scaler, unscale.scaler) and _one_holds_the_other(held, stepped)):
                 continue
             if not _same_owner(unscale, step):
