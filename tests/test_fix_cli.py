@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import errno
 import json
 import os
 import shutil
@@ -351,3 +352,23 @@ def test_unsafe_fixes_applies_them(tree: Path, unsafe_amp001, monkeypatch: pytes
     result = CliRunner().invoke(main, ["from_imports.py", "--fix", "--unsafe-fixes", "--no-cache", "--select", "AMP001"])
     assert result.exit_code == 0, result.output
     assert b"from torch.cuda.amp import" not in (tree / "from_imports.py").read_bytes()
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="only root can give a file another group")
+def test_fix_keeps_the_group_of_a_file_the_user_cannot_give_it(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file shared through its group's permissions, of a group the user is not in: the
+    temporary file cannot take that group, so the file is rewritten in place."""
+    from amplint.static import fixes
+
+    script = tree / "from_imports.py"
+    os.chown(script, 0, 4242)
+    inode = script.stat().st_ino
+
+    def refused(*args: object) -> None:
+        raise PermissionError(errno.EPERM, "not permitted")
+
+    monkeypatch.setattr(fixes.os, "chown", refused)
+    fixes.write_atomically(script, b"x = 1\n")
+    assert script.read_bytes() == b"x = 1\n"
+    assert (script.stat().st_gid, script.stat().st_ino) == (4242, inode)
+    assert not [p for p in tree.iterdir() if p.name.endswith(".amplint")]  # no temporary left

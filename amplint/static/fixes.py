@@ -100,29 +100,46 @@ def write_atomically(path: Path, data: bytes) -> None:
     """Replace a file's bytes as an editor would. A file the user may not write is refused. A
     file with other hard links, or in a folder the user may not write, is rewritten in place
     (a rename would split the link, or is not allowed). Otherwise the bytes go to a temporary
-    file that takes the file's mode and owner and is renamed over it, so that a crash never
-    leaves half a file. Through a symlink, the target is written."""
+    file that takes the file's mode, owner and group and is renamed over it, so that a crash
+    never leaves half a file; where the temporary cannot take the owner or group (a file of a
+    group the user is not in, shared through its permissions), the file is rewritten in place
+    rather than handed to the user's own group. Through a symlink, the target is written."""
     path = path.resolve()
     info = path.stat()
     if not os.access(path, os.W_OK):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
     if info.st_nlink > 1 or not os.access(path.parent, os.W_OK):
-        with open(path, "r+b") as out:
-            out.write(data)
-            out.truncate()
+        _write_in_place(path, data)
         return
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".amplint")
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)
         os.chmod(temporary, info.st_mode & 0o7777)
-        if hasattr(os, "chown") and (info.st_uid, info.st_gid) != (os.getuid(), os.getgid()):
-            try:
-                os.chown(temporary, info.st_uid, info.st_gid)  # root fixing another user's file
-            except OSError:
-                pass
+        if not _takes_owner(temporary, info):
+            os.unlink(temporary)
+            _write_in_place(path, data)
+            return
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def _write_in_place(path: Path, data: bytes) -> None:
+    with open(path, "r+b") as out:
+        out.write(data)
+        out.truncate()
+
+
+def _takes_owner(temporary: str, info: os.stat_result) -> bool:
+    """Give the temporary file the owner and group of the file it replaces; whether it has them."""
+    made = os.stat(temporary)
+    if (made.st_uid, made.st_gid) == (info.st_uid, info.st_gid):
+        return True
+    try:  # (Windows reports no owner: the first test answers there)
+        os.chown(temporary, info.st_uid, info.st_gid)
+    except OSError:  # not allowed: another user's file, or a group the user is not in
+        return False
+    return True
