@@ -9,7 +9,7 @@ import libcst as cst
 from amplint.model import Applicability
 from amplint.static.checks import FixPlan, Hit
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts
+from amplint.static.semantics import AmpFacts, Loop, ends_with
 
 CODE = "AMP007"
 
@@ -119,7 +119,7 @@ def _update_placement(facts: AmpFacts, events: list[ts.Event], scaler: str) -> I
         earlier = [e for e in same_iteration if e.order < event.order]
         # A step under the opposite outcome of the update's condition runs in other iterations (a
         # GAN's `if not train_critic:` generator step and update, then `if train_critic:` its own).
-        if _steps_another_optimizer_after(*_in_the_same_pass(facts, event, earlier, later)) or _in_the_optimizer_loop_of_a_step(event, same_iteration):
+        if _steps_another_optimizer_after(*_in_the_same_pass(facts, event, earlier, later)) or _in_the_optimizer_loop_of_a_step(facts, event, same_iteration):
             yield Hit(
                 event.call.node,
                 f"`{scaler}.update()` runs between the `step()` calls of several optimizers; call it "
@@ -176,14 +176,44 @@ def _steps_another_optimizer_after(earlier: list[ts.Event], later: list[ts.Event
     return any(not any(ts.same_object(a.target, b.target) for b in before) for a in after)
 
 
-def _in_the_optimizer_loop_of_a_step(update: ts.Event, same_iteration: list[ts.Event]) -> bool:
+def _in_the_optimizer_loop_of_a_step(facts: AmpFacts, update: ts.Event, same_iteration: list[ts.Event]) -> bool:
     """`for opt in optimizers: scaler.step(opt); scaler.update()`: one update per optimizer."""
     inner = ts.innermost_loop(update.anchor)
     if inner is None or not ts.over_optimizers(inner):
         return False
     if inner.binds(update.scaler):
         return False  # `for scaler, opt in zip(scalers, optimizers)`: a scaler of its own per optimizer
+    if _one_optimizer_per_pass(facts, inner, update):
+        return False
     return any(e.kind == "step" and inner in e.anchor.loops for e in same_iteration)
+
+
+def _one_optimizer_per_pass(facts: AmpFacts, loop: Loop, update: ts.Event) -> bool:
+    """A loop over optimizers that steps only the one chosen for this pass: `if i != optim_idx:
+    continue` before the update (espnet's GAN trainer: the model names the optimizer of each
+    turn), or the update under `if i == optim_idx:`. Its update follows the pass's only step."""
+    if any(_compares_loop_variable(loop, g.test, (cst.Equal, cst.Is)) for g in ts.guards_inside(facts, update.anchor, loop)):
+        return True
+    statements = loop.node.body.body if isinstance(loop.node.body, cst.IndentedBlock) else ()
+    for statement in statements:
+        if statement is update.anchor.statement or ts.within(facts, update.anchor.statement, statement):
+            return False
+        if isinstance(statement, cst.If) and ends_with(statement.body, (cst.Continue,)):
+            if _compares_loop_variable(loop, statement.test, (cst.NotEqual, cst.IsNot)):
+                return True
+    return False
+
+
+def _compares_loop_variable(loop: Loop, test: cst.BaseExpression, operators: tuple[type, ...]) -> bool:
+    """`i != optim_idx` (with one of `operators`) on a loop variable, alone or among `and`ed conditions."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _compares_loop_variable(loop, test.left, operators) or _compares_loop_variable(loop, test.right, operators)
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+        return False
+    comparison = test.comparisons[0]
+    return isinstance(comparison.operator, operators) and any(
+        isinstance(side, cst.Name) and loop.binds(side.value) for side in (test.left, comparison.comparator)
+    )
 
 
 def _update_without_step(facts: AmpFacts, update: ts.Event, same_iteration, loop, scaler: str) -> Iterator[Hit]:
