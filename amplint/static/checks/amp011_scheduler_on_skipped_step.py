@@ -199,10 +199,12 @@ def _returns_a_skip_test(facts: AmpFacts, helper) -> bool:
 
 def _gated(facts: AmpFacts, sched: ts.Event, flags: set[str]) -> bool:
     """Under a skip check (`if scaler.get_scale() >= before: sched.step()`), or in the `else:`
-    of a test that the scale dropped (`if scaler.get_scale() < before: skipped += 1`). Not in the
-    `else:` of any other test: that the scale grew or collapsed, or a finite-loss test (`if
-    torch.isnan(loss): raise`; a finite loss can still give float16 gradients that overflow, and
-    the scaler then skips the step)."""
+    of a test that the scale dropped (`if scaler.get_scale() < before: skipped += 1`) or that the
+    gradient norm is not finite (`if not torch.isfinite(grad_norm):`, espnet's trainer: the
+    scaler skips exactly the steps whose gradients hold inf/NaN). Not in the `else:` of any other
+    test: that the scale grew or collapsed, or a finite-loss test (`if torch.isnan(loss): raise`;
+    a finite loss can still give float16 gradients that overflow, and the scaler then skips the
+    step)."""
     guards = [*sched.anchor.ifs]
     elses = _else_branches_around(facts, sched.anchor.statement)
     if sched.call.where is not sched.anchor:
@@ -212,7 +214,50 @@ def _gated(facts: AmpFacts, sched: ts.Event, flags: set[str]) -> bool:
         test = facts.module.code_for_node(guard.test)
         if _SKIP_CHECK.search(test) or any(re.search(rf"\b{re.escape(f)}\b", test) for f in flags):
             return True
-    return any(_scale_dropped(facts, guard.test) for guard in elses)
+    return any(_scale_dropped(facts, guard.test) or _gradients_not_finite(facts, guard.test) for guard in elses)
+
+
+# A gradient norm: named so (`grad_norm`, `gnorm`, `total_norm`), or what a clipping helper returned.
+_GRADIENT_NORM = re.compile(r"grad|gnorm|total_norm", re.IGNORECASE)
+_NOT_FINITE = frozenset({"isnan", "isinf"})
+_FINITE = frozenset({"isfinite", "is_finite"})
+
+
+def _gradients_not_finite(facts: AmpFacts, test: cst.BaseExpression) -> bool:
+    """A test that holds whenever the gradient norm is inf or NaN: `not torch.isfinite(grad_norm)`,
+    `torch.isnan(gnorm) or torch.isinf(gnorm)`, `not math.isfinite(total_norm)`. Any `or`ed
+    part that does suffices; an `and`ed one may fail on an overflow."""
+    if isinstance(test, cst.BooleanOperation):
+        return isinstance(test.operator, cst.Or) and (
+            _gradients_not_finite(facts, test.left) or _gradients_not_finite(facts, test.right)
+        )
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _checks_a_gradient_norm(facts, test.expression, _FINITE)
+    return _checks_a_gradient_norm(facts, test, _NOT_FINITE)
+
+
+def _checks_a_gradient_norm(facts: AmpFacts, check: cst.BaseExpression, kinds: frozenset[str]) -> bool:
+    """`torch.isfinite(grad_norm)` / `grad_norm.isfinite()` (also with `.all()`, `.any()` or
+    `.item()` after it) for one of `kinds`, on a gradient norm."""
+    while isinstance(check, cst.Call) and isinstance(check.func, cst.Attribute) and check.func.attr.value in ("all", "any", "item"):
+        check = check.func.value
+    if not (isinstance(check, cst.Call) and isinstance(check.func, (cst.Name, cst.Attribute))):
+        return False
+    name = dotted_name(check.func)
+    if name is None or name.rsplit(".", 1)[-1] not in kinds:
+        return False
+    if check.args:
+        subject = check.args[0].value
+    elif isinstance(check.func, cst.Attribute):
+        subject = check.func.value
+    else:
+        return False
+    if _GRADIENT_NORM.search(facts.module.code_for_node(subject)):
+        return True
+    held = dotted_name(subject)
+    return held is not None and any(
+        a.key == held and _GRADIENT_NORM.search(facts.module.code_for_node(a.value)) for a in facts.assignments
+    )
 
 
 def _scale_dropped(facts: AmpFacts, test: cst.BaseExpression) -> bool:
