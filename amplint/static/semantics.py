@@ -1249,7 +1249,9 @@ class AmpFacts:
     def _never_switched_on(self, enabled: cst.BaseExpression | None, scope: Scope) -> bool:
         """`enabled=enable_autocast`, a parameter whose default is `False` that no call passes, in a
         function all of whose calls this file holds (private, nested, or in a test module; not one
-        passed around as a value): ColossalAI's `run_fwd_bwd(..., enable_autocast=False)`."""
+        passed around as a value): ColossalAI's `run_fwd_bwd(..., enable_autocast=False)`. Also a
+        test parameter that `@pytest.mark.parametrize` only ever gives `False` (xformers:
+        `@pytest.mark.parametrize("amp", [False])`)."""
         function = scope.function_scope
         if not isinstance(enabled, cst.Name) or not isinstance(function.node, cst.FunctionDef):
             return False
@@ -1257,10 +1259,12 @@ class AmpFacts:
         params = function.node.params
         positional = [*params.posonly_params, *params.params]
         param = next((p for p in (*positional, *params.kwonly_params) if p.name.value == name), None)
-        if param is None or not (isinstance(param.default, cst.Name) and param.default.value == "False"):
+        if param is None or any(a.key == name and a.where.scope.function_scope is function for a in self.assignments):
+            return False  # not a parameter, or rebound in the body
+        if _parametrized_only_false(function.node, name):
+            return True
+        if not (isinstance(param.default, cst.Name) and param.default.value == "False"):
             return False
-        if any(a.key == name and a.where.scope.function_scope is function for a in self.assignments):
-            return False  # rebound in the body
         nested = function.parent is not None and function.parent.kind == "function"
         in_tests = any(names.names_a_test(f.name) for f in self.functions)
         if not (function.name.startswith("_") or nested or in_tests):
@@ -1830,6 +1834,49 @@ def _kind_of_constructor(qualified: str) -> str | None:
     if qualified in names.MODEL_FACTORIES or qualified.startswith(names.MODEL_PREFIXES):
         return "model"
     return None
+
+
+def _parametrized_only_false(function: cst.FunctionDef, name: str) -> bool:
+    """Whether a `parametrize` decorator gives parameter `name` values, all of them a literal
+    `False`: `@pytest.mark.parametrize("amp", [False])`, `("amp,dtype", [(False, torch.half)])`."""
+    for decorator in function.decorators:
+        call = decorator.decorator
+        if not (isinstance(call, cst.Call) and (dotted_name(call.func) or "").endswith("parametrize") and len(call.args) >= 2):
+            continue
+        argnames = _parametrized_names(call.args[0].value)
+        if name not in argnames:
+            continue
+        rows = call.args[1].value
+        if not isinstance(rows, (cst.List, cst.Tuple)) or not rows.elements:
+            return False
+        index = argnames.index(name)
+        for element in rows.elements:
+            values = _parametrized_row(element.value, len(argnames))
+            if values is None or not is_false(values[index]):
+                return False
+        return True
+    return False
+
+
+def _parametrized_row(row: cst.BaseExpression, width: int) -> list[cst.BaseExpression] | None:
+    """The values one row of `parametrize` gives its `width` parameters, if written out:
+    `False`, `(False, torch.half)`, `pytest.param(False, marks=...)`."""
+    if isinstance(row, cst.Call) and (dotted_name(row.func) or "").endswith("param"):
+        values = [a.value for a in row.args if a.keyword is None]
+    elif width > 1 and isinstance(row, (cst.Tuple, cst.List)):
+        values = [e.value for e in row.elements]
+    else:
+        values = [row]
+    return values if len(values) == width else None
+
+
+def _parametrized_names(value: cst.BaseExpression) -> list[str]:
+    """The parameter names of `parametrize`'s first argument: `"a, b"` or `("a", "b")`."""
+    if isinstance(value, cst.SimpleString):
+        return [part.strip() for part in value.evaluated_value.split(",")] if isinstance(value.evaluated_value, str) else []
+    if isinstance(value, (cst.List, cst.Tuple)):
+        return [e.value.evaluated_value for e in value.elements if isinstance(e.value, cst.SimpleString) and isinstance(e.value.evaluated_value, str)]
+    return []
 
 
 def _passes(call: cst.Call, keyword: str, position: int | None) -> bool:
