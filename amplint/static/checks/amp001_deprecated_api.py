@@ -9,7 +9,7 @@ import libcst as cst
 
 from amplint.static import autofix, names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts, Scope, ends_with, identifiers
+from amplint.static.semantics import AmpFacts, Scope, dotted_name, ends_with, identifiers
 
 CODE = "AMP001"
 
@@ -49,11 +49,13 @@ _STATE_REPLACEMENTS = frozenset(text.partition("(")[0] for text in names.DEPRECA
 
 
 # What a test of the torch version or of a feature reads like (`is_torch_version(">=", "2.4")`,
-# `_TORCH_GREATER_EQUAL_2_4`, `TORCH_2_4`, `torch_ge_24`, `hasattr(torch, "get_autocast_dtype")`);
-# a test of the device (`if x.device.type == "cpu"`) or of a setting (`getattr(args, "bf16")`)
-# chooses between APIs, not between torch releases.
+# `_TORCH_GREATER_EQUAL_2_4`, `TORCH_2_4`, `torch_ge_24`, `hasattr(torch, "get_autocast_dtype")`,
+# `hasattr(torch.amp, "custom_fwd")`); a test of the device (`if x.device.type == "cpu"`), of a
+# backend (`hasattr(torch.xpu, "amp")`, which IPEX provides) or of a setting (`getattr(args,
+# "bf16")`) chooses between APIs, not between torch releases.
 _VERSION_TEST = re.compile(
-    r"(?i)version|\b(?:has|get)attr\(\s*torch\b|\btorch_?\d|_(?:ge|gt|lt|le)_?\d|greater|older|newer|legacy"
+    r"(?i)version|\b(?:has|get)attr\(\s*torch(?:\s*\.\s*(?:cuda\s*\.\s*|cpu\s*\.\s*)?amp)?\s*,"
+    r"|\btorch_?\d|_(?:ge|gt|lt|le)_?\d|greater|older|newer|legacy"
 )
 
 
@@ -112,11 +114,42 @@ def _fallback_for_older_torch(facts: AmpFacts, node: cst.CSTNode, replacements: 
     """A deprecated name on one side of a version or feature check whose other side uses the
     `torch.amp` replacement (`torch.amp.GradScaler("cuda") if TORCH_2_4 else
     torch.cuda.amp.GradScaler()`, `except ImportError: from torch.cuda.amp import autocast`):
-    code that already moved and keeps the old API for older torch."""
+    code that already moved and keeps the old API for older torch. Also one that runs only where
+    the replacement is missing (`if not hasattr(torch.amp, "custom_fwd"): torch.amp.custom_fwd =
+    torch.cuda.amp.custom_fwd`, sd-scripts): the old API is not deprecated in those releases."""
+    if _only_without_the_replacement(facts, node):
+        return True
     if not replacements:
         return False
     others = {id(side) for side in _alternatives(facts, node) if side is not None}
     return any(id(ancestor) in others for r in replacements for ancestor in (r, *facts.ancestors(r)))
+
+
+def _only_without_the_replacement(facts: AmpFacts, node: cst.CSTNode) -> bool:
+    """In the body of `if not hasattr(torch.amp, "custom_fwd"):`, or past the `else:` of `if
+    hasattr(torch, "autocast"):`: a test that the replacement exists, failed."""
+    child = node
+    for parent in facts.ancestors(node):
+        if isinstance(parent, (cst.If, cst.IfExp)):
+            test, negated = parent.test, False
+            if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+                test, negated = test.expression, True
+            failed = (child is parent.body) if negated else (child is parent.orelse)
+            if failed and _has_the_replacement(test):
+                return True
+        child = parent
+    return False
+
+
+def _has_the_replacement(test: cst.BaseExpression) -> bool:
+    """`hasattr(torch.amp, "custom_fwd")`, `hasattr(torch, "autocast")`: whether this torch has a
+    name of the `torch.amp` API."""
+    if not (isinstance(test, cst.Call) and dotted_name(test.func) == "hasattr" and len(test.args) == 2):
+        return False
+    owner, attribute = dotted_name(test.args[0].value), test.args[1].value
+    if owner not in ("torch", "torch.amp") or not isinstance(attribute, cst.SimpleString):
+        return False
+    return isinstance(attribute.evaluated_value, str) and _is_replacement(f"{owner}.{attribute.evaluated_value}")
 
 
 def _assigned(facts: AmpFacts, node: cst.CSTNode) -> bool:
