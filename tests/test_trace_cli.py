@@ -588,6 +588,22 @@ def test_an_op_that_raises_on_low_precision_inputs_in_a_disabled_region_confirms
     assert finding["status"] == "confirmed"
 
 
+def test_a_script_whose_import_of_torch_fails_gets_one_error_line_and_its_status(tmp_path: Path) -> None:
+    """A misspelled TORCH_LOGS makes torch's own import raise part-way; torch cannot be imported
+    again in that process, so no report can be built: the script's traceback, then one line."""
+    script = write(tmp_path, "bad_logs.py", """
+        import os
+        os.environ["TORCH_LOGS"] = "+dynamoo"
+        import torch
+    """)
+    result = trace(tmp_path, "--json", "r.json", str(script))
+    assert result.returncode == 1
+    assert result.stderr.count("Traceback") == 1 and "Invalid log settings: +dynamoo" in result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        "amplint trace: error: no report: the script's `import torch` failed (its traceback is above), so nothing could be traced"
+    )
+
+
 def test_a_script_that_does_not_parse_says_the_static_pass_could_not_read_it(tmp_path: Path) -> None:
     write(tmp_path, "train.py", "import torch\nloss = (\n")
     proc = trace(tmp_path, "--json", "r.json", "train.py")

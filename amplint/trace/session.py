@@ -151,11 +151,15 @@ class TraceSession:
         with contextlib.ExitStack() as self._installed, _ChildProcesses(self):
             outcome = run_target(self.path, self.module_name, options.args, argv0, ("torch", self.instrument))
         self.cpu_seconds = time.process_time() - started
-        if self.probes is None:  # the script never imported torch: nothing to trace, still a report
+        if self.probes is None:  # the script never imported torch, or its import failed
             try:
                 import torch  # noqa: F401
             except ImportError as exc:
                 return outcome.exit_code or _error(f"`amplint trace` needs PyTorch ({exc})")
+            except Exception:  # noqa: BLE001 - the script's import failed part-way (a bad TORCH_LOGS, warnings as errors)
+                # torch cannot be imported twice in one process once its first import failed.
+                _error("no report: the script's `import torch` failed (its traceback is above), so nothing could be traced")
+                return outcome.exit_code or 2
             self.build_instruments()
             self._note("the script did not import torch in this process: nothing was traced")
 
