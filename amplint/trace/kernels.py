@@ -3,10 +3,15 @@ in another dtype on a target device, after the run.
 
 Each signature is rebuilt from its template (floating tensors drawn in [0.25, 0.75), integer
 tensors as zeros, other arguments, keyword ones included, as recorded), first in its recorded
-dtypes as a baseline, then with the same values cast to the target dtype. As the two calls differ
-only in the dtype, an op that runs in its recorded dtypes and fails in the target dtype has no
-working kernel for it: "missing", whatever the error says (a custom kernel may raise any text, or
-mix in a float32 constant). A failure of the baseline itself, arguments that cannot be rebuilt,
+dtypes as a baseline, then with the same values cast to the target dtype. A signature that
+mixes float16/bfloat16 with float32 keeps its float32 tensors: the kernel takes them so (flash
+attention's float32 logsumexp beside float16 queries), and only the low-precision ones move to
+the target dtype. As the two calls differ only in the dtype, an op that runs in its recorded
+dtypes and fails in the target dtype has no working kernel for that signature: "missing",
+whatever the error says (a custom kernel may raise any text, or mix in a float32 constant),
+unless another signature of the op runs in the target dtype: one that works shows the kernel
+exists (a float32 call cast whole to float16 fails where the kernel wants a float32 statistic).
+A failure of the baseline itself, arguments that cannot be rebuilt,
 or an op no longer registered give "inconclusive" (reported, never "available"). A target device this machine does not have
 gives "unverified" for every op, never "available". The RNG state is saved and restored so the
 probe leaves no trace.
@@ -21,6 +26,7 @@ from amplint.trace.recorder import TensorSpec
 # Same values in the baseline and the target call, so that only the dtype differs between them.
 _VALUES_SEED = 0
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
 # Never replayed: collectives would wait for other ranks; profiler markers hold no kernel.
 _SKIP_NAMESPACES = ("c10d", "_c10d_functional", "profiler", "_dtensor")
 
@@ -33,11 +39,12 @@ def _device_available(device: str) -> bool:
     return False
 
 
-def _build(value, dtype, device, generator):
+def _build(value, dtype, device, generator, keep_float32=False):
     if isinstance(value, TensorSpec):
         if value.layout != torch.strided:
             raise _Unrebuildable(f"layout {value.layout}")
-        target_dtype = dtype if (dtype is not None and value.dtype in _FLOATS and value.dtype != torch.float64) else value.dtype
+        cast = dtype is not None and value.dtype in _FLOATS and value.dtype != torch.float64
+        target_dtype = dtype if cast and not (keep_float32 and value.dtype == torch.float32) else value.dtype
         if target_dtype.is_floating_point:
             # Positive, away from zero and inside [0, 1]: in the domain of log, sqrt, division,
             # asin/acos and probability arguments (binary_cross_entropy's target), so that a
@@ -49,9 +56,9 @@ def _build(value, dtype, device, generator):
             return torch.rand(value.shape, dtype=target_dtype, device=device, generator=generator)
         return torch.zeros(value.shape, dtype=target_dtype, device=device)
     if isinstance(value, (list, tuple)):
-        return type(value)(_build(v, dtype, device, generator) for v in value)
+        return type(value)(_build(v, dtype, device, generator, keep_float32) for v in value)
     if isinstance(value, dict):  # the keyword arguments: `out=` tensors, `dtype=`
-        return {key: _build(v, dtype, device, generator) for key, v in value.items()}
+        return {key: _build(v, dtype, device, generator, keep_float32) for key, v in value.items()}
     if isinstance(value, torch.device):
         return torch.device(device)
     if isinstance(value, torch.dtype) and dtype is not None and value in (torch.float16, torch.bfloat16, torch.float32):
@@ -95,7 +102,7 @@ def probe_kernels(templates: dict, dtypes: tuple[str, ...], device: str) -> list
     cpu_rng = torch.random.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     try:
-        for (func, _in_dtypes), (_, args, kwargs) in templates.items():
+        for (func, in_dtypes), (_, args, kwargs) in templates.items():
             namespace = func._schema.name.split("::")[0]
             if namespace in _SKIP_NAMESPACES or not _has_floating_input(args, kwargs):
                 continue
@@ -120,14 +127,14 @@ def probe_kernels(templates: dict, dtypes: tuple[str, ...], device: str) -> list
                     entry["status"] = "unverified"
                     entry["error"] = f"no {device} device on this machine: not verified"
                     continue
-                if entry["available"] is False:
-                    continue  # one missing signature is enough
-                verdict, error = _probe_one(func, args, kwargs, getattr(torch, dtype_name), device)
-                if verdict == "missing":
+                if entry["status"] == "available":
+                    continue  # one signature that runs in the dtype is enough
+                mixed = any(d in _LOW_PRECISION for d in in_dtypes) and torch.float32 in in_dtypes
+                verdict, error = _probe_one(func, args, kwargs, getattr(torch, dtype_name), device, keep_float32=mixed)
+                if verdict == "available":
+                    entry.update(available=True, status="available", error=None)
+                elif verdict == "missing":
                     entry.update(available=False, status="missing", error=error)
-                elif verdict == "available":
-                    if entry["status"] in (None, "inconclusive"):
-                        entry.update(available=True, status="available", error=None)
                 elif entry["status"] is None:
                     entry.update(status="inconclusive", error=error)
     finally:
@@ -137,7 +144,7 @@ def probe_kernels(templates: dict, dtypes: tuple[str, ...], device: str) -> list
     return sorted(results.values(), key=lambda e: (e["available"] is not False, e["op"], e["dtype"]))
 
 
-def _probe_one(func, args, kwargs, dtype, device) -> tuple[str, str | None]:
+def _probe_one(func, args, kwargs, dtype, device, keep_float32=False) -> tuple[str, str | None]:
     if not torch._C._dispatch_has_kernel(_registered_name(func)):
         # A torch.library op whose library was destroyed during the run (a scoped library, or
         # one freed with the script's objects): calling it would use a freed registration.
@@ -145,7 +152,10 @@ def _probe_one(func, args, kwargs, dtype, device) -> tuple[str, str | None]:
 
     def rebuild(target_dtype):
         generator = torch.Generator(device=device).manual_seed(_VALUES_SEED)
-        return _build(args, target_dtype, device, generator), _build(kwargs, target_dtype, device, generator)
+        return (
+            _build(args, target_dtype, device, generator, keep_float32),
+            _build(kwargs, target_dtype, device, generator, keep_float32),
+        )
 
     try:
         base_args, base_kwargs = rebuild(None)
