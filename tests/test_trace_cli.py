@@ -604,6 +604,35 @@ def test_a_script_whose_import_of_torch_fails_gets_one_error_line_and_its_status
     )
 
 
+def test_a_training_loop_in_a_thread_says_its_ops_are_not_in_the_op_table(tmp_path: Path) -> None:
+    """The op recorder is a dispatch mode of the script's thread: a loop run in another thread
+    leaves no op rows, and the report says why instead of an empty table."""
+    script = write(tmp_path, "threaded.py", """
+        import threading
+        import torch
+
+        model = torch.nn.Linear(8, 8)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def train():
+            for _ in range(2):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model(torch.randn(4, 8)).float().sum()
+                loss.backward()
+                optimizer.step()
+
+        worker = threading.Thread(target=train, name="trainer")
+        worker.start()
+        worker.join()
+    """)
+    result = trace(tmp_path, "-q", "--json", "r.json", str(script))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    [note] = [n for n in report["notes"] if "'trainer'" in n]
+    assert "first at threaded.py:10" in note and "not in the op table" in note
+    assert not [row for row in report["ops"] if row["path"] == "threaded.py" and row["line"] >= 10]  # the thread's lines
+
+
 def test_a_script_that_does_not_parse_says_the_static_pass_could_not_read_it(tmp_path: Path) -> None:
     write(tmp_path, "train.py", "import torch\nloss = (\n")
     proc = trace(tmp_path, "--json", "r.json", "train.py")

@@ -18,6 +18,7 @@ import functools
 import os
 import re
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -100,6 +101,13 @@ class Probes:
         if len(stack) > 1:
             self.callers.setdefault(site, set()).update(stack[1:])
         return site
+
+    def note_thread(self, site) -> None:
+        """Remember a thread other than the script's that trains or autocasts: its ops escape
+        the op recorder, a mode of the script's thread."""
+        thread = threading.current_thread()
+        if thread is not self.state.script_thread and thread.name not in self.state.other_threads:
+            self.state.other_threads[thread.name] = site
 
     def watch_scaled_gradient_use(self, site) -> None:
         """AMP005 on a line that reads or changes `.grad` (no clip call to wrap): when an op runs
@@ -201,6 +209,7 @@ class Probes:
                 enabled = getattr(self_, "_enabled", False)
                 if enabled:
                     probes.state.autocast_entries[site] += 1
+                    probes.note_thread(site)
                 created = getattr(self_, "_amplint_created_at", None)
                 mirror = probes.state.mirror
                 mirror.entered.append((site, created) if enabled else None)
@@ -329,6 +338,7 @@ class Probes:
                 if state.paused or not state.active or _compiling():
                     return real(tensors, *args, **kwargs)
                 site = probes._callsite()
+                probes.note_thread(site)
                 evidence = probes.autocast_evidence()
                 probes.count_call(state.backward_calls, site, evidence)
                 if evidence and site not in state.backward_autocast:

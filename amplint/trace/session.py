@@ -308,6 +308,15 @@ class TraceSession:
                 "amplint's op recording makes Dynamo skip every frame, which fullgraph=True turns into an error the "
                 "untraced script does not raise; rerun with --no-ops to trace the compiled program"
             )
+        if state.other_threads and self.recorder is not None:
+            name, site = next(iter(state.other_threads.items()))
+            where = f" (first at {self.display(site[0])}:{site[1]})" if site else ""
+            more = f" and {len(state.other_threads) - 1} other thread(s)" if len(state.other_threads) > 1 else ""
+            notes.append(
+                f"the thread {name!r}{more} ran autocast or backward{where}: the op recording (op dtypes, "
+                "--nan op, --simulate) follows the script's main thread only, so the ops of those threads are not "
+                "in the op table (their GradScaler steps and the findings on their lines are)"
+            )
         autocast_disabled = [w for w in state.warnings.values() if "Disabling" in w.message and "autocast" in w.message.lower()]
         if autocast_disabled:
             w = autocast_disabled[0]

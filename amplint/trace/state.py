@@ -243,6 +243,10 @@ class TraceState:
         # Per thread: our own tensor work in one thread must not hide the script's ops that other
         # threads run meanwhile (a worker's matmuls while the main thread is being simulated).
         self._pauses = _ThreadPauses()
+        # Threads other than the script's that ran autocast or a backward, with the first place:
+        # the op recorder is a mode of the script's thread only.
+        self.script_thread = threading.current_thread()
+        self.other_threads: dict[str, tuple] = {}
         self._in_forked_child = 0
         self.mirror = AutocastMirror()
         self.deferred = DeferredValues()
