@@ -184,9 +184,15 @@ def _scaler_evidence(scalers, facts: Facts) -> tuple[int, dict]:
     steps = [s for s in facts.state.scaler_steps if s.scaler in {x.index for x in scalers}]
     skipped = sum(1 for s in steps if facts.applied.get(id(s)) is False)
     per_scaler = [s.steps for s in scalers]
-    # Built per iteration: several scalers from one line, none used for more than one step (a
-    # scaler per fold or per run steps many times and is correct).
-    per_iteration = len(scalers) >= 2 and max(per_scaler, default=0) <= 1
+    # Built per iteration: several scalers from one line, none used for more than one step, or
+    # taking turns on one optimizer (rebuilt per epoch: each starts again at init_scale). A
+    # scaler per fold, with the fold's own optimizer, steps many times and is correct.
+    stepped_by: dict = defaultdict(set)  # optimizer serial -> the scalers that stepped it
+    for step in steps:
+        if step.optimizer_serial is not None:
+            stepped_by[step.optimizer_serial].add(step.scaler)
+    one_optimizer = any(len(users) >= 2 for users in stepped_by.values())
+    per_iteration = len(scalers) >= 2 and (max(per_scaler, default=0) <= 1 or one_optimizer)
     evidence = {
         "constructions": len(scalers),
         "max_steps_per_scaler": max(per_scaler, default=0),
@@ -200,6 +206,11 @@ def _scaler_evidence(scalers, facts: Facts) -> tuple[int, dict]:
         evidence["called_from"] = sorted(c for c in callers if c)
     if per_iteration and skipped == len(steps) and steps:
         evidence["note"] = "every step was skipped: each new scaler starts again at init_scale"
+    elif per_iteration and one_optimizer and evidence["max_steps_per_scaler"] > 1:
+        evidence["note"] = (
+            "the scalers took turns on the same optimizer: each new one started again at init_scale, "
+            "dropping the scale the previous one had reached"
+        )
     return (len(scalers) if per_iteration else 0), evidence
 
 

@@ -711,7 +711,10 @@ class Probes:
                         info.stepped_through.add(other)
                 monitor.check_gradients(optimizer, site, handled=info.enabled and info.scaled)
                 wrapped = frozenset() if isinstance(optimizer, torch.optim.Optimizer) else _parameter_ids(optimizer)
-                record = ScalerStep(info.index, id(optimizer), state.step, site, applied=False, wrapped_params=wrapped)
+                record = ScalerStep(
+                    info.index, id(optimizer), state.step, site, applied=False, wrapped_params=wrapped,
+                    optimizer_serial=state.optimizer_serial(optimizer),
+                )
                 state.in_scaler_step = record
                 try:
                     with _keeping_torch_error(event):

@@ -7,6 +7,7 @@ their device and read once after the run (`DeferredValues`): the default mode ad
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import weakref
@@ -97,6 +98,7 @@ class ScalerStep:
     applied: bool | None  # None: decided by a deferred found_inf (fused optimizers)
     found_inf_slot: int | None = None
     optimizer_seconds: float = 0.0  # inside optimizer.step() (AMP010 counts the scaler's own time)
+    optimizer_serial: int | None = None  # TraceState.optimizer_serial: the same object, not a reused id
     # Given a wrapper rather than a torch optimizer (fairseq's FP32Optimizer): the parameters it
     # holds, by which the torch optimizer stepped inside is recognised as this step's.
     wrapped_params: frozenset = frozenset()
@@ -254,6 +256,8 @@ class TraceState:
         self.in_scaler_step: ScalerStep | None = None
         self.in_optimizer = 0
         self.optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimizer the script built
+        self._optimizer_serials: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._next_optimizer_serial = itertools.count()
         self.backward_callsite: Callsite | None = None
         self.backward_depth = 0
 
@@ -332,6 +336,16 @@ class TraceState:
         self.compiled: list = []  # AMP017: records of torch.compile results
         self.dispatch_modes_on = False  # the op recorder or the CUDA simulator holds the script's thread
         self.compiled_pending = None  # a compiled call under autocast since the last backward
+
+    def optimizer_serial(self, optimizer) -> int | None:
+        """A number per optimizer object that no later object takes, unlike `id()`, which a new
+        optimizer reuses once the old one is freed (a fold's optimizer after the previous fold's)."""
+        try:
+            if optimizer not in self._optimizer_serials:
+                self._optimizer_serials[optimizer] = next(self._next_optimizer_serial)
+            return self._optimizer_serials[optimizer]
+        except TypeError:  # an object that takes no weak reference
+            return None
 
     def step_completed(self) -> None:
         """A `scaler.step()`/`optimizer.step()` attempt ended: the training step it closes took its
