@@ -465,8 +465,27 @@ def test_a_compiled_model_run_eagerly_by_the_op_recording_is_said_so(tmp_path: P
     """)
     result = trace(tmp_path, "--json", "trace.json", str(script))
     assert result.returncode == 0, result.stderr
-    [finding] = [f for f in json.loads((tmp_path / "trace.json").read_text())["findings"] if f["code"] == "AMP017"]
+    report = json.loads((tmp_path / "trace.json").read_text())
+    [finding] = [f for f in report["findings"] if f["code"] == "AMP017"]
     assert "--no-ops" in finding["evidence"]["note"]
+    [note] = [n for n in report["notes"] if "ran eagerly" in n]  # also in the summary, not only the JSON evidence
+    assert note.startswith("the model compiled at compiled.py:5 ran eagerly") and "--no-ops" in note
+    in_the_summary = " ".join(result.stderr.split())
+    assert "the model compiled at compiled.py:5 ran eagerly" in in_the_summary
+
+
+def test_a_compiled_model_traced_with_no_ops_gets_no_eager_note(tmp_path: Path) -> None:
+    script = write(tmp_path, "compiled.py", """
+        import torch
+
+        model = torch.nn.Linear(8, 8)
+        compiled = torch.compile(model, backend="eager")
+        for _ in range(2):
+            compiled(torch.randn(4, 8)).sum().backward()
+    """)
+    result = trace(tmp_path, "--no-ops", "--json", "trace.json", str(script))
+    assert result.returncode == 0, result.stderr
+    assert not [n for n in json.loads((tmp_path / "trace.json").read_text())["notes"] if "ran eagerly" in n]
 
 
 def test_each_name_of_a_deprecated_import_is_confirmed_by_its_own_uses(tmp_path: Path) -> None:

@@ -343,7 +343,7 @@ def _amp016(facts) -> list[RuleEvent]:
     return events
 
 
-def _dynamo_made_graphs() -> bool:
+def dynamo_made_graphs() -> bool:
     try:
         from torch._dynamo.utils import counters
     except ImportError:
@@ -383,7 +383,7 @@ def _amp017(facts) -> list[RuleEvent]:
             evidence["backend"] = "eager"
             evidence["note"] = 'backend="eager" compiles no backward graph: backward runs as in eager mode'
             count = 0
-        elif not _dynamo_made_graphs():
+        elif not dynamo_made_graphs():
             evidence["note"] = (
                 "torch.compile built no graph in this run (amplint's op recording makes Dynamo run the "
                 "model eagerly): the mismatch is read from where forward and backward ran; rerun with "

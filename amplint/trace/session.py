@@ -317,6 +317,16 @@ class TraceSession:
                 "--nan op, --simulate) follows the script's main thread only, so the ops of those threads are not "
                 "in the op table (their GradScaler steps and the findings on their lines are)"
             )
+        eager = [r["site"] for r in state.compiled if r["calls"] and not r["fullgraph_dropped"]]
+        if eager and self.recorder is not None:
+            from amplint.trace.rule_events import dynamo_made_graphs
+
+            if not dynamo_made_graphs():
+                notes.append(
+                    f"the model compiled at {self.display(eager[0][0])}:{eager[0][1]} ran eagerly: amplint's op recording "
+                    "makes Dynamo skip every frame, so the op table shows the eager run; rerun with --no-ops to trace "
+                    "the compiled program"
+                )
         autocast_disabled = [w for w in state.warnings.values() if "Disabling" in w.message and "autocast" in w.message.lower()]
         if autocast_disabled:
             w = autocast_disabled[0]
