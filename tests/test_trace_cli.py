@@ -652,6 +652,23 @@ def test_a_training_loop_in_a_thread_says_its_ops_are_not_in_the_op_table(tmp_pa
     assert not [row for row in report["ops"] if row["path"] == "threaded.py" and row["line"] >= 10]  # the thread's lines
 
 
+def test_a_factory_op_inside_an_autocast_region_is_recorded_in_it(tmp_path: Path) -> None:
+    """`torch.randn` has no tensor argument to take the device from: its `device=` says where the
+    region it runs in applies, so its row is not shown as outside autocast."""
+    script = write(tmp_path, "factory.py", """
+        import torch
+
+        w = torch.randn(4, 4)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            noise = torch.randn(4, 4)
+            y = noise @ w
+    """)
+    result = trace(tmp_path, "-q", "--json", "r.json", str(script))
+    assert result.returncode == 0, result.stderr
+    regions = {row["line"]: row["autocast"] for row in json.loads((tmp_path / "r.json").read_text())["ops"] if row["op"] == "aten::randn"}
+    assert regions == {4: None, 6: {"device": "cpu", "dtype": "bfloat16"}}
+
+
 def test_a_script_that_does_not_parse_says_the_static_pass_could_not_read_it(tmp_path: Path) -> None:
     write(tmp_path, "train.py", "import torch\nloss = (\n")
     proc = trace(tmp_path, "--json", "r.json", "train.py")

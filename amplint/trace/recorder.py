@@ -92,6 +92,12 @@ def _dtypes(values) -> tuple:
     return tuple(found)
 
 
+def _factory_device(kwargs: dict) -> str | None:
+    """The device a factory op (`randn`, `arange`: no tensor arguments) creates on."""
+    device = kwargs.get("device")
+    return getattr(device, "type", None)
+
+
 def _first_device(values) -> str | None:
     for value in values:
         if isinstance(value, _Tensor):
@@ -149,7 +155,7 @@ class DispatchRecorder(TracerDispatchMode):
             active = mirror.active
             autocast = None
             if active:
-                device = _first_device(args)
+                device = _first_device(args) or _factory_device(kwargs)
                 for entry in active:
                     if entry[0] == device:
                         autocast = entry
