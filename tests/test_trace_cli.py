@@ -669,6 +669,32 @@ def test_a_factory_op_inside_an_autocast_region_is_recorded_in_it(tmp_path: Path
     assert regions == {4: None, 6: {"device": "cpu", "dtype": "bfloat16"}}
 
 
+def test_a_scale_that_falls_below_one_says_the_run_stopped_training(tmp_path: Path) -> None:
+    """Every skip is "handled by the GradScaler", but a scale below 1 means gradients that hold
+    inf/NaN at any scale: the GradScaler section says the run stopped training."""
+    script = write(tmp_path, "diverged.py", """
+        import torch
+
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+        for _ in range(4):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(2, 4)).float().sum() * float("inf")
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+    """)
+    result = trace(tmp_path, "--json", "r.json", str(script))
+    assert result.returncode == 0, result.stderr
+    scaler = json.loads((tmp_path / "r.json").read_text())["scaler"]
+    assert scaler["steps_skipped"] == 4 and scaler["scale_history"] == [2.0, 1.0, 0.5, 0.25]
+    [note] = [n for n in scaler["notes"] if "fell to" in n]
+    assert note.startswith("the GradScaler built at diverged.py:6 skipped 4 of 4 steps and its scale fell to 0.25")
+    assert "stopped training" in " ".join(result.stderr.split())
+
+
 def test_a_script_that_does_not_parse_says_the_static_pass_could_not_read_it(tmp_path: Path) -> None:
     write(tmp_path, "train.py", "import torch\nloss = (\n")
     proc = trace(tmp_path, "--json", "r.json", "train.py")

@@ -143,6 +143,16 @@ def scaler_section(state, facts, display) -> dict:
         notes.append(
             f"{len(raised)} scaler.step() call(s) raised{place}: counted as attempted, neither applied nor skipped"
         )
+    for (path, line), entry in sorted(constructions.items()):
+        lowest = min((scale for scale in entry["scale_history"] if scale is not None), default=None)
+        if lowest is not None and lowest < 1.0 and entry["steps_skipped"]:
+            # Below 1 the gradients held inf/NaN however small the scale: not float16's range,
+            # which loss scaling is for, but a diverged learning rate or bad data.
+            notes.append(
+                f"the GradScaler built at {path}:{line} skipped {entry['steps_skipped']} of {entry['steps_attempted']} "
+                f"steps and its scale fell to {lowest:g}: its gradients held inf/NaN at any scale, which loss scaling "
+                "cannot fix, so the run stopped training (look at the learning rate and the data; `--nan op` finds the first op)"
+            )
     return {
         "constructions": [
             {"path": path, "line": line, **entry} for (path, line), entry in sorted(constructions.items())
