@@ -743,6 +743,18 @@ def test_a_fused_transformer_under_autocast_computes_what_the_plain_run_computes
     assert fused and all(op["output_dtypes"] == ["bfloat16"] for op in fused)
 
 
+def test_simulate_cuda_does_not_replay_the_fused_transformer_path_cuda_autocast_turns_off(tmp_path: Path) -> None:
+    """Under CUDA autocast nn.TransformerEncoder does not take its fused fast path: the fused op
+    is listed as not simulated, with why, rather than given CUDA dtypes it never has."""
+    write(tmp_path, "infer.py", _TRANSFORMER_INFERENCE)
+    traced = trace(tmp_path, "-q", "--json", "r.json", "--simulate", "cuda", "infer.py", "traced.pt")
+    assert traced.returncode == 0, traced.stderr
+    simulation = json.loads((tmp_path / "r.json").read_text())["simulation"]
+    assert not [d for d in simulation["differences"] if d["op"].endswith("_transformer_encoder_layer_fwd")]
+    skipped = [n for n in simulation["not_simulated"] if n["op"].endswith("_transformer_encoder_layer_fwd")]
+    assert skipped and all("turns off the module's fused fast path" in n["error"] for n in skipped)
+
+
 def test_options_after_the_module_name_belong_to_the_module(tmp_path: Path) -> None:
     write(tmp_path, "pkg/__init__.py", "")
     write(tmp_path, "pkg/train.py", "import sys\nprint(sys.argv[1:])\n")

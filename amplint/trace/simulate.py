@@ -31,6 +31,14 @@ _NOT_SIMULATED = object()  # what a call that failed on fake CUDA tensors return
 # `torch.overrides.has_torch_function` sees a function mode: the shadow mode alone would send the
 # real run down the unfused path, which computes other dtypes than the plain run.
 _FAST_PATH_MODULES = frozenset({"torch.nn.modules.transformer", "torch.nn.modules.activation"})
+# Those fused kernels are taken only while CUDA autocast is off (`why_not_sparsity_fast_path =
+# "autocast is enabled"`): under CUDA autocast the module runs its parts one by one, so replaying
+# the fused call there would show a path CUDA never takes.
+_FUSED_FAST_PATHS = frozenset({"_transformer_encoder_layer_fwd", "_native_multi_head_attention"})
+_FAST_PATH_NOT_TAKEN = (
+    "not simulated: CUDA autocast turns off the module's fused fast path, so on CUDA its attention, "
+    "linear and normalisation ops run one by one instead of this fused kernel"
+)
 
 
 def _dtypes(value) -> list[str]:
@@ -155,6 +163,9 @@ class CudaSimulator:
         state = self.state
         site = self.classifier.user_callsite(2)
         name = resolve_name(func) or getattr(func, "__name__", repr(func))
+        if name.rsplit(".", 1)[-1] in _FUSED_FAST_PATHS:
+            self.failures.setdefault((site, name), _FAST_PATH_NOT_TAKEN)
+            return
         with state.pause():
             fake_result = self._run_on_fake_cuda(func, args, kwargs, dtype, site, name)
         if fake_result is _NOT_SIMULATED:
