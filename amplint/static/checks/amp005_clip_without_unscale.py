@@ -32,8 +32,16 @@ _GRAD_COMPUTATION = re.compile(
 # `p.grad.mul_(factor)` / `div_(factor)` is clipping by hand when the factor is named for a norm
 # or a clip (`clip_coef = max_norm / total_norm`); any other factor (`world_size`,
 # `gradient_accumulation_steps`) commutes with the loss scale.
-_GRAD_RESCALE = re.compile(r"\.grad(?:\.data)?\.(?:mul_|div_)\(([^()]*(?:\([^()]*\))?[^()]*)\)")
+_GRAD_RESCALE = re.compile(
+    r"\.grad(?:\.data)?\.(?:mul_|div_)\(([^()]*(?:\([^()]*\))?[^()]*)\)"
+    r"|\.grad(?:\.data)?\s*[*/]=\s*(.+)$"  # `p.grad *= clip_coef`, the same in place
+)
 _FROM_GRADIENTS = re.compile(r"norm(?![a-z])|clip|coef", re.IGNORECASE)
+# A gradient divided by the scale, or multiplied by its inverse, where it is read: unscaled by
+# hand (`(p.grad.detach().data / scale).norm(2)` in a norm helper handed `scaler._scale`,
+# `p.grad * inv_scale` with `inv_scale = 1.0 / scaler.get_scale()`).
+_GRAD_TIMES = re.compile(r"\.grad\b(?:\.(?:data|detach\(\)))*\s*([*/])\s*\(?\s*([\w.]+(?:\(\))?)")
+_INVERSE_OF_THE_SCALE = re.compile(r"^\(?\s*1(?:\.0*)?\s*/.*scale", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -141,9 +149,24 @@ def _computes_with_grad(statement: cst.CSTNode, facts: AmpFacts) -> bool:
     if not isinstance(statement, cst.SimpleStatementLine):
         return False
     code = statement_code(statement)
+    if _unscaled_by_hand(code, facts):
+        return False
     return bool(_GRAD_COMPUTATION.search(code)) or any(
-        _FROM_GRADIENTS.search(factor) for factor in _GRAD_RESCALE.findall(code)
+        _FROM_GRADIENTS.search(factor) for factors in _GRAD_RESCALE.findall(code) for factor in factors if factor
     )
+
+
+def _unscaled_by_hand(code: str, facts: AmpFacts) -> bool:
+    """Whether the statement divides its gradients by the scale, or multiplies them by a name
+    bound to its inverse."""
+    for operator, operand in _GRAD_TIMES.findall(code):
+        if operator == "/" and "scale" in operand.lower():
+            return True
+        if operator == "*" and any(
+            a.key == operand and _INVERSE_OF_THE_SCALE.search(facts.module.code_for_node(a.value)) for a in facts.assignments
+        ):
+            return True
+    return False
 
 
 def _exclusive(facts: AmpFacts, a: _Event, b: _Event) -> bool:
