@@ -552,15 +552,20 @@ def _an_optimizer_class(qualified: str | None) -> bool:
 
 # apex's distributed optimizers, which keep float32 master shards of float16 parameters.
 _MASTER_WEIGHT_OPTIMIZERS = ("apex.contrib.optimizers.distributed_fused_",)
+# Mixed-precision LAMB optimizers, whatever module they come from: float32 master weights of float16
+# parameters, and `_step_supports_amp_scaling`, so a GradScaler hands them its scale (NVIDIA's BERT
+# `FusedLAMBAMP`, apex's `FusedMixedPrecisionLamb`).
+_MASTER_WEIGHT_OPTIMIZER_NAMES = frozenset({"FusedLAMBAMP", "FusedMixedPrecisionLamb"})
 
 
 def _master_weights_in_the_optimizer(call: CallSite, facts: AmpFacts) -> bool:
     """A cast in a function that builds an optimizer keeping float32 master weights
-    (`FusedAdam(params, master_weights=True)`, apex's `DistributedFusedLAMB`): pure float16
+    (`FusedAdam(params, master_weights=True)`, apex's `DistributedFusedLAMB`, `FusedLAMBAMP`): pure float16
     training by design, where the optimizer, not autocast, keeps the precision of the updates and
     takes the loss scale itself."""
     return any(
         (c.qualname or "").startswith(_MASTER_WEIGHT_OPTIMIZERS)
+        or (c.callee or "").rsplit(".", 1)[-1] in _MASTER_WEIGHT_OPTIMIZER_NAMES
         or (facts.value_kind(c.node, c.scope) == "optimizer" and _keeps_master_weights(c.arg(None, "master_weights"), c, facts))
         for c in call.scope.function_scope.calls
     )
