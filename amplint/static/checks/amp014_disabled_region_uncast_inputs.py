@@ -192,7 +192,7 @@ def _loop_target_over(parents: dict, node: cst.CSTNode) -> cst.BaseExpression | 
     return target
 
 
-def _only_cast(facts: AmpFacts, function, block: _Block, target: cst.BaseExpression, depth: int = 0) -> bool:
+def _only_cast(facts: AmpFacts, function, block: _Block | _WholeFunction, target: cst.BaseExpression, depth: int = 0) -> bool:
     """Every use of the loop's element names in the block casts them first (a discriminator's
     per-scale outputs: `sum(torch.mean((1 - r.float()) ** 2) for r in real)`), or iterates over
     them casting theirs (feature maps per scale: `[[f.float() for f in fr] for fr in fmap_r]`)."""
@@ -218,6 +218,38 @@ def _only_cast(facts: AmpFacts, function, block: _Block, target: cst.BaseExpress
     ) and all(_rebound_before(rebound, r.dotted.split(".")[0], r.where) or iterated_cast(r) for r in reads)
 
 
+class _WholeFunction:
+    """The block `_only_cast` looks in, for a helper: all of its body."""
+
+    @staticmethod
+    def holds(context: Context) -> bool:
+        return True
+
+
+def _handed_to_a_helper_that_casts_it(facts: AmpFacts, parents: dict, node: cst.CSTNode) -> bool:
+    """An argument of a call of a function of this file whose parameter is only ever used cast
+    (VITS' `discriminator_loss(real, fake)`, which takes `dr = dr.float()` of each output)."""
+    argument = parents.get(id(node))
+    call = parents.get(id(argument))
+    if not (isinstance(argument, cst.Arg) and argument.value is node and isinstance(call, cst.Call)):
+        return False
+    site = facts.call_site(call)
+    helper = facts.called_function(site) if site is not None else None
+    if helper is None or not isinstance(helper.node, cst.FunctionDef):
+        return False
+    params = helper.node.params
+    positional = [*params.posonly_params, *params.params]
+    if helper.class_name is not None and positional and positional[0].name.value in ("self", "cls") and site.method is not None:
+        positional = positional[1:]
+    if argument.keyword is not None:
+        param = next((p for p in (*positional, *params.kwonly_params) if p.name.value == argument.keyword.value), None)
+    else:
+        plain = [a for a in call.args if a.keyword is None and not a.star]
+        index = next((i for i, a in enumerate(plain) if a is argument), None)
+        param = positional[index] if index is not None and index < len(positional) else None
+    return param is not None and _only_cast(facts, helper, _WholeFunction(), param.name)
+
+
 def _uncast_reads(facts: AmpFacts, function, block: _Block, produced: set[str]) -> list[str]:
     parents = ts.parents(facts)
     found: list[str] = []
@@ -235,6 +267,8 @@ def _uncast_reads(facts: AmpFacts, function, block: _Block, produced: set[str]) 
             continue
         target = _loop_target_over(parents, ref.node)
         if target is not None and _only_cast(facts, function, block, target):
+            continue
+        if _handed_to_a_helper_that_casts_it(facts, parents, ref.node):
             continue
         found.append(head)
     for call in facts.calls:
