@@ -210,10 +210,8 @@ def _gated(facts: AmpFacts, sched: ts.Event, flags: set[str]) -> bool:
     if sched.call.where is not sched.anchor:
         guards.extend(sched.call.where.ifs)
         elses.extend(_else_branches_around(facts, sched.call.node))
-    for guard in guards:
-        test = facts.module.code_for_node(guard.test)
-        if _SKIP_CHECK.search(test) or any(re.search(rf"\b{re.escape(f)}\b", test) for f in flags):
-            return True
+    if any(_checks_for_a_skip(facts, guard.test, flags) for guard in guards):
+        return True
     return any(_scale_dropped(facts, guard.test) or _gradients_not_finite(facts, guard.test) for guard in elses)
 
 
@@ -258,6 +256,17 @@ def _checks_a_gradient_norm(facts: AmpFacts, check: cst.BaseExpression, kinds: f
     return held is not None and any(
         a.key == held and _GRADIENT_NORM.search(facts.module.code_for_node(a.value)) for a in facts.assignments
     )
+
+
+def _checks_for_a_skip(facts: AmpFacts, test: cst.BaseExpression, flags: set[str]) -> bool:
+    """Whether the test holds only on applied steps: a skip check, `and`ed with anything; not
+    `or`ed with another condition (`grad_norm is None or torch.isfinite(grad_norm)` holds on
+    every step when nothing clips)."""
+    if isinstance(test, cst.BooleanOperation):
+        sides = (_checks_for_a_skip(facts, test.left, flags), _checks_for_a_skip(facts, test.right, flags))
+        return all(sides) if isinstance(test.operator, cst.Or) else any(sides)
+    code = facts.module.code_for_node(test)
+    return bool(_SKIP_CHECK.search(code)) or any(re.search(rf"\b{re.escape(f)}\b", code) for f in flags)
 
 
 def _scale_dropped(facts: AmpFacts, test: cst.BaseExpression) -> bool:
