@@ -481,6 +481,8 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
         kept |= graph.reach(_BUILDS_OPTIMIZERS, follow_calls=False, function_classes=False)
     if "AMP012" in codes:  # what a saved checkpoint is built from: the helpers that return it
         kept |= graph.callees(graph.reach(_SAVES, follow_calls=False, function_classes=False))
+    if "AMP014" in codes:  # the helpers a disabled block hands its values to, which may cast them
+        kept |= graph.callees(graph.reach(TRIGGERS["AMP014"], follow_calls=False, function_classes=False))
     kept = graph.with_binders(kept)
     keep = set(skeleton.kept_lines)
     for unit in kept:
