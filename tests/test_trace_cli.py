@@ -362,6 +362,18 @@ def _terminal_summary(report: dict, tmp_path: Path, width: int) -> str:
     return out.getvalue()
 
 
+def test_the_summary_says_gradients_are_seen_at_the_step_not_made_there(tmp_path: Path) -> None:
+    """Non-finite gradients are found where the step uses them: the line is the step's, the phase
+    is where they were made."""
+    report = _trivial_report(tmp_path)
+    report["nonfinite"] = {
+        "op": "gradients", "path": "train.py", "line": 21, "phase": "backward", "step": 3, "dtype": "float32",
+        "handled_by_scaler": True,
+    }
+    summary = " ".join(_terminal_summary(report, tmp_path, 200).split())
+    assert "first: gradients made in backward, seen at train.py:21, step 3, float32 - handled by GradScaler" in summary
+
+
 def test_the_summary_tells_inconclusive_kernel_probes_from_unverified_ones(tmp_path: Path) -> None:
     """The probe could not run an op here: that is "inconclusive", not "unverified" (which means
     the target device is absent)."""

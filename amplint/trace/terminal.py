@@ -298,9 +298,15 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
     else:
         handled = " - handled by GradScaler (step skipped)" if nf.get("handled_by_scaler") else ""
         node = found_in(nf)
+        # Gradients are checked where they are used (the step), not where backward made them.
+        where = (
+            f"gradients made in {nf['phase']}, seen at {nf['path']}:{nf['line']}"
+            if nf["op"] == "gradients"
+            else f"{nf['op']}{node} at {nf['path']}:{nf['line']}, {nf['phase']}"
+        )
         console.print(
             Text(
-                f"first: {nf['op']}{node} at {nf['path']}:{nf['line']}, {nf['phase']}, step {nf['step']}, {nf['dtype']}"
+                f"first: {where}, step {nf['step']}, {nf['dtype']}"
                 + (", inputs finite" if nf.get("inputs_finite") else "")
                 + handled,
                 style="bold red" if not nf.get("handled_by_scaler") else "yellow",
