@@ -23,8 +23,8 @@ from collections.abc import Mapping
 import torch
 
 from amplint.trace.dispatch_mode import TracerDispatchMode
+from amplint.trace.recorder import mixes_low_precision_with_float32
 
-_LOW = (torch.float16, torch.bfloat16)
 _MATMUL_OPS = frozenset(
     {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "convolution", "_convolution", "conv1d",
      "conv2d", "conv3d", "addmv", "mv", "dot", "_scaled_dot_product_flash_attention_for_cpu",
@@ -292,7 +292,7 @@ class RuleProbes:
         record["calls_under_autocast"] += 1
         if record["kind"] == "undecorated":
             dtypes = _float_dtypes(args) | _float_dtypes(kwargs.values())
-            if dtypes & set(_LOW) and torch.float32 in dtypes:
+            if mixes_low_precision_with_float32(dtypes):
                 record["mixed_calls"] += 1
                 sites[site] = sites.get(site, 0) + 1
                 if "input_dtypes" not in record:

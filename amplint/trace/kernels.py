@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from amplint.trace.recorder import TensorSpec
+from amplint.trace.recorder import TensorSpec, mixes_low_precision_with_float32
 
 # Same values in the baseline and the target call, so that only the dtype differs between them.
 _VALUES_SEED = 0
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 # Never replayed: collectives would wait for other ranks; profiler markers hold no kernel.
 _SKIP_NAMESPACES = ("c10d", "_c10d_functional", "profiler", "_dtensor")
 
@@ -107,6 +106,7 @@ def probe_kernels(templates: dict, dtypes: tuple[str, ...], device: str) -> list
             if namespace in _SKIP_NAMESPACES or not _has_floating_input(args, kwargs):
                 continue
             name = _op_name(func)
+            mixed = mixes_low_precision_with_float32(in_dtypes)
             for dtype_name in dtypes:
                 key = (name, dtype_name, device)
                 entry = results.setdefault(
@@ -129,7 +129,6 @@ def probe_kernels(templates: dict, dtypes: tuple[str, ...], device: str) -> list
                     continue
                 if entry["status"] == "available":
                     continue  # one signature that runs in the dtype is enough
-                mixed = any(d in _LOW_PRECISION for d in in_dtypes) and torch.float32 in in_dtypes
                 verdict, error = _probe_one(func, args, kwargs, getattr(torch, dtype_name), device, keep_float32=mixed)
                 if verdict == "available":
                     entry.update(available=True, status="available", error=None)

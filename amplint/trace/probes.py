@@ -30,9 +30,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from amplint.trace.callsite import Callsite, CodeClassifier
 from amplint.trace.nonfinite import NonFiniteMonitor, stored_values
+from amplint.trace.recorder import LOW_PRECISION
 from amplint.trace.state import ClipEvent, Conversion, Float16Region, SchedulerStep, ScalerInfo, ScalerStep, TraceState, Update, WarningRecord
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 _AMP_WARNING = re.compile(
     r"torch\.(cuda|cpu)\.amp\.|get_autocast_(gpu|cpu|xla|ipu)_dtype|set_autocast_(gpu|cpu)_|"
     r"is_autocast_(cpu|xla|ipu)_enabled|autocast|GradScaler|lr_scheduler\.step\(\)` before `optimizer\.step\(\)",
@@ -195,7 +195,7 @@ class Probes:
                 requested = kwargs.get("enabled", args[2] if len(args) > 2 else True)
                 self_._amplint_requested = bool(requested)
                 dtype = getattr(self_, "fast_dtype", None)
-                if requested and not getattr(self_, "_enabled", True) and dtype not in _LOW_PRECISION and not probes.state.paused:
+                if requested and not getattr(self_, "_enabled", True) and dtype not in LOW_PRECISION and not probes.state.paused:
                     # AMP016: the constructor warned "target dtype is not supported. Disabling autocast"
                     probes.autocast_construction(site, "dtype-disabled", _dtype_name(dtype), None, getattr(self_, "device", None))
 
@@ -909,7 +909,7 @@ class Probes:
         module_cls = torch.nn.Module
 
         def remember(module, dtype):
-            if dtype not in _LOW_PRECISION:
+            if dtype not in LOW_PRECISION:
                 return
             site = probes._callsite(2)
             state.conversions.append(Conversion(site, type(module).__name__, _dtype_name(dtype)))
@@ -955,7 +955,7 @@ class Probes:
             if index is None or state.paused or not (mirror.active or mirror.regions):
                 return None
             record = state.conversions[index]
-            low = next((p.dtype for p in module.parameters() if p.dtype in _LOW_PRECISION), None)
+            low = next((p.dtype for p in module.parameters() if p.dtype in LOW_PRECISION), None)
             if low is None:
                 return None
             if not mirror.active:
@@ -964,7 +964,7 @@ class Probes:
                     record.forwards_in_off_region += 1
                     record.off_region = record.off_region or off_region
                 return None
-            if not torch.is_grad_enabled() or not any(p.requires_grad for p in module.parameters() if p.dtype in _LOW_PRECISION):
+            if not torch.is_grad_enabled() or not any(p.requires_grad for p in module.parameters() if p.dtype in LOW_PRECISION):
                 record.forwards_frozen += 1
                 return None
             record.forwards_under_autocast += 1

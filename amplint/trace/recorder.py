@@ -16,7 +16,12 @@ from amplint.trace.nonfinite import UNINITIALISED_OPS, NonFiniteMonitor
 from amplint.trace.state import TraceState
 
 _Tensor = torch.Tensor
-_LOW = (torch.float16, torch.bfloat16)
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def mixes_low_precision_with_float32(dtypes) -> bool:
+    """float16/bfloat16 beside float32 among one call's dtypes."""
+    return any(d in LOW_PRECISION for d in dtypes) and torch.float32 in dtypes
 _PASSIVE_OPS = frozenset(
     {"_to_copy", "to", "copy_", "clone", "contiguous", "empty_like", "zeros_like", "ones_like", "full_like",
      "rand_like", "randn_like", "fill_", "zero_", "eq", "ne", "isfinite", "isnan", "isinf", "_local_scalar_dense",
@@ -204,7 +209,7 @@ class DispatchRecorder(TracerDispatchMode):
         for entry in suppressed:
             if entry[0] == device:
                 in_dtypes = _dtypes(args)
-                if any(d in _LOW for d in in_dtypes):
+                if any(d in LOW_PRECISION for d in in_dtypes):
                     key = (entry[3], site, info.name, tuple(str(d).replace("torch.", "") for d in in_dtypes), entry[1], entry[2], device)
                     table = self.state.disabled_region_ops
                     table[key] = table.get(key, 0) + 1

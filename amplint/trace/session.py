@@ -141,7 +141,6 @@ class TraceSession:
         options = self.options
         self.state = TraceState()
         self.script_findings = self.lint(self.path)
-        self._script_thread = threading.current_thread()
         started = time.process_time()
         outcome: RunOutcome
         streams = sys.stdout, sys.stderr  # a script may replace (and close) them: ours are these
@@ -235,7 +234,7 @@ class TraceSession:
         if self.options.nan == "module":
             self.probes.install_module_nan_hook()
         has_modes = self.simulator is not None or self.recorder is not None
-        if has_modes and threading.current_thread() is not self._script_thread:
+        if has_modes and threading.current_thread() is not self.state.script_thread:
             self._note(
                 f"torch was first imported by the thread {threading.current_thread().name!r}, not by the script's main "
                 "thread: the per-op recording (op dtypes, --nan op, --simulate) had to stay off"

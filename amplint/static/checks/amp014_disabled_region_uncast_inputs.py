@@ -238,15 +238,13 @@ def _handed_to_a_helper_that_casts_it(facts: AmpFacts, parents: dict, node: cst.
     if helper is None or not isinstance(helper.node, cst.FunctionDef):
         return False
     params = helper.node.params
-    positional = [*params.posonly_params, *params.params]
-    if helper.class_name is not None and positional and positional[0].name.value in ("self", "cls") and site.method is not None:
-        positional = positional[1:]
-    if argument.keyword is not None:
-        param = next((p for p in (*positional, *params.kwonly_params) if p.name.value == argument.keyword.value), None)
-    else:
-        plain = [a for a in call.args if a.keyword is None and not a.star]
-        index = next((i for i, a in enumerate(plain) if a is argument), None)
-        param = positional[index] if index is not None and index < len(positional) else None
+    param = next(
+        (
+            p for p in (*params.posonly_params, *params.params, *params.kwonly_params)
+            if any(caller is site and passed is node for caller, passed in facts.passed_for(helper, p.name.value))
+        ),
+        None,
+    )
     return param is not None and _only_cast(facts, helper, _WholeFunction(), param.name)
 
 
