@@ -805,6 +805,29 @@ def test_amp014_severity_is_info() -> None:
     assert finding.severity.value == "info"
 
 
+def test_amp014_names_only_the_input_a_helper_leaves_uncast() -> None:
+    (finding,) = fixture_findings("AMP014/bad_loss_helper_of_the_file_uses_one_input_uncast.py", "AMP014")
+    assert "`y_d_hat_g`" in finding.message and "`y_d_hat_r`" not in finding.message
+
+
+def test_amp014_pairs_zip_arguments_with_the_loop_names_they_feed() -> None:
+    src = """\
+    import torch
+    def feature_loss(fmap_r, fmap_g):
+        loss = 0
+        for i, (dr, dg) in enumerate(zip(fmap_r, fmap_g)):
+            loss += torch.mean(torch.abs(dr.float() - dg))
+        return loss
+    with torch.autocast("cuda"):
+        fmap_r, fmap_g = net_d(y, y_hat)
+        with torch.autocast("cuda", enabled=False):
+            loss_fm = feature_loss(fmap_r, fmap_g)
+    """
+    (finding,) = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP014"]
+    assert "`fmap_g`" in finding.message and "`fmap_r`" not in finding.message
+
+
+
 # --------------------------------------------------------------------------------- AMP015
 def test_amp015_thread_started_in_region() -> None:
     src = """\

@@ -175,20 +175,36 @@ _ITERATION_WRAPPERS = {"zip", "enumerate", "reversed"}
 
 def _loop_target_over(parents: dict, node: cst.CSTNode) -> cst.BaseExpression | None:
     """The target of a loop or comprehension that iterates over `node` (`for r, f in zip(real,
-    fake)`): the names its elements get."""
+    fake)`): the names its elements get, `r` for `real` where the target unpacks them."""
+    wrappers: list[tuple[cst.Call, cst.Arg]] = []  # innermost first
     parent = parents.get(id(node))
-    numbered = False  # `enumerate(...)`: the target's first name is the index
     while isinstance(parent, cst.Arg):
         call = parents.get(id(parent))
         if not (isinstance(call, cst.Call) and dotted_name(call.func) in _ITERATION_WRAPPERS):
             return None
-        numbered = numbered or dotted_name(call.func) == "enumerate"
+        wrappers.append((call, parent))
         node, parent = call, parents.get(id(call))
     if not (isinstance(parent, (cst.CompFor, cst.For)) and parent.iter is node):
         return None
     target = parent.target
-    if numbered and isinstance(target, cst.Tuple) and len(target.elements) == 2:
-        return target.elements[1].value
+    for call, argument in reversed(wrappers):
+        target = _element_for(target, call, argument)
+    return target
+
+
+def _element_for(target: cst.BaseExpression, call: cst.Call, argument: cst.Arg) -> cst.BaseExpression:
+    """The part of a loop target that `argument` of `call` feeds: the second name for
+    `enumerate`, the name at the argument's position for `zip`; all of it where the target does
+    not unpack that far (`for pair in zip(a, b)`, `zip(*outputs)`)."""
+    elements = target.elements if isinstance(target, (cst.Tuple, cst.List)) else ()
+    if any(isinstance(element, cst.StarredElement) for element in elements):
+        return target
+    wrapper = dotted_name(call.func)
+    if wrapper == "enumerate" and len(elements) == 2:
+        return elements[1].value
+    arguments = call.args
+    if wrapper == "zip" and len(elements) == len(arguments) and not any(a.star for a in arguments):
+        return elements[next(i for i, a in enumerate(arguments) if a is argument)].value
     return target
 
 
