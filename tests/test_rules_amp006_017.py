@@ -1051,6 +1051,27 @@ def test_amp002_batches_from_a_data_loader_are_told_the_inputs_cost_whatever_the
     assert all("keep inputs and targets in float32" in f.message for f in findings)
 
 
+def test_amp002_a_value_the_step_computed_is_told_the_rounding_cost_not_the_scalers() -> None:
+    (finding,) = fixture_findings("AMP002/bad_computed_value_cast_to_match_its_target.py", "AMP002")
+    assert "leave computed values in the dtype autocast gives each op" in finding.message
+    assert "cannot unscale" not in finding.message
+
+
+def test_amp002_a_models_outputs_cast_by_hand_are_computed_values() -> None:
+    src = """\
+    import torch
+    model = torch.nn.Linear(4, 4)
+    scaler = torch.amp.GradScaler()
+    for x in loader:
+        with torch.autocast("cuda"):
+            h = model(x)
+            h = h.half()
+        scaler.scale(h.mean()).backward()
+    """
+    (finding,) = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP002"]
+    assert "leave computed values" in finding.message
+
+
 def test_amp002_a_dtype_bound_in_each_branch_of_an_if_is_named_as_chosen_at_run_time() -> None:
     (finding,) = fixture_findings("AMP002/bad_inputs_cast_to_a_dtype_chosen_by_if_statements.py", "AMP002")
     assert "`image` is converted to float16 or bfloat16 (chosen at run time) by hand" in finding.message

@@ -1243,14 +1243,41 @@ def _names_in(target: cst.BaseExpression) -> Iterator[cst.Name]:
             yield from _names_in(element.value)
 
 
+def _computed_in_the_step(call: CallSite, facts: AmpFacts) -> bool:
+    """What is converted is a value the step computed, not a model: a name last bound, in this
+    function, to arithmetic, to what a torch function returns (RVC's `y_hat_mel =
+    torch.log(...)`, then `y_hat_mel = y_hat_mel.half()` to match its target) or to a model's
+    outputs."""
+    converted = rg.chain_below(call)[1]
+    if not isinstance(converted, cst.Name):
+        return False
+    bound = facts.reaching_assignment(converted.value, call.where)
+    if bound is not None and bound.where.statement is call.where.statement:
+        bound = facts.reaching_assignment(converted.value, bound.where)  # `x = x.half()` reads the x before it
+    value = _taken_from(bound.value) if bound is not None else None
+    if isinstance(value, (cst.BinaryOperation, cst.UnaryOperation)):
+        return True
+    if not isinstance(value, cst.Call) or facts.value_kind(value, call.scope) is not None:
+        return False
+    if facts.value_kind(value.func, call.scope) == "model":
+        return True  # a model's outputs
+    qualified = facts.qualname(value.func, call.scope) or ""
+    return qualified.startswith("torch.") and not qualified.startswith("torch.nn.") or qualified.startswith("torch.nn.functional.")
+
+
+_ROUNDED_FOR_THE_FLOAT32_OPS = (
+    "the ops it keeps in float32 (losses, reductions, normalisation) would otherwise start from values already "
+    "rounded (float16 keeps about 3 significant digits, bfloat16 about 2)"
+)
+
+
 def _advice(call: CallSite, facts: AmpFacts) -> str:
-    """A model's float16 weights break the scaler; inputs cost precision in the ops autocast keeps in float32."""
+    """A model's float16 weights break the scaler; inputs and computed values cost precision in
+    the ops autocast keeps in float32."""
     if _is_data(call, facts):
-        return (
-            "keep inputs and targets in float32 and let autocast cast per op: the ops it keeps in float32 "
-            "(losses, reductions, normalisation) would otherwise start from values already rounded "
-            "(float16 keeps about 3 significant digits, bfloat16 about 2)"
-        )
+        return f"keep inputs and targets in float32 and let autocast cast per op: {_ROUNDED_FOR_THE_FLOAT32_OPS}"
+    if _computed_in_the_step(call, facts):
+        return f"leave computed values in the dtype autocast gives each op: {_ROUNDED_FOR_THE_FLOAT32_OPS}"
     return (
         "keep the model and inputs in float32 and let autocast choose per-op dtypes (a GradScaler "
         "cannot unscale float16 gradients, and low-precision weights lose small updates)"
