@@ -8,14 +8,17 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, Autocast, CallSite, Scope, arms_of, dotted_name
+from amplint.static.semantics import AmpFacts, Autocast, CallSite, Context, Scope, arms_of, dotted_name
 
 FLOAT16 = {"torch.float16", "torch.half"}
 BFLOAT16 = {"torch.bfloat16"}
 LOW = FLOAT16 | BFLOAT16
 # A call that asks for the GPU's bfloat16 support (AMP009: a float16 fallback chosen by one), and
 # anything in a file that reads like such a check (AMP016).
-BF16_SUPPORT_CALL = re.compile(r"is_bf16_supported|bf16_supported|get_device_capability|compute_capability")
+# `get_device_properties(0).major >= 8` is `get_device_capability()[0] >= 8` (sam2 spells it so).
+BF16_SUPPORT_CALL = re.compile(
+    r"is_bf16_supported|bf16_supported|get_device_capability|compute_capability|get_device_properties\([^()]*\)\s*\.\s*major"
+)
 BF16_SUPPORT_CHECK = re.compile(BF16_SUPPORT_CALL.pattern + r"|is_ampere|sm_?8\d|\bcapability\b")
 _EVAL_FUNCTION = re.compile(r"eval|valid|test|infer|predict(?!or)|generat|sampl|inference|benchmark|export|trace|profil|serve|serving")
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad"}
@@ -115,16 +118,22 @@ def _canonical(dtype: str) -> str:
 
 
 def in_no_grad(facts: AmpFacts, call: CallSite) -> bool:
-    items = list(call.where.withs)
-    parent = ts.parents(facts).get(id(call.node))
+    return in_no_grad_at(facts, call.node, call.where)
+
+
+def in_no_grad_at(facts: AmpFacts, node: cst.CSTNode, where: Context) -> bool:
+    """Whether `node` runs under no_grad or inference_mode: a `with` around it (or beside its
+    autocast in the same `with`), or a decorator of its function."""
+    items = list(where.withs)
+    parent = ts.parents(facts).get(id(node))
     if isinstance(parent, cst.WithItem):  # `with torch.no_grad(), torch.autocast(...):`
         statement = ts.parents(facts).get(id(parent))
         if isinstance(statement, cst.With):
             items.extend(statement.items)
     for item in items:
-        if isinstance(item.item, cst.Call) and facts.qualname(item.item.func, call.scope) in _NO_GRAD:
+        if isinstance(item.item, cst.Call) and facts.qualname(item.item.func, where.scope) in _NO_GRAD:
             return True
-    function = call.scope.function_scope
+    function = where.scope.function_scope
     if function.kind == "function":
         for decorator in function.decorators:
             expr = decorator.decorator.func if isinstance(decorator.decorator, cst.Call) else decorator.decorator
@@ -133,11 +142,15 @@ def in_no_grad(facts: AmpFacts, call: CallSite) -> bool:
     return False
 
 
-def in_eval_function(call: CallSite) -> bool:
+def in_eval_function(call: CallSite, facts: AmpFacts) -> bool:
+    """Code in a function named for evaluation, unless that function steps an optimizer itself
+    (CLIP_benchmark's linear-probe `evaluate` trains a classifier before it scores it) and is
+    not a test, which checks a behaviour rather than trains a model."""
     scope: Scope | None = call.scope
     while scope is not None:
         if scope.kind == "function" and _EVAL_FUNCTION.search(scope.name.lower()):
-            return True
+            steps = any(e.kind in ("opt_step", "step") for e in ts.own_events(facts).get(id(scope), ()))
+            return not steps or names.names_a_test(scope.name)
         scope = scope.parent
     return False
 
@@ -194,4 +207,4 @@ def low_precision_words(facts: AmpFacts) -> str:
 
 def inference_only(facts: AmpFacts, call: CallSite) -> bool:
     """Code under no_grad/inference_mode or in an evaluation function never back-propagates."""
-    return in_no_grad(facts, call) or in_eval_function(call)
+    return in_no_grad(facts, call) or in_eval_function(call, facts)

@@ -24,7 +24,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     if ts.mentions_a_scaler(facts) and not disabled:
         return
     for call, region in rg.autocasts(facts):
-        if not rg.enabled(region) or rg.inference_only(facts, call):
+        if not rg.enabled(region) or rg.inference_only(facts, call) or _made_for_other_modules(facts, call):
             continue
         dtype = rg.literal_dtype(facts, region, call)
         if dtype in rg.FLOAT16:
@@ -43,6 +43,19 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             f"`torch.amp.GradScaler(\"{_scaler_device(region.device)}\")` or use `dtype=torch.bfloat16` where supported",
             call.where.statement,
         )
+
+
+def _made_for_other_modules(facts: AmpFacts, call: CallSite) -> bool:
+    """A region a factory returns (ultralytics' `autocast(enabled, device)`, a shim over torch
+    versions) and that no code of this file calls or names: the modules that enter it own their
+    GradScaler, and this module's backward (a profiler's) is not what the region computes."""
+    returned = facts.parent_of.get(id(call.node))
+    function = call.scope.function_scope
+    if not isinstance(returned, cst.Return) or function.kind != "function":
+        return False
+    if any(facts.called_function(site) is function for site in facts.calls):
+        return False
+    return not any(r.dotted.rsplit(".", 1)[-1] == function.name for r in facts.references)  # `ctx = amp_ctx if amp else ...`
 
 
 def _every_scaler_disabled(facts: AmpFacts) -> bool:
