@@ -858,6 +858,23 @@ def _test_function(scope: Scope) -> Scope | None:
     return None
 
 
+# Functions that time or profile what they are given (ultralytics' `profile_ops`, a `benchmark`).
+_MEASURES_SPEED = re.compile(r"profil|benchmark|timing|throughput")
+
+
+def _speed_measurement(call: CallSite, facts: AmpFacts) -> bool:
+    """A cast in a function that measures speed and reaches no autocast, no GradScaler and no
+    optimizer step (ultralytics' `profile_ops` casts each op to the input's float16 and times its
+    forward and backward): nothing there trains, whatever the module's training loop does."""
+    function = call.scope.function_scope
+    return (
+        function.kind == "function"
+        and bool(_MEASURES_SPEED.search(function.name.lower()))
+        and not _amp_anchors(facts)[id(function)]
+        and not _training_anchors(facts, backward_trains=False)[id(function)]
+    )
+
+
 def _test_without_amp(call: CallSite, facts: AmpFacts) -> bool:
     """A conversion in a test that reaches no autocast and no GradScaler, itself or through the
     functions it calls: a test runner runs each test by itself (timm's suite casts a module to
@@ -896,9 +913,18 @@ def _frozen(call: CallSite, facts: AmpFacts) -> bool:
     chain = _same_object_chain(call, facts)
     if any(_freezes(node, call.where, facts) for node in chain):
         return True
-    subjects = {_converted(call)} | _names_bound_to(chain[-1], facts)
+    subjects = {_subject(call, facts)} | _names_bound_to(chain[-1], facts)
     subjects.discard(None)
     return _frozen_module(subjects, call.where, facts)
+
+
+def _subject(call: CallSite, facts: AmpFacts) -> str | None:
+    """What a conversion converts, as `_converted` names it or, for an entry of a container, as
+    written: `x["model"]` of ultralytics' `strip_optimizer`, a checkpoint's model."""
+    converted = rg.chain_below(call)[1]
+    if isinstance(converted, cst.Subscript):
+        return facts.module.code_for_node(converted)
+    return _converted(call)
 
 
 def _frozen_module(subjects: set[str], where: Context, facts: AmpFacts) -> bool:
@@ -908,7 +934,7 @@ def _frozen_module(subjects: set[str], where: Context, facts: AmpFacts) -> bool:
     for other in function.calls:
         if not _freezes(other.node, where, facts):
             continue
-        if _converted(other) in subjects:  # `teacher.requires_grad_(False)`, `teacher.eval().requires_grad_(False)`
+        if _subject(other, facts) in subjects:  # `teacher.requires_grad_(False)`, `teacher.eval().requires_grad_(False)`
             return True
         if any(a.key in subjects and a.value is other.node for a in facts.assignments):
             return True
@@ -992,6 +1018,26 @@ def _used_only_without_gradients(call: CallSite, facts: AmpFacts) -> bool:
         if _reads_a_subject(c, subjects) and (c is call or not _hands_on(c, subjects, facts)) and not _only_inspects(c, facts)
     ]
     return bool(runs) and all(rg.in_no_grad(facts, c) for c in runs)
+
+
+def _made_here_and_used_only_without_gradients(call: CallSite, facts: AmpFacts) -> bool:
+    """A tensor the function made from a shape (`dummy = torch.zeros(1, 3, h, w)`), cast by hand,
+    then only read under no_grad or inference_mode (ultralytics' compile warm-up): no gradient
+    flows through it. A tensor cast in place of a batch that trains stays reported."""
+    converted = rg.chain_below(call)[1]
+    if not isinstance(converted, cst.Name):
+        return False
+    before = _value_before(call, converted.value, facts)
+    made = _taken_from(before) if before is not None else None
+    if not (isinstance(made, cst.Call) and facts.qualname(made.func, call.scope) in _TENSOR_FACTORIES):
+        return False
+    holders = _names_bound_to(_outermost_method_call(call.node, facts), facts)
+    function = call.scope.function_scope
+    reads = [
+        r for r in facts.references
+        if r.dotted.split(".")[0] in holders and r.where.scope.function_scope is function and r.where.order > call.where.order
+    ]
+    return bool(holders and reads) and all(rg.in_no_grad_at(facts, r.node, r.where) for r in reads)
 
 
 def _reads_a_subject(call: CallSite, subjects: set[str]) -> bool:
@@ -1123,9 +1169,11 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _base_of_a_peft_model(call, facts)
             or _input_of_a_frozen_module(call, facts)
             or _used_only_without_gradients(call, facts)
+            or _made_here_and_used_only_without_gradients(call, facts)
             or _upstream_gradient(call, facts)
             or _stored_in_a_buffer(call, facts)
             or _test_without_amp(call, facts)
+            or _speed_measurement(call, facts)
             or _test_that_does_not_train(call, facts)
             or _amp_only_in_other_branches(call, facts)
             or _amp_off_whenever_the_cast_runs(call, facts)
@@ -1251,10 +1299,8 @@ def _computed_in_the_step(call: CallSite, facts: AmpFacts) -> bool:
     converted = rg.chain_below(call)[1]
     if not isinstance(converted, cst.Name):
         return False
-    bound = facts.reaching_assignment(converted.value, call.where)
-    if bound is not None and bound.where.statement is call.where.statement:
-        bound = facts.reaching_assignment(converted.value, bound.where)  # `x = x.half()` reads the x before it
-    value = _taken_from(bound.value) if bound is not None else None
+    value = _value_before(call, converted.value, facts)
+    value = _taken_from(value) if value is not None else None
     if isinstance(value, (cst.BinaryOperation, cst.UnaryOperation)):
         return True
     if not isinstance(value, cst.Call) or facts.value_kind(value, call.scope) is not None:
@@ -1263,6 +1309,15 @@ def _computed_in_the_step(call: CallSite, facts: AmpFacts) -> bool:
         return True  # a model's outputs
     qualified = facts.qualname(value.func, call.scope) or ""
     return qualified.startswith("torch.") and not qualified.startswith("torch.nn.") or qualified.startswith("torch.nn.functional.")
+
+
+def _value_before(call: CallSite, name: str, facts: AmpFacts) -> cst.BaseExpression | None:
+    """The value `name` was last bound to, in the cast's function, before the cast's statement
+    (`x = x.half()` converts the x bound before it)."""
+    bound = facts.reaching_assignment(name, call.where)
+    if bound is not None and bound.where.statement is call.where.statement:
+        bound = facts.reaching_assignment(name, bound.where)
+    return bound.value if bound is not None else None
 
 
 _ROUNDED_FOR_THE_FLOAT32_OPS = (
