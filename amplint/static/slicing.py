@@ -109,7 +109,7 @@ TRIGGERS: dict[str, str] = {
     # and what says the GPU has bfloat16 wherever a function holds it: an FP8 library imported
     # (`torchao.float8` through `float\d+`), FlashAttention 2 asked for (by a keyword: the slicer
     # reads code with its strings blanked).
-    "AMP016": r"autocast|bf16_supported|capability|is_ampere|sm_?8\d|binary_cross_entropy|BCELoss|float\d+|half|GradScaler|training_step|transformer_engine|msamp|attn_implementation",
+    "AMP016": r"autocast|bf16_supported|capability|get_device_properties|is_ampere|sm_?8\d|binary_cross_entropy|BCELoss|float\d+|half|GradScaler|training_step|transformer_engine|msamp|attn_implementation",
     "AMP017": r"autocast|compile|backward",
 }
 
