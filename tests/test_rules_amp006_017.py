@@ -118,6 +118,14 @@ def test_amp006_unsafe_fix_steps_through_scaler_and_adds_update() -> None:
     )
 
 
+def test_amp006_fix_in_a_branch_the_scalers_update_misses_adds_one() -> None:
+    source = (STATIC_FIXTURES / "AMP006/bad_plain_step_on_odd_batches.py").read_text(encoding="utf-8")
+    fixed_source = fix_source(source.encode(), "t.py", {"AMP006"}, True).source.decode()
+    assert fixed_source.endswith(
+        "        else:\n            scaler.step(optimizer)\n            scaler.update()\n"
+    )
+
+
 def test_amp006_no_fix_when_scaler_is_conditional() -> None:
     src = """\
     import torch

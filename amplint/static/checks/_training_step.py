@@ -279,6 +279,11 @@ class Event:
         return (self.anchor.order, self.call.where.order)
 
 
+# Conditions that switch AMP on or off (`if args.amp:`, `if scaler is not None:`), not accumulation
+# guards or skip checks.
+AMP_SWITCH = re.compile(r"scaler|amp|fp16|half|mixed|precision|enabled|use_|is not None|is None|\bdevice\b|cuda")
+
+
 def exclusive(facts: AmpFacts, a: Event, b: Event, *, by_condition: bool = True) -> bool:
     """Whether two events never run in one call of the analysed function: they sit in different
     branches of one `if` there or, both coming from a helper, in the helper. Two calls of a

@@ -53,7 +53,7 @@ def _steps_bypassing_the_scaler(facts: AmpFacts, function: Scope, written_here: 
                 related=(again.call.node,),
             )
             continue
-        if any(ts.same_object(s.target, event.target) for s in scaler_steps) or _fed_by_its_own_backward(facts, event):
+        if any(_the_other_amp_branch(facts, s, event) for s in scaler_steps) or _fed_by_its_own_backward(facts, event):
             continue
         # A scaled backward before the step, or after it in a loop both run in (the next
         # iteration's step follows it); one that only follows the step is not its partner.
@@ -78,6 +78,35 @@ def _steps_bypassing_the_scaler(facts: AmpFacts, function: Scope, written_here: 
             _fix(facts, event, scaler, events) if _same_condition(partner, event) else None,
             related=(partner.call.node,),
         )
+
+
+def _the_other_amp_branch(facts: AmpFacts, scaler_step: ts.Event, step: ts.Event) -> bool:
+    """Whether `scaler.step(opt)` of the same optimizer stands for this plain step on AMP runs:
+    they are split by an `if` that switches AMP (`if scaler: ... else: opt.step()`, where a
+    disabled scaler's `scale(loss)` returns the loss itself), or not split by any `if` of the
+    function. Split by any other test (`if i % 2 == 0:`, `if torch.isfinite(loss):`, or `if not
+    torch.isfinite(loss): opt.step(); continue` before the scaler's step), the plain step runs on
+    scaled gradients in the same run."""
+    if not ts.same_object(scaler_step.target, step.target):
+        return False
+    split = _splitting_if(facts, scaler_step, step)
+    return split is None or bool(ts.AMP_SWITCH.search(facts.module.code_for_node(split)))
+
+
+def _splitting_if(facts: AmpFacts, a: ts.Event, b: ts.Event) -> cst.BaseExpression | None:
+    """The test of the `if` of the function that puts the two calls in different branches, or
+    whose body, holding `b`, leaves the pass before `a` runs."""
+    if a.anchor is not a.call.where or b.anchor is not b.call.where:
+        return None  # a helper's: its caller's branches are not seen here
+    labels = dict(a.call.where.branches)
+    for node_id, label in b.call.where.branches:
+        if labels.get(node_id, label) != label:
+            return facts.if_tests.get(node_id)
+    if ts.cut_off_after(facts, b, a):
+        outside = {node_id for node_id, _ in a.call.where.branches}
+        inner = [node_id for node_id, _ in b.call.where.branches if node_id not in outside]
+        return facts.if_tests.get(inner[-1]) if inner else None
+    return None
 
 
 def _stepped_by_the_scaler_before(facts: AmpFacts, step: ts.Event, scaler_steps: list[ts.Event]) -> ts.Event | None:
@@ -175,7 +204,13 @@ def _fix(facts: AmpFacts, event: ts.Event, scaler: str, events: list[ts.Event]) 
     if event.anchor is not event.call.where:
         return None  # the step is in a helper, where the scaler's name may not be bound
     replacement = f"{scaler}.step({event.target})"
-    has_update = any(e.kind == "update" and ts.same_object(e.scaler, scaler) for e in events)
+    # An update that runs after this step in the same pass (not one in the other branch of the
+    # `if` that splits it from the scaler's own step, nor one after a block that leaves first).
+    has_update = any(
+        e.kind == "update" and ts.same_object(e.scaler, scaler) and e.order > event.order
+        and not ts.exclusive(facts, e, event) and not ts.cut_off_after(facts, event, e)
+        for e in events
+    )
     if has_update:
         return FixPlan(Applicability.UNSAFE, (ts.Replacement(event.call.node, replacement),))
     edits = ts.add_statement_after_call(facts, event.call, replacement, f"{scaler}.update()")

@@ -14,8 +14,6 @@ from amplint.static.semantics import AmpFacts, dotted_name
 
 CODE = "AMP008"
 
-# Conditions that switch AMP on or off are not accumulation guards.
-_AMP_SWITCH = re.compile(r"scaler|amp|fp16|half|mixed|precision|enabled|use_|is not None|is None|\bdevice\b|cuda")
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
@@ -137,7 +135,7 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
     for guard in ts.guards_inside(facts, commit.anchor, loop):
         if ts.implied_by(facts, guard, mine):
             continue  # whenever `unscale_` runs, so does the step (`if a and b: unscale_` then `if b: step`)
-        if _AMP_SWITCH.search(_test(facts, guard)) or ts.exclusive(facts, unscale, commit):
+        if ts.AMP_SWITCH.search(_test(facts, guard)) or ts.exclusive(facts, unscale, commit):
             continue
         if _commits_in_its_else(facts, guard, unscale, events, mine):
             continue
@@ -161,7 +159,7 @@ def _commits_in_its_else(facts: AmpFacts, guard: cst.If, unscale: ts.Event, even
         if not ts.within(facts, event.anchor.statement, orelse):
             continue
         inner = [g for g in event.anchor.ifs if g is orelse or ts.within(facts, g, orelse)]
-        if all(ts.implied_by(facts, g, mine) or _AMP_SWITCH.search(_test(facts, g)) for g in inner):
+        if all(ts.implied_by(facts, g, mine) or ts.AMP_SWITCH.search(_test(facts, g)) for g in inner):
             return True
     return False
 
@@ -184,7 +182,7 @@ def _continue_between(facts: AmpFacts, loop, first: ts.Event, second: ts.Event) 
     index_a = next(i for i, s in enumerate(body) if s is a)
     index_b = next(i for i, s in enumerate(body) if s is b)
     for statement in body[index_a + 1 : index_b]:
-        if isinstance(statement, cst.If) and _skips(statement) and not _AMP_SWITCH.search(_test(facts, statement)):
+        if isinstance(statement, cst.If) and _skips(statement) and not ts.AMP_SWITCH.search(_test(facts, statement)):
             return statement
     return None
 
