@@ -1080,6 +1080,28 @@ def test_amp002_a_models_outputs_cast_by_hand_are_computed_values() -> None:
     assert "leave computed values" in finding.message
 
 
+@pytest.mark.parametrize(
+    ("binding", "advice"),
+    [
+        ("mel = mel_spectrogram(y_hat)", "leave computed values"),
+        ("mel = build_model(cfg)", "keep the model and inputs in float32"),
+    ],
+)
+def test_amp002_a_function_named_for_a_computation_returns_a_computed_value(binding: str, advice: str) -> None:
+    src = f"""\
+    import torch
+    scaler = torch.amp.GradScaler()
+    for x in loader:
+        with torch.autocast("cuda"):
+            y_hat = net(x)
+            {binding}
+            mel = mel.half()
+        scaler.scale(loss(mel)).backward()
+    """
+    (finding,) = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP002"]
+    assert advice in finding.message
+
+
 def test_amp002_a_dtype_bound_in_each_branch_of_an_if_is_named_as_chosen_at_run_time() -> None:
     (finding,) = fixture_findings("AMP002/bad_inputs_cast_to_a_dtype_chosen_by_if_statements.py", "AMP002")
     assert "`image` is converted to float16 or bfloat16 (chosen at run time) by hand" in finding.message

@@ -1293,9 +1293,9 @@ def _names_in(target: cst.BaseExpression) -> Iterator[cst.Name]:
 
 def _computed_in_the_step(call: CallSite, facts: AmpFacts) -> bool:
     """What is converted is a value the step computed, not a model: a name last bound, in this
-    function, to arithmetic, to what a torch function returns (RVC's `y_hat_mel =
-    torch.log(...)`, then `y_hat_mel = y_hat_mel.half()` to match its target) or to a model's
-    outputs."""
+    function, to arithmetic, to what a torch function or a function named for a computation
+    returns (RVC's `y_hat_mel = mel_spectrogram_torch(...)`, then `y_hat_mel = y_hat_mel.half()`
+    to match its target) or to a model's outputs."""
     converted = rg.chain_below(call)[1]
     if not isinstance(converted, cst.Name):
         return False
@@ -1308,7 +1308,15 @@ def _computed_in_the_step(call: CallSite, facts: AmpFacts) -> bool:
     if facts.value_kind(value.func, call.scope) == "model":
         return True  # a model's outputs
     qualified = facts.qualname(value.func, call.scope) or ""
-    return qualified.startswith("torch.") and not qualified.startswith("torch.nn.") or qualified.startswith("torch.nn.functional.")
+    if qualified.startswith("torch."):
+        return not qualified.startswith("torch.nn.") or qualified.startswith("torch.nn.functional.")
+    # A function named for what it computes (`mel_spectrogram_torch(y_hat, ...)`), not a class nor
+    # a builder or loader of modules (`build_model(cfg)`, `get_encoder()`).
+    function = (dotted_name(value.func) or "").rsplit(".", 1)[-1]
+    return function[:1].islower() and not _BUILDS_MODULES.search(function.lower())
+
+
+_BUILDS_MODULES = re.compile(r"model|net|module|layer|block|encoder|decoder|build|create|make|load|init|setup|wrap|prepare|get_|from_")
 
 
 def _value_before(call: CallSite, name: str, facts: AmpFacts) -> cst.BaseExpression | None:
