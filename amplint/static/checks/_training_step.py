@@ -507,6 +507,44 @@ def _only_calls_schedulers(suite: cst.BaseSuite, stepped: str | None) -> bool:
     return all(calls_only(statement) for statement in suite.body)
 
 
+def skip_between(facts: AmpFacts, loop: Loop, first: Event, second: Event) -> cst.If | None:
+    """An `if` of the loop's body, between the statements holding two events, that `continue`s
+    under a test that does not switch AMP (`if step % log_every: continue`): the second event is
+    skipped on some of the iterations the first runs on."""
+    body = getattr(loop.node.body, "body", ())
+
+    def top(node: cst.CSTNode) -> cst.CSTNode | None:
+        return next((c for c in (node, *facts.ancestors(node)) if any(c is statement for statement in body)), None)
+
+    a, b = top(first.anchor.statement), top(second.anchor.statement)
+    if a is None or b is None:
+        return None
+    index_a = next(i for i, s in enumerate(body) if s is a)
+    index_b = next(i for i, s in enumerate(body) if s is b)
+    for statement in body[index_a + 1 : index_b]:
+        if isinstance(statement, cst.If) and _continues(statement) and not mentions(facts, statement.test, AMP_SWITCH):
+            return statement
+    return None
+
+
+def _continues(guard: cst.If) -> bool:
+    """Whether the body of `guard` holds a `continue` of the loop around it (not of a loop inside)."""
+    found = []
+
+    class _Find(cst.CSTVisitor):
+        def visit_Continue(self, node: cst.Continue) -> None:
+            found.append(node)
+
+        def visit_For(self, node: cst.For) -> bool:
+            return False
+
+        def visit_While(self, node: cst.While) -> bool:
+            return False
+
+    guard.body.visit(_Find())
+    return bool(found)
+
+
 def guards_inside(facts: AmpFacts, where: Context, loop: Loop | None) -> list[cst.If]:
     """The `if`s around a node that sit inside `loop` (all of them when there is no loop)."""
     if loop is None:

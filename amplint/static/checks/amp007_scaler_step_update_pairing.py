@@ -46,6 +46,7 @@ def _check_scaler(facts: AmpFacts, events: list[ts.Event], all_updates: list[ts.
     # still gets one update() per call.
     yield from _update_outside_loop(facts, steps, updates, scaler)
     yield from _update_placement(facts, events, scaler)
+    yield from _update_skipped_after_a_step(facts, steps, updates, scaler)
 
 
 def _handed_in(steps: list[ts.Event]) -> bool:
@@ -99,6 +100,42 @@ def _update_outside_loop(facts: AmpFacts, steps, updates, scaler: str) -> Iterat
             f"last `step()`",
             step.call.where.statement,
             related=(loop.node,),
+        )
+
+
+def _update_skipped_after_a_step(facts: AmpFacts, steps: list[ts.Event], updates: list[ts.Event], scaler: str) -> Iterator[Hit]:
+    """A step on every pass of its loop whose one `update()` after it runs only on some: under a
+    condition the step does not require (`if step % log_every == 0:`), or after an `if` that
+    `continue`s first. A test that switches AMP (`if scaler is not None:`) is not such a
+    condition."""
+    for step in steps:
+        loop = ts.iteration_loop(step)
+        if loop is None:
+            continue
+        after = [
+            u for u in updates
+            if ts.iteration_loop(u) is loop and u.order > step.order and not ts.exclusive(facts, u, step, by_condition=False)
+        ]
+        if len(after) != 1:
+            continue  # none (reported above), or several that may cover each other's iterations
+        (update,) = after
+        step_guards = ts.guards_inside(facts, step.anchor, loop)
+        guard = next(
+            (
+                g for g in ts.guards_inside(facts, update.anchor, loop)
+                if not ts.implied_by(facts, g, step_guards) and not ts.mentions(facts, g.test, ts.AMP_SWITCH)
+            ),
+            None,
+        ) or ts.skip_between(facts, loop, step, update)
+        if guard is None:
+            continue
+        yield Hit(
+            update.call.node,
+            f"`{scaler}.update()` is skipped on iterations where `{scaler}.step()` (line {{0}}) runs (the `if` "
+            f"on line {{1}}); the next iteration's `step()` then raises \"step() has already been called since "
+            f"the last update()\"; call `{scaler}.update()` right after the step, under the step's own conditions",
+            update.call.where.statement,
+            related=(step.call.node, guard),
         )
 
 

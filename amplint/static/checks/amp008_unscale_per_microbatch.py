@@ -140,7 +140,7 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
         if _commits_in_its_else(facts, guard, unscale, events, mine):
             continue
         return _hit(facts, unscale, step, "outside the `if` on line {1} that guards the step", guard)
-    guard = _continue_between(facts, loop, unscale, commit) if loop is not None else None
+    guard = ts.skip_between(facts, loop, unscale, commit) if loop is not None else None
     # An `if` that updates before it skips the step resets the scaler for the next `unscale_`.
     if guard is not None and not any(e.kind == "update" and ts.within(facts, e.anchor.statement, guard) for e in events):
         return _hit(facts, unscale, step, "before the `if ...: continue` on line {1} that skips the step", guard)
@@ -166,42 +166,6 @@ def _commits_in_its_else(facts: AmpFacts, guard: cst.If, unscale: ts.Event, even
 
 def _test(facts: AmpFacts, guard: cst.If) -> str:
     return facts.module.code_for_node(guard.test)
-
-
-def _continue_between(facts: AmpFacts, loop, first: ts.Event, second: ts.Event) -> cst.If | None:
-    body = getattr(loop.node.body, "body", ())
-    def top(node):
-        chain = [node, *facts.ancestors(node)]
-        for candidate in chain:
-            if any(candidate is statement for statement in body):
-                return candidate
-        return None
-    a, b = top(first.anchor.statement), top(second.anchor.statement)
-    if a is None or b is None:
-        return None
-    index_a = next(i for i, s in enumerate(body) if s is a)
-    index_b = next(i for i, s in enumerate(body) if s is b)
-    for statement in body[index_a + 1 : index_b]:
-        if isinstance(statement, cst.If) and _skips(statement) and not ts.AMP_SWITCH.search(_test(facts, statement)):
-            return statement
-    return None
-
-
-def _skips(guard: cst.If) -> bool:
-    found = []
-
-    class _Find(cst.CSTVisitor):
-        def visit_Continue(self, node: cst.Continue) -> None:
-            found.append(node)
-
-        def visit_For(self, node) -> bool:
-            return False
-
-        def visit_While(self, node) -> bool:
-            return False
-
-    guard.body.visit(_Find())
-    return bool(found)
 
 
 # A test of the scaler's own record of what it did to an optimizer (allennlp: `if state["stage"] is
