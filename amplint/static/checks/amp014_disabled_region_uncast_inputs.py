@@ -264,6 +264,20 @@ def _handed_to_a_helper_that_casts_it(facts: AmpFacts, parents: dict, node: cst.
     return param is not None and _only_cast(facts, helper, _WholeFunction(), param.name)
 
 
+def _element_cast(parents: dict, node: cst.CSTNode) -> bool:
+    """`outputs[l].float()`, `outputs[1:].to(torch.float32)`: an element or slice cast as it is
+    read (yolov4's per-level predictions)."""
+    parent = parents.get(id(node))
+    if not (isinstance(parent, cst.Subscript) and parent.value is node):
+        return False
+    while isinstance(parents.get(id(parent)), cst.Subscript) and parents[id(parent)].value is parent:
+        parent = parents[id(parent)]  # `outputs[i][j]`
+    method = parents.get(id(parent))
+    return isinstance(method, cst.Attribute) and method.value is parent and method.attr.value in _CASTS and isinstance(
+        parents.get(id(method)), cst.Call
+    )
+
+
 def _uncast_reads(facts: AmpFacts, function, block: _Block, produced: set[str]) -> list[str]:
     parents = ts.parents(facts)
     found: list[str] = []
@@ -278,6 +292,8 @@ def _uncast_reads(facts: AmpFacts, function, block: _Block, produced: set[str]) 
         if isinstance(parents.get(id(ref.node)), (cst.AssignTarget,)) or _starts_a_scaled_backward(parents, ref.node):
             continue
         if "." in ref.dotted and ref.dotted.split(".")[1] in _NOT_AN_INPUT:
+            continue
+        if _element_cast(parents, ref.node):
             continue
         target = _loop_target_over(parents, ref.node)
         if target is not None and _only_cast(facts, function, block, target):
