@@ -1129,6 +1129,11 @@ def test_amp007_offers_no_update_inside_a_loop_over_optimizers() -> None:
     assert finding.fix is None  # one update per optimizer would be the next AMP007
 
 
+def test_amp005_in_a_helper_names_the_call_that_reaches_it_with_scaled_gradients() -> None:
+    (finding,) = fixture_findings("AMP005/bad_trainer_clip_helper.py", "AMP005")
+    assert "before the call on line 21 that reaches it with them" in finding.message
+
+
 def test_amp005_advises_unscaling_the_optimizer_whose_gradients_are_still_scaled() -> None:
     (finding,) = fixture_findings("AMP005/bad_second_model_clipped_after_the_first_optimizer_unscaled.py", "AMP005")
     assert "call `scaler.unscale_(opt_head)` before it" in finding.message  # opt_backbone is unscaled already

@@ -284,11 +284,15 @@ def _accelerate_hit(event: _Event, accelerator: str | None) -> Hit:
 
 
 def _hit(event: _Event, scaler: str | None, owner: str | None, fix) -> Hit:
+    """In a helper, the call that reaches it with scaled gradients is named: another caller may
+    unscale first, and the helper has no scaler to unscale with."""
     what, consequence = _CONSEQUENCE[event.kind]
+    where = "before it" if event.at is None else "before the call on line {0} that reaches it with them"
     return Hit(
         event.node,
         f"{what} that are still multiplied by the GradScaler's scale ({consequence}); call "
-        f"`{scaler or 'scaler'}.unscale_({owner or 'optimizer'})` before it",
+        f"`{scaler or 'scaler'}.unscale_({owner or 'optimizer'})` {where}",
         event.where.statement,
         fix,
+        related=(event.at.statement,) if event.at is not None else (),
     )
