@@ -404,6 +404,12 @@ def test_amp008_names_the_step_of_its_own_branch() -> None:
     assert "`scaler.step()` (line 8)" in found[0].message
 
 
+def test_amp008_a_step_skipped_on_what_the_gradients_show_is_told_to_update_before_skipping() -> None:
+    (finding,) = fixture_findings("AMP008/bad_step_skipped_on_a_non_finite_clip_norm.py", "AMP008")
+    assert "call `scaler.update()` before skipping the step" in finding.message
+    assert "move `unscale_`" not in finding.message
+
+
 # --------------------------------------------------------------------------------- AMP009
 def test_amp009_default_cuda_dtype_without_scaler() -> None:
     src = """\

@@ -211,11 +211,18 @@ def _hit(facts: AmpFacts, unscale: ts.Event, step: ts.Event, where: str, node) -
         else "does not run every time `unscale_()` does: the next `unscale_()` after a skipped step raises"
     )
     consequence = " and the gradients accumulated after it stay scaled" if accumulates else ""
+    # A step skipped on what the unscaled gradients showed (a non-finite clip norm) cannot move the
+    # unscale_ after that test: the scaler must be reset before the skip instead.
+    advice = (
+        "move `unscale_` (and clipping) into the step's block"
+        if accumulates
+        else f"call `{unscale.scaler}.update()` before skipping the step (or leave the skip to "
+        f"`{step.scaler}.step()`, which skips steps with inf/NaN gradients itself)"
+    )
     return Hit(
         unscale.call.node,
         f"`{unscale.scaler}.unscale_()` runs {where}, but `{step.scaler}.step()` (line {{0}}) {when} "
-        f"\"unscale_() has already been called on this optimizer since the last update()\"{consequence}; "
-        f"move `unscale_` (and clipping) into the step's block",
+        f"\"unscale_() has already been called on this optimizer since the last update()\"{consequence}; {advice}",
         unscale.call.where.statement,
         related=(step.call.node, node),
     )
