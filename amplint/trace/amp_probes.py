@@ -48,7 +48,8 @@ def _float_dtypes(values) -> set:
 
 
 def checkpoint_contents(obj, depth: int = 0, budget: list | None = None) -> tuple[bool, bool]:
-    """(holds an optimizer state dict, holds a GradScaler state dict), looked for a few levels deep."""
+    """(holds an optimizer state dict, holds a GradScaler's state: its state dict or the scaler
+    itself), looked for a few levels deep."""
     budget = budget if budget is not None else [2000]
     budget[0] -= 1
     if depth > 5 or budget[0] < 0:
@@ -67,12 +68,14 @@ def checkpoint_contents(obj, depth: int = 0, budget: list | None = None) -> tupl
     elif isinstance(obj, (list, tuple)):
         values = list(obj)
     else:
-        return False, False
+        return False, isinstance(obj, torch.amp.GradScaler)
     optimizer = scaler = False
     for value in values:
         if isinstance(value, (Mapping, list, tuple)):
             o, s = checkpoint_contents(value, depth + 1, budget)
             optimizer, scaler = optimizer or o, scaler or s
+        else:
+            scaler = scaler or isinstance(value, torch.amp.GradScaler)  # the scaler itself, pickled whole
     return optimizer, scaler
 
 
@@ -180,19 +183,33 @@ class RuleProbes:
             self.probes._patch(torch.serialization, "save", lambda _real: torch.save)
 
     def _record_save(self, obj) -> None:
+        """One `torch.save`. A checkpoint written as several files in one step (the Hugging Face
+        Trainer's `optimizer.pt`, then `scaler.pt`) holds the scaler's state if any of them does."""
+        state = self.state
         site = self.probes._callsite(2)
         optimizer, scaler = checkpoint_contents(obj)
         live = self._live_enabled_scaler()
-        record = self.state.saves.get(site)
+        record = state.saves.get(site)
         if record is None:
-            record = self.state.saves[site] = {"site": site, "saves": 0, "with_optimizer_state": 0, "with_scaler_state": 0, "missing_scaler_state": 0}
+            record = state.saves[site] = {"site": site, "saves": 0, "with_optimizer_state": 0, "with_scaler_state": 0, "missing_scaler_state": 0}
         record["saves"] += 1
         record["with_optimizer_state"] += optimizer
         record["with_scaler_state"] += scaler
-        if optimizer and not scaler and live is not None:
+        if scaler:
+            state.scaler_state_saved_at.add(state.step)
+            for earlier in state.saves_missing_the_scaler.pop(state.step, ()):
+                earlier["missing_scaler_state"] -= 1
+                earlier["scaler_state_in_another_save"] = earlier.get("scaler_state_in_another_save", 0) + 1
+                if not earlier["missing_scaler_state"]:
+                    earlier.pop("first_step", None)
+                    earlier.pop("live_scaler", None)
+        elif optimizer and live is not None and state.step in state.scaler_state_saved_at:
+            record["scaler_state_in_another_save"] = record.get("scaler_state_in_another_save", 0) + 1
+        elif optimizer and live is not None:
             record["missing_scaler_state"] += 1
-            record.setdefault("first_step", self.state.step)
+            record.setdefault("first_step", state.step)
             record.setdefault("live_scaler", live.callsite)
+            state.saves_missing_the_scaler.setdefault(state.step, []).append(record)
 
     # -- AMP013 -------------------------------------------------------------------------------
     def _function_record(self, cls):

@@ -60,6 +60,7 @@ class Facts:
     display: callable = str  # absolute filename -> report path
     events: dict = field(default_factory=dict)  # code -> [RuleEvent] (rule_events, built by confirm_findings)
     callers: dict = field(default_factory=dict)  # probe callsite -> user lines above it (Probes.callers)
+    ops_recorded: bool = True  # off under --no-ops: lines that run only ops are not seen then
 
     def where(self, site: Callsite | None) -> str | None:
         return None if site is None else f"{self.display(site[0])}:{site[1]}"
@@ -115,8 +116,13 @@ def _reached(site: _Site, facts: Facts) -> bool:
     return any(site.matches(s) for s in facts.state.lines_seen)
 
 
-# The note of a finding whose lines the run never reached.
+# The note of a finding whose lines the run never reached. Lines are seen by the ops and probes
+# they run: without op recording, a line that runs only tensor ops is not seen.
 LINE_NEVER_RAN = "the line never ran in this run"
+LINE_NOT_SEEN_WITHOUT_OPS = (
+    "nothing the tracer watches ran on the line: with --no-ops only GradScaler, optimizer, backward and "
+    "API calls are seen, so a line that runs only tensor ops may have run"
+)
 
 
 def _status(confirmed: int, reached: bool) -> str:
@@ -614,6 +620,8 @@ def _source_line(filename: str, line: int, cache: dict) -> str:
 
 def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> tuple[list[dict], list[dict]]:
     """(report findings, static findings the tracer cannot check)."""
+    from amplint.static.checks.amp012_checkpoint_without_scaler_state import NEVER_RESTORES
+
     results: list[dict] = []
     unchecked: list[dict] = []
     claimed: dict[str, list[_Site]] = defaultdict(list)
@@ -626,6 +634,9 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
         check = _CHECKS.get(finding.code)
         if check is None:
             unchecked.append(_unchecked(finding, "the rule has no runtime check"))
+            continue
+        if finding.code == "AMP012" and NEVER_RESTORES in finding.message:
+            unchecked.append(_unchecked(finding, "it is about restoring a checkpoint; the runtime check follows torch.save()"))
             continue
         claimed[finding.code].append(site)
         if finding.code == "AMP001":
@@ -641,7 +652,7 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
             reached = False
             evidence["note"] = unjudged
         if not count and not reached and "note" not in evidence and not _reached(site, facts):
-            evidence["note"] = LINE_NEVER_RAN
+            evidence["note"] = LINE_NEVER_RAN if facts.ops_recorded else LINE_NOT_SEEN_WITHOUT_OPS
         if finding.code == "AMP002" and reached and not evidence["conversions"]:
             # The line ran but converted no module: an input tensor cast by hand, which the runtime
             # check (it follows converted modules into autocast) cannot judge either way.

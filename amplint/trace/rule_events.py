@@ -207,7 +207,7 @@ def _amp012(facts) -> list[RuleEvent]:
         unjudged = None
         if not count and not record["with_optimizer_state"]:
             unjudged = f"torch.save() ran here {record['saves']} time(s), never with an optimizer state in what it saved"
-        elif not count and not record["with_scaler_state"]:
+        elif not count and not record["with_scaler_state"] and not record.get("scaler_state_in_another_save"):
             unjudged = "torch.save() saved an optimizer state here while no enabled GradScaler was alive"
         message = "torch.save() wrote an optimizer state without the GradScaler's state while an enabled scaler was training; add scaler.state_dict()"
         events.append(RuleEvent("AMP012", site, count, evidence, message, (site,), unjudged=unjudged))

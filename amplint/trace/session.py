@@ -276,7 +276,9 @@ class TraceSession:
 
         state = self.state
         values = state.deferred.resolve()
-        facts = Facts(state=state, values=values, display=self.display, callers=self.probes.callers)
+        facts = Facts(
+            state=state, values=values, display=self.display, callers=self.probes.callers, ops_recorded=self.options.record_ops
+        )
         for step in state.scaler_steps:
             if step.applied is None and step.found_inf_slot is not None:
                 found_inf = values[step.found_inf_slot]

@@ -327,6 +327,11 @@ class TraceState:
         self.fp16_loss_sources: dict = {}
         self.zero_grad_pending: list = []  # AMP009: records waiting for the next optimizer step's zero-gradient share
         self.saves: dict = {}  # AMP012: torch.save callsite -> record
+        # AMP012: the steps at which a save held a GradScaler's state, and the saves of an optimizer
+        # state alone at a step none did yet (a checkpoint written as separate files, the scaler's
+        # last, clears them).
+        self.scaler_state_saved_at: set[int] = set()
+        self.saves_missing_the_scaler: dict[int, list[dict]] = {}
         self.custom_functions: dict = {}  # AMP013: class -> record (None: not a user class)
         self.disabled_region_ops: Counter = Counter()  # AMP014: (disabled at, op line, op, in dtypes, outer dtype)
         self.threads: dict = {}  # AMP015: creation callsite -> record

@@ -29,6 +29,8 @@ from amplint.static.semantics import (
 )
 
 CODE = "AMP012"
+# What every finding about restoring a checkpoint says (the tracer follows saves, not restores).
+NEVER_RESTORES = "never restores the GradScaler"
 
 _SAVE = {"torch.save"}
 # ignite's checkpoint handler: it saves the objects of its `to_save` dict, calling their
@@ -832,8 +834,8 @@ def _load_without_scaler(facts: AmpFacts) -> Iterator[Hit]:
             )
             yield Hit(
                 call.node,
-                f"the checkpoint restores `{call.receiver_key}` but this file never restores the "
-                f"GradScaler ({restoring}){_when_on(facts)}; {_resumed_run(facts)}",
+                f"the checkpoint restores `{call.receiver_key}` but this file {NEVER_RESTORES} "
+                f"({restoring}){_when_on(facts)}; {_resumed_run(facts)}",
                 call.where.statement,
             )
     if restores:
@@ -845,8 +847,8 @@ def _load_without_scaler(facts: AmpFacts) -> Iterator[Hit]:
         if _OPTIMIZER_ENTRY.search(key) and not _away_from_every_scaler(facts, assignment.where.scope):
             yield Hit(
                 assignment.value,
-                f"the optimizer state is taken from the loaded checkpoint (`{key}`) but this file never "
-                f"restores the GradScaler (`scaler.load_state_dict(...)`){_when_on(facts)}; {_resumed_run(facts)}",
+                f"the optimizer state is taken from the loaded checkpoint (`{key}`) but this file "
+                f"{NEVER_RESTORES} (`scaler.load_state_dict(...)`){_when_on(facts)}; {_resumed_run(facts)}",
                 assignment.where.statement,
             )
 
@@ -856,7 +858,8 @@ _OPTIMIZER_ENTRY = re.compile(r"^optim", re.IGNORECASE)
 
 def _entries_taken_from_a_loaded_checkpoint(facts: AmpFacts) -> Iterator[tuple[str, Assignment]]:
     """`state = checkpoint["optimizer"]` where `checkpoint = torch.load(...)`: each key read into
-    a name, with its assignment."""
+    a name (the last of a nested read, `checkpoint["training"]["amp"]["scaler"]`), with its
+    assignment."""
     for assignment in facts.assignments:
         value = assignment.value
         if not (isinstance(value, cst.Subscript) and len(value.slice) == 1):
@@ -865,7 +868,10 @@ def _entries_taken_from_a_loaded_checkpoint(facts: AmpFacts) -> Iterator[tuple[s
         key = string_literal(index.value) if isinstance(index, cst.Index) else None
         if key is None:
             continue
-        checkpoint = dotted_name(value.value)
+        container = value.value
+        while isinstance(container, cst.Subscript):
+            container = container.value
+        checkpoint = dotted_name(container)
         if checkpoint is not None and any(
             isinstance(bound, cst.Call) and facts.qualname(bound.func, scope) == "torch.load"
             for bound, scope in facts.bindings(checkpoint, assignment.where.scope)
