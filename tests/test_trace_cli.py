@@ -374,6 +374,17 @@ def test_the_summary_says_gradients_are_seen_at_the_step_not_made_there(tmp_path
     assert "first: gradients made in backward, seen at train.py:21, step 3, float32 - handled by GradScaler" in summary
 
 
+def test_the_summary_says_why_a_forward_overflow_whose_step_was_skipped_is_unhandled(tmp_path: Path) -> None:
+    report = _trivial_report(tmp_path)
+    report["scaler"]["timeline"] = [{"step": 6, "applied": True}, {"step": 7, "applied": False}]
+    report["nonfinite"] = {
+        "op": "loss", "path": "train.py", "line": 14, "phase": "forward", "step": 7, "dtype": "float32",
+        "handled_by_scaler": False,
+    }
+    summary = " ".join(_terminal_summary(report, tmp_path, 200).split())
+    assert "step 7, float32 - the GradScaler skipped this step, but the forward had already overflowed" in summary
+
+
 def test_the_summary_tells_inconclusive_kernel_probes_from_unverified_ones(tmp_path: Path) -> None:
     """The probe could not run an op here: that is "inconclusive", not "unverified" (which means
     the target device is absent)."""

@@ -86,7 +86,8 @@ def _suggestion(name: str, known: list[str]) -> str:
     "--strict",
     is_flag=True,
     help="Exit 1 when a finding is confirmed, a kernel is missing, or a non-finite value appeared that the "
-    "GradScaler did not handle (an overflow it skipped the step for is fp16 working as designed).",
+    "GradScaler did not handle (an overflow of the scaled gradients it skipped the step for is fp16 working as "
+    "designed; a non-finite loss is not: the forward overflowed, and no scale fixes that).",
 )
 @click.option(
     "--nan",

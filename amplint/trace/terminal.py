@@ -220,6 +220,14 @@ def _per_op(kernels: list[dict]) -> list[str]:
     ]
 
 
+def _forward_overflow_skipped(report: dict, nf: dict) -> str:
+    """Why a non-finite forward value whose step the GradScaler skipped is still unhandled."""
+    skipped = {entry["step"] for entry in (report.get("scaler") or {}).get("timeline", ()) if not entry.get("applied")}
+    if nf.get("phase") != "forward" or nf.get("step") not in skipped:
+        return ""
+    return " - the GradScaler skipped this step, but the forward had already overflowed: no loss scale fixes that"
+
+
 def print_summary(report: dict, cwd: str, console: Console | None = None) -> None:
     if console is None:
         # Piped or redirected (a CI log, `2> trace.log`): give the tables room rather than cut them
@@ -296,7 +304,7 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
     elif nf is None:
         console.print(none_seen(report))
     else:
-        handled = " - handled by GradScaler (step skipped)" if nf.get("handled_by_scaler") else ""
+        handled = " - handled by GradScaler (step skipped)" if nf.get("handled_by_scaler") else _forward_overflow_skipped(report, nf)
         node = found_in(nf)
         # Gradients are checked where they are used (the step), not where backward made them.
         where = (
