@@ -549,6 +549,11 @@ class NonFiniteMonitor:
         return any(_storage(t) in gradients for t in tensors)
 
     # -- after the run ------------------------------------------------------------------
+    @property
+    def checked_anything(self) -> bool:
+        """Whether the cheap checks looked at any loss or gradient."""
+        return bool(self._losses_checked or self._gradient_checks)
+
     def resolve(self, values: list) -> NonFinite | None:
         for slot, item in self.state.nonfinite_pending:
             flag = values[slot]

@@ -286,6 +286,15 @@ class TraceSession:
             else:
                 facts.applied[id(step)] = step.applied
         nonfinite = self.monitor.resolve(values)
+        ended_early = outcome.status != "ok" or outcome.exit_code
+        if self.options.nan == "cheap" and ended_early and self.monitor.checked_anything and (nonfinite is None or nonfinite.handled_by_scaler):
+            how = "an exception" if outcome.status == "exception" else f"exit status {outcome.exit_code}"
+            self._note(
+                f"the run stopped early ({how}) with no unhandled inf/NaN seen: --nan cheap "
+                "checks only the losses that reached backward() and the gradients at optimizer steps, so a value that went "
+                "non-finite before that (a loss the script tests and stops on) is not seen; `--nan op` finds the first op "
+                "that produced one"
+            )
 
         findings = list(script_findings)
         absolute_of = {self.display(self.path): self.path}
