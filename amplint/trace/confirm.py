@@ -213,11 +213,24 @@ def _scaler_evidence(scalers, facts: Facts) -> tuple[int, dict]:
     if per_iteration and skipped == len(steps) and steps:
         evidence["note"] = "every step was skipped: each new scaler starts again at init_scale"
     elif per_iteration and one_optimizer and evidence["max_steps_per_scaler"] > 1:
-        evidence["note"] = (
-            "the scalers took turns on the same optimizer: each new one started again at init_scale, "
-            "dropping the scale the previous one had reached"
+        evidence["note"] = "the scalers took turns on the same optimizer: each new one started again at init_scale" + (
+            ", dropping the scale the previous one had reached" if _a_reached_scale_was_dropped(scalers, facts) else ""
         )
     return (len(scalers) if per_iteration else 0), evidence
+
+
+def _a_reached_scale_was_dropped(scalers, facts: Facts) -> bool:
+    """Whether a scaler left a scale other than the next one's init_scale (one that never moved
+    from 65536 lost nothing by being rebuilt)."""
+    last_scale: dict[int, float] = {}
+    for update in facts.state.updates:
+        value = facts.values[update.scale_slot]
+        if value is not None:
+            last_scale[update.scaler] = value
+    ordered = sorted(scalers, key=lambda s: s.index)
+    return any(
+        last_scale.get(previous.index) not in (None, following.init_scale) for previous, following in zip(ordered, ordered[1:])
+    )
 
 
 def _amp004(site: _Site, facts: Facts):
