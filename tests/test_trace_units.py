@@ -5,6 +5,7 @@ device values, the merge of rank reports, the launcher's traceback trimming."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -658,3 +659,19 @@ def test_a_backward_inside_a_region_entered_disabled_is_not_reached_and_names_th
     [result], _ = confirm_findings([finding("AMP003", 17)], {"train.py": FILE}, facts_for(state))
     assert result["status"] == "not-reached"
     assert result["evidence"]["note"].startswith("autocast was off around it: the region entered at train.py:15 was disabled")
+
+
+def test_amp005_evidence_shows_the_first_finite_norm_of_a_clip_on_scaled_gradients() -> None:
+    """An overflowed step's clip saw an inf norm, which says nothing of the scale: the evidence
+    shows the first step whose norm was finite, and says which step that was."""
+    state = TraceState()
+    state.clips = [
+        ClipEvent((FILE, 20), "clip_grad_norm_", 0, True, 0, 0, 1),
+        ClipEvent((FILE, 20), "clip_grad_norm_", 1, True, 0, 2, 3),
+    ]
+    values = [65536.0, math.inf, 32768.0, 32768.0 * 2.5]
+    facts = facts_for(state, values)
+    results, _ = confirm_findings([finding("AMP005", 20)], {"train.py": FILE}, facts)
+    evidence = results[0]["evidence"]
+    assert evidence["first_step"] == 0 and evidence["norm_step"] == 1
+    assert evidence["total_norm_unscaled"] == 2.5

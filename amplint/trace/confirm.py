@@ -16,6 +16,7 @@ Rules the tracer has no runtime check for are not given a status (they are liste
 from __future__ import annotations
 
 import ast
+import math
 import os
 import re
 from collections import defaultdict
@@ -257,13 +258,16 @@ def _clip_evidence(clips, facts: Facts) -> dict:
     evidence: dict = {"clip_calls": len(clips), "on_scaled_gradients": len(scaled)}
     if scaled:
         first = scaled[0]
-        scale = facts.values[first.scale_slot] if first.scale_slot is not None else None
-        norm = facts.values[first.norm_slot] if first.norm_slot is not None else None
-        evidence.update({"function": first.function, "first_step": first.step, "scale": scale})
+        evidence.update({"function": first.function, "first_step": first.step, "scale": _value(facts, first.scale_slot)})
+        # The norm shown is the first finite one: an overflowed step's inf says nothing of the scale.
+        shown = next((c for c in scaled if math.isfinite(_value(facts, c.norm_slot) or math.inf)), first)
+        norm, scale = _value(facts, shown.norm_slot), _value(facts, shown.scale_slot)
         if norm is not None:
             evidence["total_norm_seen"] = norm
             if scale:
                 evidence["total_norm_unscaled"] = norm / scale
+            if shown is not first:
+                evidence["norm_step"] = shown.step
     return evidence
 
 

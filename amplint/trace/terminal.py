@@ -43,7 +43,8 @@ def _evidence_text(finding: dict) -> str:
             scale = ev.get("scale")
             extra = f" (scale {scale:g})" if isinstance(scale, (int, float)) else ""
             if "total_norm_unscaled" in ev:
-                extra += f"; norm {ev['total_norm_seen']:.4g} seen, {ev['total_norm_unscaled']:.4g} unscaled"
+                at = f" at step {ev['norm_step']}" if "norm_step" in ev else ""
+                extra += f"; norm {ev['total_norm_seen']:.4g} seen{at}, {ev['total_norm_unscaled']:.4g} unscaled"
             return f"{finding['count']} clip(s) on still-scaled gradients{extra}"
         return "gradients were unscaled (or no enabled scaler) when clipped"
     if code == "AMP002":
