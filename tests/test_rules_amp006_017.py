@@ -790,6 +790,21 @@ def test_amp013_names_the_precision_of_the_files_autocast_regions():
     assert "receives a mix of bfloat16 and float32" in finding.message
 
 
+# --------------------------------------------------------------------------------- AMP003
+def test_amp003_names_the_with_that_enters_a_region_built_elsewhere() -> None:
+    src = """\
+    from functools import partial
+    import torch
+    autocast_cuda = partial(torch.autocast, "cuda")
+    def train(model, x, scaler):
+        with autocast_cuda(dtype=torch.float16):
+            loss = model(x)
+            scaler.scale(loss).backward()
+    """
+    (finding,) = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP003"]
+    assert "the autocast region opened on line 5" in finding.message
+
+
 # --------------------------------------------------------------------------------- AMP014
 def test_amp014_uncast_outer_tensor_in_disabled_block() -> None:
     src = """\

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import libcst as cst
+
 from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
-from amplint.static.semantics import AmpFacts, CallSite
+from amplint.static.semantics import AmpFacts, Autocast, CallSite, Context
 
 CODE = "AMP003"
 
@@ -39,6 +41,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         if region is None:
             continue
         autocast, via = region
+        opened = _entered_at(facts, via.where if via is not None else call.where, autocast)
         reached = " through the call on line {1}" if via is not None else ""
         yield Hit(
             call.node,
@@ -46,5 +49,16 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             f"autocast block after the forward pass and loss, and run backward and the optimizer "
             f"step after it",
             call.where.statement,
-            related=(autocast.node, via.node) if via is not None else (autocast.node,),
+            related=(opened, via.node) if via is not None else (opened,),
         )
+
+
+def _entered_at(facts: AmpFacts, where: Context, autocast: Autocast) -> cst.CSTNode:
+    """The `with` item that enters the region around `where` (`with autocast_cuda(...):` for
+    `autocast_cuda = partial(torch.autocast, "cuda")`), else where the region is built (a
+    decorator)."""
+    for item in reversed(where.withs):
+        region = facts.autocast_of(item.item, where.scope)
+        if region is not None and region.node is autocast.node:
+            return item.item
+    return autocast.node
