@@ -1271,11 +1271,9 @@ class AmpFacts:
             return False
         if any(r.dotted.rsplit(".", 1)[-1] == function.name for r in self.references):
             return False  # passed around: called where this file cannot see
-        callers = self.callers(function)
-        index = next((i for i, p in enumerate(positional) if p is param), None)
-        if index is not None and function.class_name is not None and positional[0].name.value in ("self", "cls"):
-            index -= 1  # `obj.method(a, b)` binds `self` itself
-        return bool(callers) and not any(_passes(call.node, name, index) for call in callers)
+        passed = list(self.passed_for(function, name))
+        # `*args` or `**kwargs` may pass it, where `passed_for` cannot say what they hold.
+        return bool(passed) and not any(value is not None or has_star_args(call.node) for call, value in passed)
 
     def _returned_by_a_factory(self, call: cst.Call, scope: Scope, depth: int) -> Autocast | None:
         """`autocast = get_autocast(args.precision)`, then `with autocast():` (open_clip): the
@@ -1877,16 +1875,6 @@ def _parametrized_names(value: cst.BaseExpression) -> list[str]:
     if isinstance(value, (cst.List, cst.Tuple)):
         return [e.value.evaluated_value for e in value.elements if isinstance(e.value, cst.SimpleString) and isinstance(e.value.evaluated_value, str)]
     return []
-
-
-def _passes(call: cst.Call, keyword: str, position: int | None) -> bool:
-    """Whether a call may give a value to a parameter (by keyword, by `position`, or through `*`/`**`)."""
-    if has_star_args(call):
-        return True
-    positional = [a for a in call.args if a.keyword is None]
-    return any(a.keyword is not None and a.keyword.value == keyword for a in call.args) or (
-        position is not None and len(positional) > position
-    )
 
 
 def _autocast_from_call(call: cst.Call, qualified: str, scope: Scope) -> Autocast:
