@@ -90,7 +90,7 @@ def _the_other_amp_branch(facts: AmpFacts, scaler_step: ts.Event, step: ts.Event
     if not ts.same_object(scaler_step.target, step.target):
         return False
     split = _splitting_if(facts, scaler_step, step)
-    return split is None or bool(ts.AMP_SWITCH.search(facts.module.code_for_node(split)))
+    return split is None or ts.mentions(facts, split, ts.AMP_SWITCH)
 
 
 def _splitting_if(facts: AmpFacts, a: ts.Event, b: ts.Event) -> cst.BaseExpression | None:
