@@ -286,7 +286,7 @@ class TraceSession:
             else:
                 facts.applied[id(step)] = step.applied
         nonfinite = self.monitor.resolve(values)
-        ended_early = outcome.status != "ok" or outcome.exit_code
+        ended_early = outcome.status == "exception" or bool(outcome.exit_code)  # `sys.exit(main())` with 0 finished
         if self.options.nan == "cheap" and ended_early and self.monitor.checked_anything and (nonfinite is None or nonfinite.handled_by_scaler):
             how = "an exception" if outcome.status == "exception" else f"exit status {outcome.exit_code}"
             self._note(
