@@ -1042,6 +1042,11 @@ class AmpFacts:
     def callers(self, function: Scope) -> list[CallSite]:
         return self.call_sites_of.get(id(function), [])
 
+    def named_as_a_value(self, function: Scope) -> bool:
+        """Whether the function is used other than by a call (`ctx = amp_ctx if amp else ...`,
+        `Thread(target=worker)`): it may then be called where this file cannot see."""
+        return any(r.dotted.rsplit(".", 1)[-1] == function.name for r in self.references)
+
     # -- conditions ---------------------------------------------------------------------------
     def conjuncts(self, test: cst.BaseExpression) -> frozenset[str]:
         """The conditions an `if` test requires, as written: the operands of a top-level `and`,
@@ -1269,8 +1274,8 @@ class AmpFacts:
         in_tests = any(names.names_a_test(f.name) for f in self.functions)
         if not (function.name.startswith("_") or nested or in_tests):
             return False
-        if any(r.dotted.rsplit(".", 1)[-1] == function.name for r in self.references):
-            return False  # passed around: called where this file cannot see
+        if self.named_as_a_value(function):
+            return False
         passed = list(self.passed_for(function, name))
         # `*args` or `**kwargs` may pass it, where `passed_for` cannot say what they hold.
         return bool(passed) and not any(value is not None or has_star_args(call.node) for call, value in passed)

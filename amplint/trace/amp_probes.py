@@ -203,13 +203,14 @@ class RuleProbes:
                 if not earlier["missing_scaler_state"]:
                     earlier.pop("first_step", None)
                     earlier.pop("live_scaler", None)
-        elif optimizer and live is not None and state.step in state.scaler_state_saved_at:
-            record["scaler_state_in_another_save"] = record.get("scaler_state_in_another_save", 0) + 1
         elif optimizer and live is not None:
-            record["missing_scaler_state"] += 1
-            record.setdefault("first_step", state.step)
-            record.setdefault("live_scaler", live.callsite)
-            state.saves_missing_the_scaler.setdefault(state.step, []).append(record)
+            if state.step in state.scaler_state_saved_at:
+                record["scaler_state_in_another_save"] = record.get("scaler_state_in_another_save", 0) + 1
+            else:
+                record["missing_scaler_state"] += 1
+                record.setdefault("first_step", state.step)
+                record.setdefault("live_scaler", live.callsite)
+                state.saves_missing_the_scaler.setdefault(state.step, []).append(record)
 
     # -- AMP013 -------------------------------------------------------------------------------
     def _function_record(self, cls):

@@ -897,7 +897,7 @@ def _only_in_tests_reaching_none(scope: Scope, anchors: dict[int, list[CallSite]
     if function.kind != "function" or depth >= names.CALL_DEPTH or anchors[id(function)]:
         return False
     callers = facts.callers(function)
-    passed_as_a_value = any(r.dotted.rsplit(".", 1)[-1] == function.name for r in facts.references)
+    passed_as_a_value = facts.named_as_a_value(function)
     return bool(callers) and not passed_as_a_value and all(
         _only_in_tests_reaching_none(site.scope, anchors, facts, depth + 1) for site in callers
     )

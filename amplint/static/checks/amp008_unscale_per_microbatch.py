@@ -15,7 +15,6 @@ from amplint.static.semantics import AmpFacts, dotted_name
 CODE = "AMP008"
 
 
-
 def check(facts: AmpFacts) -> Iterator[Hit]:
     reported: set[int] = set()
     for function in ts.functions_with_events(facts):

@@ -53,9 +53,7 @@ def _made_for_other_modules(facts: AmpFacts, call: CallSite) -> bool:
     function = call.scope.function_scope
     if not isinstance(returned, cst.Return) or function.kind != "function":
         return False
-    if any(facts.called_function(site) is function for site in facts.calls):
-        return False
-    return not any(r.dotted.rsplit(".", 1)[-1] == function.name for r in facts.references)  # `ctx = amp_ctx if amp else ...`
+    return not facts.callers(function) and not facts.named_as_a_value(function)
 
 
 def _every_scaler_disabled(facts: AmpFacts) -> bool:
