@@ -76,6 +76,11 @@ class Facts:
             calls[0] for table in (state.backward_calls, state.step_calls) for calls in table.values()
         ) or any(record.get("calls_under_autocast") for record in state.compiled) or any(key[3] for key in state.ops)
 
+    @cached_property
+    def lines_run(self) -> set:
+        """The lines the run was seen on: the watched calls' own lines and the lines that called them."""
+        return self.state.lines_seen.union(*self.callers.values())
+
     @property
     def autocast_ran(self) -> bool:
         """Autocast was on somewhere in the run, or `--simulate cuda` stood in for a CUDA region
@@ -98,6 +103,11 @@ class _Site:
         filename, first, last = span
         return first <= self.lines[-1] and self.lines[0] <= last and os.path.normcase(os.path.abspath(filename)) == self.filename
 
+    def reaches(self, callsite: Callsite | None, facts: "Facts") -> bool:
+        """The callsite is on the finding's lines, or a helper called from them ran it (a static
+        finding may point at the call of a helper, in this module or another)."""
+        return self.matches(callsite) or any(self.matches(caller) for caller in facts.callers.get(callsite, ()))
+
     def joins(self, event: RuleEvent) -> bool:
         return self.joins_directly(event) or any(self.matches(caller) for caller in event.callers)
 
@@ -114,7 +124,7 @@ def _sum_where(site: _Site, table: dict, index: int | None = None) -> int:
 
 
 def _reached(site: _Site, facts: Facts) -> bool:
-    return any(site.matches(s) for s in facts.state.lines_seen)
+    return any(site.matches(s) for s in facts.lines_run)
 
 
 # The note of a finding whose lines the run never reached. Lines are seen by the ops and probes
@@ -184,7 +194,7 @@ def _unjudged_note(event: RuleEvent, facts: Facts) -> str:
 
 
 def _scalers_at(site: _Site, facts: Facts):
-    return [s for s in facts.state.scalers if site.matches(s.callsite)]
+    return [s for s in facts.state.scalers if site.reaches(s.callsite, facts)]
 
 
 def _scaler_evidence(scalers, facts: Facts) -> tuple[int, dict]:
@@ -272,8 +282,11 @@ def _clip_evidence(clips, facts: Facts) -> dict:
 
 
 def _amp005(site: _Site, facts: Facts):
-    clips = [c for c in facts.state.clips if site.matches(c.callsite)]
+    clips = [c for c in facts.state.clips if site.reaches(c.callsite, facts)]
     evidence = _clip_evidence(clips, facts)
+    in_callees = sorted({facts.where(c.callsite) for c in clips if not site.matches(c.callsite)})
+    if in_callees:
+        evidence["seen_in_callee_at"] = in_callees  # where the helper called from this line clipped
     if clips:
         return evidence["on_scaled_gradients"], True, evidence
     hits = [h for s, hs in facts.state.watched_hits.items() if site.matches(s) for h in hs]
@@ -291,7 +304,7 @@ def _value(facts: Facts, slot):
 
 
 def _amp002(site: _Site, facts: Facts):
-    conversions = [c for c in facts.state.conversions if site.matches(c.callsite)]
+    conversions = [c for c in facts.state.conversions if site.reaches(c.callsite, facts)]
     forwards = sum(c.forwards_under_autocast for c in conversions)
     evidence: dict = {"conversions": len(conversions), "forwards_under_autocast": forwards}
     hit = next((c for c in conversions if c.forwards_under_autocast), None)
@@ -362,7 +375,7 @@ def _scheduler_after_skip(steps, facts: Facts) -> list:
 
 
 def _amp011(site: _Site, facts: Facts):
-    steps = [s for s in facts.state.scheduler_steps if site.matches(s.callsite)]
+    steps = [s for s in facts.state.scheduler_steps if site.reaches(s.callsite, facts)]
     after_skip = _scheduler_after_skip(steps, facts)
     evidence = {"scheduler_steps": len(steps), "right_after_skipped_step": len(after_skip)}
     if after_skip:
@@ -702,8 +715,9 @@ def _unchecked(finding, reason: str) -> dict:
     return {"code": finding.code, "path": finding.path, "line": finding.line, "message": finding.message, "reason": reason}
 
 
-def _claimed(claimed: dict, code: str, site: Callsite | None) -> bool:
-    return any(s.matches(site) for s in claimed.get(code, ()))
+def _claimed(claimed: dict, code: str, site: Callsite | None, facts: Facts) -> bool:
+    """A static finding of the code points at the line or at a line that called it."""
+    return any(s.reaches(site, facts) for s in claimed.get(code, ()))
 
 
 def _severity(code: str) -> str | None:
@@ -764,7 +778,7 @@ def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
         (state.step_calls, state.step_autocast, "an optimizer step"),
     ):
         for site, (with_autocast, _without) in table.items():
-            if not with_autocast or site is None or _claimed(claimed, "AMP003", site):
+            if not with_autocast or site is None or _claimed(claimed, "AMP003", site, facts):
                 continue
             ev = events.get(site, {})
             evidence = {
@@ -788,7 +802,7 @@ def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
         if scaler.callsite is not None:
             by_line[scaler.callsite].append(scaler)
     for site, scalers in by_line.items():
-        if _claimed(claimed, "AMP004", site):
+        if _claimed(claimed, "AMP004", site, facts):
             continue
         count, evidence = _scaler_evidence(scalers, facts)
         if count:
@@ -804,7 +818,7 @@ def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
         if clip.still_scaled and clip.callsite is not None:
             clips_by_line[clip.callsite].append(clip)
     for site, clips in clips_by_line.items():
-        if _claimed(claimed, "AMP005", site):
+        if _claimed(claimed, "AMP005", site, facts):
             continue
         evidence = _clip_evidence(clips, facts)
         found.append(
@@ -815,7 +829,7 @@ def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
     # run that trains (the rule's scope: fully low-precision inference is not flagged).
     trained = _run_trained(state)
     for conversion in state.conversions:
-        if conversion.forwards_under_autocast and conversion.callsite and not _claimed(claimed, "AMP002", conversion.callsite):
+        if conversion.forwards_under_autocast and conversion.callsite and not _claimed(claimed, "AMP002", conversion.callsite, facts):
             if not trained:
                 _note_untrained_conversion(state, conversion, facts)
                 continue
@@ -833,14 +847,14 @@ def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
     # AMP001: deprecation warnings attributed to unflagged user lines.
     for warning in state.warnings.values():
         api = deprecated_api_of(warning.message)
-        if api and not _claimed(claimed, "AMP001", warning.callsite):
+        if api and not _claimed(claimed, "AMP001", warning.callsite, facts):
             found.append(
                 _runtime("AMP001", warning.callsite, facts, warning.count, {"api": [api], "message": warning.message, "warnings": warning.count}, f"{api} is deprecated")
             )
 
     # AMP006: optimizer.step() called directly while a scaled loss was in flight.
     for site, count in state.bypass_steps.items():
-        if count and site is not None and not _claimed(claimed, "AMP006", site):
+        if count and site is not None and not _claimed(claimed, "AMP006", site, facts):
             found.append(
                 _runtime("AMP006", site, facts, count, {"steps_bypassing_scaler": count}, "optimizer.step() ran on gradients still multiplied by the GradScaler scale; use scaler.step(optimizer)")
             )
