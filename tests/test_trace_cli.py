@@ -1565,3 +1565,49 @@ def test_a_cuda_region_the_script_switched_off_is_quoted_not_blamed_on_the_machi
     [finding] = [f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "AMP003"]
     assert finding["status"] == "not-reached"
     assert "was disabled (enabled=args.amp, set by the script option --amp)" in finding["evidence"]["note"]
+
+
+SRC_LAYOUT = Path(__file__).resolve().parent.parent / "fixtures" / "trace_projects" / "src_layout"
+
+
+def _src_layout_project(tmp_path: Path, marker: str | None) -> Path:
+    import shutil
+
+    project = tmp_path / "project"
+    shutil.copytree(SRC_LAYOUT, project)
+    if marker:
+        (project / marker).write_text("[project]\nname = 'ampproj'\n")
+    return project
+
+
+def _clip_finding(report: dict) -> dict:
+    [clip] = [f for f in report["findings"] if f["code"] == "AMP005"]
+    return clip
+
+
+def test_the_package_beside_a_scripts_folder_is_linted_when_run_from_the_project_top(tmp_path: Path) -> None:
+    project = _src_layout_project(tmp_path, marker=None)
+    trace(project, "-q", "--json", "r.json", "scripts/train.py")
+    clip = _clip_finding(json.loads((project / "r.json").read_text()))
+    assert (clip["path"], clip["line"], clip["source"], clip["status"]) == ("src/ampproj/engine.py", 16, "static", "confirmed")
+
+
+def test_the_repository_around_the_script_is_the_project_when_run_from_its_scripts_folder(tmp_path: Path) -> None:
+    project = _src_layout_project(tmp_path, marker="pyproject.toml")
+    trace(project / "scripts", "-q", "--json", "r.json", "train.py")
+    report = json.loads((project / "scripts" / "r.json").read_text())
+    clip = _clip_finding(report)
+    assert (clip["path"], clip["source"], clip["status"]) == ("../src/ampproj/engine.py", "static", "confirmed")
+    assert "../src/ampproj/engine.py" in report["traced_files"]
+
+
+def test_the_op_table_folds_a_long_path_rather_than_cut_its_line_number(tmp_path: Path) -> None:
+    project = _src_layout_project(tmp_path, marker="pyproject.toml")
+    trace(project, "-q", "--json", "r.json", "scripts/train.py")
+    report = json.loads((project / "r.json").read_text())
+    long_path = "src/ampproj/" + "very_long_subpackage_name/" * 3 + "engine.py"
+    for row in report["ops"]:
+        row["path"] = long_path
+    summary = _terminal_summary(report, project, width=100)
+    op_cells = "".join(line.split("│")[1].strip() for line in summary.splitlines() if line.startswith("│"))
+    assert f"{long_path}:14" in op_cells

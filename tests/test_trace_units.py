@@ -675,3 +675,41 @@ def test_amp005_evidence_shows_the_first_finite_norm_of_a_clip_on_scaled_gradien
     evidence = results[0]["evidence"]
     assert evidence["first_step"] == 0 and evidence["norm_step"] == 1
     assert evidence["total_norm_unscaled"] == 2.5
+
+
+def test_the_project_of_a_script_is_the_repository_around_it(tmp_path) -> None:
+    from amplint.trace.callsite import project_roots
+
+    (tmp_path / "repo" / "scripts").mkdir(parents=True)
+    (tmp_path / "repo" / ".git").mkdir()
+    script = tmp_path / "repo" / "scripts" / "train.py"
+    roots = project_roots(str(script), cwd=str(tmp_path / "elsewhere"), as_module=False)
+    assert str(tmp_path / "repo") in roots and str(tmp_path / "elsewhere") not in roots
+
+
+def test_without_a_marker_the_folder_started_in_is_the_project_only_when_the_script_is_below_it(tmp_path) -> None:
+    from amplint.trace.callsite import project_roots
+
+    (tmp_path / "scripts").mkdir()
+    script = str(tmp_path / "scripts" / "train.py")
+    assert str(tmp_path) in project_roots(script, cwd=str(tmp_path), as_module=False)
+    assert project_roots(script, cwd=str(tmp_path / "other"), as_module=False) == [str(tmp_path / "scripts")]
+
+
+def test_the_home_folder_is_never_the_project(tmp_path, monkeypatch) -> None:
+    from amplint.trace.callsite import project_roots
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".git").mkdir()  # a dotfiles repository
+    (tmp_path / "work").mkdir()
+    roots = project_roots(str(tmp_path / "work" / "train.py"), cwd=str(tmp_path), as_module=False)
+    assert roots == [str(tmp_path / "work")]
+
+
+def test_report_paths_climb_out_of_the_folder_started_in_only_within_the_project(tmp_path) -> None:
+    from amplint.trace.callsite import display_path
+
+    project, outside = tmp_path / "repo", tmp_path / "lib" / "x.py"
+    cwd = str(project / "scripts")
+    assert display_path(str(project / "src" / "m.py"), cwd, (str(project),)) == os.path.join("..", "src", "m.py")
+    assert display_path(str(outside), cwd, (str(project),)) == str(outside)

@@ -76,8 +76,53 @@ class CodeClassifier:
             frame = frame.f_back
 
 
-def display_path(filename: str, cwd: str) -> str:
-    """Paths in the report are relative to where amplint was started when they lie below it."""
+# What marks a folder as a project's top: its repository or its packaging.
+_PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+
+
+def _too_wide(folder: str) -> bool:
+    """The home folder or the filesystem's root: never one project (a dotfiles repository in the
+    home folder is not the project of every script below it)."""
+    folder = os.path.abspath(folder)
+    return os.path.dirname(folder) == folder or os.path.normcase(folder) == os.path.normcase(os.path.expanduser("~"))
+
+
+def repository_root(folder: str) -> str | None:
+    """The nearest folder at or above `folder` with a project marker."""
+    current = os.path.abspath(folder)
+    while not _too_wide(current):
+        if any(os.path.exists(os.path.join(current, marker)) for marker in _PROJECT_MARKERS):
+            return current
+        current = os.path.dirname(current)
+    return None
+
+
+def project_roots(script: str, cwd: str, as_module: bool) -> list[str]:
+    """The folders whose files are the traced project's (linted when the run imports them): the
+    script's folder, and the repository around it, so that `scripts/train.py` brings in the
+    package in `src/`. Without a marker, the folder amplint was started in stands for the
+    repository when the script lies below it (`amplint trace scripts/train.py` from the project's
+    top); under `-m` it always does."""
+    from amplint.trace.launcher import script_import_folder
+
+    folder = os.path.dirname(os.path.abspath(script))
+    roots = [folder, script_import_folder(script)]
+    top = repository_root(folder)
+    if top is not None:
+        roots.append(top)
+    if as_module or (top is None and _is_below(folder, cwd) and not _too_wide(cwd)):
+        roots.append(os.path.abspath(cwd))
+    return list(dict.fromkeys(roots))
+
+
+def _is_below(path: str, folder: str) -> bool:
+    path, folder = os.path.normcase(os.path.abspath(path)), os.path.normcase(os.path.abspath(folder))
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def display_path(filename: str, cwd: str, roots: tuple = ()) -> str:
+    """Paths in the report are relative to where amplint was started when they lie below it, or in
+    the project around it (`../src/pkg/engine.py` from `scripts/`); absolute otherwise."""
     if filename.startswith("<"):
         return filename
     absolute = os.path.abspath(filename)
@@ -85,4 +130,7 @@ def display_path(filename: str, cwd: str) -> str:
         relative = os.path.relpath(absolute, cwd)
     except ValueError:  # another drive on Windows
         return absolute
-    return absolute if relative.startswith("..") else relative
+    if not relative.startswith(".."):
+        return relative
+    shared = any(_is_below(absolute, root) and _is_below(cwd, root) for root in roots)
+    return relative if shared else absolute

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from amplint.trace.launcher import RunOutcome, resolve_target, run_target, script_import_folder
+from amplint.trace.launcher import RunOutcome, resolve_target, run_target
 from amplint.trace.options import TraceOptions
 
 _ACTIVE_STATE = None  # the state a fork must switch off; os.register_at_fork cannot be undone
@@ -113,7 +113,7 @@ class TraceSession:
     def display(self, filename: str) -> str:
         from amplint.trace.callsite import display_path
 
-        return display_path(filename, self.cwd)
+        return display_path(filename, self.cwd, self.classifier.project_roots if self.classifier else ())
 
     # -- static side -------------------------------------------------------------------------
     def lint(self, filename: str) -> list:
@@ -189,15 +189,13 @@ class TraceSession:
 
     def build_instruments(self) -> None:
         """The classifier, probes, monitor, simulator and op recorder of the run (they need torch)."""
-        from amplint.trace.callsite import CodeClassifier
+        from amplint.trace.callsite import CodeClassifier, project_roots
         from amplint.trace.nonfinite import NonFiniteMonitor
         from amplint.trace.probes import Probes
         from amplint.trace.recorder import DispatchRecorder
 
         options, state = self.options, self.state
-        roots = list(dict.fromkeys([os.path.dirname(self.path), script_import_folder(self.path)]))
-        roots += [self.cwd] if self.module_name else []
-        self.classifier = state.classifier = CodeClassifier(roots)
+        self.classifier = state.classifier = CodeClassifier(project_roots(self.path, self.cwd, self.module_name is not None))
         self.monitor = NonFiniteMonitor(state, options.nan, options.nan_from_step)
         self.probes = Probes(state, self.classifier, self.monitor)
         for finding in self.script_findings:

@@ -152,9 +152,10 @@ def _ops_table(report: dict, cwd: str) -> Table | None:
         absolute = path if os.path.isabs(path) else os.path.join(cwd, path)
         source = linecache.getline(absolute, line).strip()
         table.add_section()
-        header = Text(f"{path}:{line}  ", style="bold")
-        header.append(source[:60], style="dim")
-        table.add_row(header, "", "", "", "", "")
+        # The place folds (its line number must show however long the path); the source is cut.
+        table.add_row(Text(f"{path}:{line}", style="bold", no_wrap=False, overflow="fold"), "", "", "", "", "")
+        if source:
+            table.add_row(Text(source, style="dim"), "", "", "", "", "")
         for row in group[:8]:
             ac = row["autocast"]
             verdict = row.get("policy")
