@@ -1611,3 +1611,35 @@ def test_the_op_table_folds_a_long_path_rather_than_cut_its_line_number(tmp_path
     summary = _terminal_summary(report, project, width=100)
     op_cells = "".join(line.split("│")[1].strip() for line in summary.splitlines() if line.startswith("│"))
     assert f"{long_path}:14" in op_cells
+
+
+def test_the_summary_names_optimizer_steps_that_bypassed_the_scaler(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        from torch import nn
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(3, 4)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            opt.step()
+            opt.zero_grad()
+        """,
+    )
+    summary = " ".join(trace(tmp_path, "train.py").stderr.split())
+    assert "3 optimizer.step() call(s) bypassed the scaler" in summary and "train.py:11 x3" in summary
+
+
+def test_the_summary_says_how_many_custom_function_calls_had_one_dtype_when_none_mixed(tmp_path: Path) -> None:
+    report = _trivial_report(tmp_path)
+    report["findings"] = [
+        {"code": "AMP013", "path": "train.py", "line": 4, "source": "static", "status": "refuted", "count": 0,
+         "evidence": {"class": "Fused", "calls_under_autocast": 10, "mixed_dtype_calls": 0}, "message": ""}
+    ]
+    summary = " ".join(_terminal_summary(report, tmp_path, 200).split())
+    assert "10 call(s) under autocast, none mixing float32 with float16/bfloat16 inputs" in summary

@@ -165,6 +165,11 @@ def scaler_section(state, facts, display) -> dict:
         "scheduler_steps_after_skip": len(after_skip),
         "scheduler_steps": len(state.scheduler_steps),
         "optimizer_steps_without_scaler": sum(state.direct_steps.values()),
+        # Of those, the ones on still-scaled gradients (AMP006): applied, but by scale x the step.
+        "optimizer_steps_bypassing_scaler": sum(state.bypass_steps.values()),
+        "bypassed_at": [
+            {"path": display(site[0]), "line": site[1], "count": count} for site, count in state.bypass_steps.items() if site and count
+        ],
         "enabled": any(s.enabled for s in state.scalers),
         "timeline": timeline,
         "notes": notes,
@@ -336,7 +341,9 @@ def merge_reports(reports: list[dict], world: int) -> dict:
             else:
                 ops[key] = dict(op)
     scaler = base["scaler"]
-    for field in ("steps_attempted", "steps_applied", "steps_skipped", "steps_raised", "scheduler_steps_after_skip"):
+    summed = ("steps_attempted", "steps_applied", "steps_skipped", "steps_raised", "scheduler_steps_after_skip",
+              "optimizer_steps_without_scaler", "optimizer_steps_bypassing_scaler")
+    for field in summed:
         scaler[field] = sum(r["scaler"].get(field, 0) for r in reports)
     nonfinite = [dict(r["nonfinite"], rank=r.get("rank")) for r in reports if r.get("nonfinite")]
     nonfinite.sort(key=lambda n: (n["handled_by_scaler"] if "handled_by_scaler" in n else False, n["step"], n["rank"] or 0))

@@ -98,7 +98,10 @@ def _evidence_text_amp007_017(code: str, count: int, ev: dict) -> str:
     if code == "AMP013":
         if kind:
             return f"{count} forward(s) under autocast with custom_fwd, backward outside it"
-        return f"{ev.get('mixed_dtype_calls', 0)}/{ev.get('calls_under_autocast', 0)} call(s) under autocast got {', '.join(ev.get('input_dtypes', [])) or 'one dtype'}"
+        calls = ev.get("calls_under_autocast", 0)
+        if not count:
+            return f"{calls} call(s) under autocast, none mixing float32 with float16/bfloat16 inputs"
+        return f"{count}/{calls} call(s) under autocast got {', '.join(ev.get('input_dtypes', []))} together"
     if code == "AMP014":
         return f"{count} op call(s) got float16/bfloat16 inputs with autocast disabled" if count else "inputs were float32"
     if code == "AMP015":
@@ -292,6 +295,12 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
                 )
         elif scaler["scale_history"]:
             console.print(f"scale after each update: {_scale_runs(scaler['scale_history'])}")
+        if scaler.get("optimizer_steps_bypassing_scaler"):
+            places = ", ".join(f"{b['path']}:{b['line']} x{b['count']}" for b in scaler.get("bypassed_at", []))
+            console.print(
+                f"[bold]{scaler['optimizer_steps_bypassing_scaler']} optimizer.step() call(s) bypassed the scaler[/bold] "
+                f"(on gradients still multiplied by the scale, never skipped on inf/NaN): {places}"
+            )
         skipped = [t["step"] for t in scaler.get("timeline", []) if t["applied"] is False]
         if skipped:
             shown = ", ".join(map(str, skipped[:20])) + (" ..." if len(skipped) > 20 else "")
