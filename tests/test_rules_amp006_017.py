@@ -118,6 +118,13 @@ def test_amp006_unsafe_fix_steps_through_scaler_and_adds_update() -> None:
     )
 
 
+def test_amp006_a_step_after_unscale_is_told_it_skips_no_inf_and_steps_through_the_scaler() -> None:
+    [finding] = fixture_findings("AMP006/bad_plain_step_after_unscale.py", "AMP006")
+    assert "after `scaler.unscale_(optimizer)` (line 11): the gradients are unscaled, but a step whose gradients hold inf/NaN is applied" in finding.message
+    source = (STATIC_FIXTURES / "AMP006/bad_plain_step_after_unscale.py").read_text(encoding="utf-8")
+    assert_fix(source, "AMP006", source.replace("    optimizer.step()\n", "    scaler.step(optimizer)\n"), unsafe=True)
+
+
 def test_amp006_fix_in_a_branch_the_scalers_update_misses_adds_one() -> None:
     source = (STATIC_FIXTURES / "AMP006/bad_plain_step_on_odd_batches.py").read_text(encoding="utf-8")
     fixed_source = fix_source(source.encode(), "t.py", {"AMP006"}, True).source.decode()

@@ -362,9 +362,15 @@ def _amp001(site: _Site, facts: Facts, source_line: str = "", column: int = 1):
     return count, bool(here) or _reached(site, facts), evidence
 
 
+def _bypass_evidence(steps: int, after_unscale: int) -> dict:
+    """AMP006's evidence: the steps past the scaler, and how many of them followed `unscale_()`
+    (their gradients were unscaled, but the scaler's inf check skipped nothing)."""
+    return {"steps_bypassing_scaler": steps, **({"after_unscale": after_unscale} if after_unscale else {})}
+
+
 def _amp006(site: _Site, facts: Facts):
     bypass = _sum_where(site, facts.state.bypass_steps)
-    evidence = {"steps_bypassing_scaler": bypass}
+    evidence = _bypass_evidence(bypass, _sum_where(site, facts.state.bypass_steps_after_unscale))
     if not bypass and not _sum_where(site, facts.state.direct_steps):
         return _not_judged(site, facts, evidence, "the line ran, but no optimizer.step() was called there")
     return bypass, True, evidence
@@ -855,9 +861,14 @@ def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
     # AMP006: optimizer.step() called directly while a scaled loss was in flight.
     for site, count in state.bypass_steps.items():
         if count and site is not None and not _claimed(claimed, "AMP006", site, facts):
-            found.append(
-                _runtime("AMP006", site, facts, count, {"steps_bypassing_scaler": count}, "optimizer.step() ran on gradients still multiplied by the GradScaler scale; use scaler.step(optimizer)")
+            after_unscale = state.bypass_steps_after_unscale[site]
+            evidence = _bypass_evidence(count, after_unscale)
+            what = (
+                "on gradients scaler.unscale_() had unscaled, so steps with inf/NaN gradients were applied, not skipped"
+                if after_unscale == count
+                else "on gradients still multiplied by the GradScaler scale"
             )
+            found.append(_runtime("AMP006", site, facts, count, evidence, f"optimizer.step() ran {what}; use scaler.step(optimizer)"))
 
     # AMP007-AMP010, AMP012-AMP017: events at places no static finding joined.
     for code, events in facts.events.items():

@@ -31,7 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from amplint.trace.callsite import Callsite, CodeClassifier
 from amplint.trace.nonfinite import NonFiniteMonitor, stored_values
 from amplint.trace.recorder import LOW_PRECISION
-from amplint.trace.state import ClipEvent, Conversion, Float16Region, SchedulerStep, ScalerInfo, ScalerStep, TraceState, Update, WarningRecord
+from amplint.trace.state import ClipEvent, Conversion, Float16Region, LastUnscale, SchedulerStep, ScalerInfo, ScalerStep, TraceState, Update, WarningRecord
 
 _AMP_WARNING = re.compile(
     r"torch\.(cuda|cpu)\.amp\.|get_autocast_(gpu|cpu|xla|ipu)_dtype|set_autocast_(gpu|cpu)_|"
@@ -482,6 +482,11 @@ class Probes:
                 state.direct_steps[site] += 1
                 if probes.still_scaled([p for g in optimizer.param_groups for p in g["params"]]) is not None:
                     state.bypass_steps[site] += 1
+                elif (unscaled_by := probes.unscaled_for(optimizer)) is not None:
+                    # Unscaled, then stepped past the scaler: the inf check unscale_() made skips nothing.
+                    state.bypass_steps[site] += 1
+                    state.bypass_steps_after_unscale[site] += 1
+                    unscaled_by.stepped_through.add(id(optimizer))  # stepped: not AMP008's unscale without a step
                 monitor.check_gradients(optimizer, site, handled=False)
                 fraction = probes._zero_grad_fraction(optimizer) if state.zero_grad_pending else None
                 if fraction is not None:
@@ -653,14 +658,14 @@ class Probes:
                 key = id(optimizer)
                 event = None
                 if info.stage.get(key) == "UNSCALED":  # AMP008: torch raises below (enabled scalers)
-                    previous, scales_then = info.last_unscale.get(key, (None, info.scale_calls))
+                    previous = info.last_unscale.get(key, LastUnscale(site, info.scale_calls, state.step))
                     event = {
                         "kind": "unscale-twice",
-                        "site": previous or site,
+                        "site": previous.site or site,
                         "again_at": site,
                         "scaler": info.index,
                         "step": state.step,
-                        "scale_calls_between": info.scale_calls - scales_then,
+                        "scale_calls_between": info.scale_calls - previous.scale_calls,
                         "enabled": info.enabled,
                     }
                     state.unscales.append(event)
@@ -674,7 +679,7 @@ class Probes:
                 info.unscaled.add(key)
                 if info.stage.get(key) != "STEPPED":
                     info.stage[key] = "UNSCALED"
-                info.last_unscale[key] = (site, info.scale_calls)
+                info.last_unscale[key] = LastUnscale(site, info.scale_calls, state.step)
                 info.unscaled_params[key] = _parameter_ids(optimizer)
                 return result
 
@@ -754,9 +759,10 @@ class Probes:
                         state.pairing.append(event)
                     for key, stage in info.stage.items():
                         if stage == "UNSCALED" and key not in info.stepped_through:  # AMP008: unscale_ on an iteration with no step
-                            unscale_site = info.last_unscale.get(key, (site, 0))[0]
+                            # The step is the unscale's: an optimizer.step() made directly since then counted one more.
+                            unscaled = info.last_unscale.get(key, LastUnscale(site, 0, state.step))
                             state.unscales.append(
-                                {"kind": "unscale-without-step", "site": unscale_site, "update_at": site, "scaler": info.index, "step": state.step, "enabled": info.enabled}
+                                {"kind": "unscale-without-step", "site": unscaled.site, "update_at": site, "scaler": info.index, "step": unscaled.step, "enabled": info.enabled}
                             )
                     info.windows.append((site, tuple(opt for opt, _ in info.window)))
                 try:
@@ -795,13 +801,17 @@ class Probes:
             return None
         self.state.unscales.append({
             "kind": "unscale-through-another-object",
-            "site": info.last_unscale[other][0],
+            "site": info.last_unscale[other].site,
             "again_at": site,
             "scaler": info.index,
             "step": self.state.step,
             "enabled": info.enabled,
         })
         return other
+
+    def unscaled_for(self, optimizer) -> ScalerInfo | None:
+        """An enabled scaler that unscaled this optimizer's gradients since its last update()."""
+        return next((info for info in reversed(self.state.scalers) if info.enabled and info.stage.get(id(optimizer)) == "UNSCALED"), None)
 
     def still_scaled(self, params: list | None) -> ScalerInfo | None:
         """An enabled scaler whose scaled gradients (for these params' optimizers) are not unscaled."""

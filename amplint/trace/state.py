@@ -13,7 +13,7 @@ import threading
 import weakref
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from amplint.trace.callsite import Callsite
 
@@ -60,6 +60,14 @@ class DeferredValues:
         return out
 
 
+class LastUnscale(NamedTuple):
+    """An optimizer's last `unscale_()`: where, the scaler's scale() calls then, and the run's step."""
+
+    site: Callsite | None
+    scale_calls: int
+    step: int
+
+
 @dataclass
 class ScalerInfo:
     index: int
@@ -77,7 +85,7 @@ class ScalerInfo:
     # AMP007/AMP008: GradScaler's per-optimizer stage since the last update() (UNSCALED/STEPPED)
     stage: dict = field(default_factory=dict)  # id(optimizer) -> "UNSCALED" | "STEPPED"
     window: list = field(default_factory=list)  # (id(optimizer), step callsite) since the last update()
-    last_unscale: dict = field(default_factory=dict)  # id(optimizer) -> (callsite, scale_calls then)
+    last_unscale: dict = field(default_factory=dict)  # id(optimizer) -> LastUnscale
     # AMP008: the parameters each object unscaled since update() held (a wrapper and the optimizer it
     # holds are two objects to the scaler, one set of gradients to unscale)
     unscaled_params: dict = field(default_factory=dict)  # id(optimizer) -> frozenset of id(param)
@@ -290,6 +298,7 @@ class TraceState:
         self.last_step_of_optimizer: dict[int, ScalerStep] = {}
         self.direct_steps: Counter = Counter()  # optimizer.step() outside scaler.step, per callsite
         self.bypass_steps: Counter = Counter()  # ... while an enabled scaler's scaled loss is in flight (AMP006)
+        self.bypass_steps_after_unscale: Counter = Counter()  # ... of which on gradients unscale_() had unscaled
         self.scheduler_steps: list[SchedulerStep] = []
         self.clips: list[ClipEvent] = []
         self.watched_hits: dict[Callsite, list] = defaultdict(list)  # AMP005 lines without a clip call

@@ -60,6 +60,9 @@ def _evidence_text(finding: dict) -> str:
             return f"{finding['count']} deprecation warning(s): {', '.join(ev.get('api', []))}"
         return "no deprecation warning raised here"
     if code == "AMP006":
+        after_unscale = ev.get("after_unscale", 0)
+        if after_unscale:
+            return f"{finding['count']} optimizer step(s) past the scaler, {after_unscale} after unscale_(): inf/NaN steps applied, not skipped"
         return f"{finding['count']} optimizer step(s) on scaled gradients"
     if code == "AMP011":
         return f"{finding['count']} scheduler step(s) right after a skipped step"

@@ -68,6 +68,20 @@ def _steps_bypassing_the_scaler(facts: AmpFacts, function: Scope, written_here: 
         before = [s for s in partners if s.order < event.order]
         partner = before[-1] if before else partners[0]
         scaler = partner.scaler
+        fix = _fix(facts, event, scaler, events) if _same_condition(partner, event) else None
+        unscale = _unscaled_before(facts, event, partner, events)
+        if unscale is not None:
+            # The gradients are right; what is lost is the skip of a step whose gradients hold inf/NaN.
+            yield Hit(
+                event.call.node,
+                f"`{event.target}.step()` is called directly after `{unscale.scaler}.unscale_({unscale.target})` "
+                f"(line {{0}}): the gradients are unscaled, but a step whose gradients hold inf/NaN is applied "
+                f"instead of skipped (the weights become NaN); call `{scaler}.step({event.target})` in its place",
+                unscale.call.where.statement,
+                fix,
+                related=(unscale.call.node,),
+            )
+            continue
         yield Hit(
             event.call.node,
             f"`{event.target}.step()` is called directly after `{scaler}.scale(...).backward()` "
@@ -75,9 +89,20 @@ def _steps_bypassing_the_scaler(facts: AmpFacts, function: Scope, written_here: 
             f"gradients are not skipped; call `{scaler}.step({event.target})` and then "
             f"`{scaler}.update()`",
             event.call.where.statement,
-            _fix(facts, event, scaler, events) if _same_condition(partner, event) else None,
+            fix,
             related=(partner.call.node,),
         )
+
+
+def _unscaled_before(facts: AmpFacts, step: ts.Event, backward: ts.Event, events: list[ts.Event]) -> ts.Event | None:
+    """The last `unscale_()` of the stepped optimizer, by the backward's scaler, between that
+    backward and the step, on the same pass."""
+    unscales = [
+        e for e in events
+        if e.kind == "unscale" and ts.same_object(e.target, step.target) and ts.same_object(e.scaler, backward.scaler)
+        and backward.order < e.order < step.order and not ts.exclusive(facts, e, step)
+    ]
+    return unscales[-1] if unscales else None
 
 
 def _the_other_amp_branch(facts: AmpFacts, scaler_step: ts.Event, step: ts.Event) -> bool:
