@@ -349,18 +349,26 @@ def _kernel_cast_in_model(call: CallSite, facts: AmpFacts) -> bool:
 
 def _input_for_a_frozen_model(call: CallSite, facts: AmpFacts) -> bool:
     """A tensor cast under no_grad/inference_mode outside any autocast region: no gradient to
-    unscale, no autocast to bypass; the cast is what the frozen model needs. Handed straight to a
-    call (distillation's `teacher(x.half())` for a float16 teacher), or a batch cast anywhere in a
+    unscale, no autocast to bypass; the cast is what the frozen model needs. Handed to a call
+    (distillation's `teacher(x.half())` for a float16 teacher, a sampler's `vae.decode(z.half() /
+    scale)`), or a batch cast anywhere in a
     function that reaches no AMP (DLRM's float16 inference benchmark)."""
     if facts.value_kind(call.receiver, call.scope) == "model" or not rg.in_no_grad(facts, call):
         return False
     if facts.region_of(call.where) is not None:
         return False
-    handed = isinstance(facts.parent_of.get(id(call.node)), cst.Arg)
     function = call.scope.function_scope
-    return handed or (
+    return _handed_to_a_call(call.node, facts) or (
         _is_data(call, facts) and not _amp_anchors(facts)[id(function)] and not _called_on_an_amp_path(facts, function)
     )
+
+
+def _handed_to_a_call(node: cst.CSTNode, facts: AmpFacts) -> bool:
+    """The value is an argument of a call, as it is or through arithmetic (`vae.decode(z.half() / s)`)."""
+    parent = facts.parent_of.get(id(node))
+    while isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)):
+        parent = facts.parent_of.get(id(parent))
+    return isinstance(parent, cst.Arg)
 
 
 def _called_on_an_amp_path(facts: AmpFacts, function: Scope, depth: int = 0) -> bool:
