@@ -759,7 +759,7 @@ class Probes:
                         state.pairing.append(event)
                     for key, stage in info.stage.items():
                         if stage == "UNSCALED" and key not in info.stepped_through:  # AMP008: unscale_ on an iteration with no step
-                            # The step is the unscale's: an optimizer.step() made directly since then counted one more.
+                            # The step is the unscale's: steps of other optimizers since then counted more.
                             unscaled = info.last_unscale.get(key, LastUnscale(site, 0, state.step))
                             state.unscales.append(
                                 {"kind": "unscale-without-step", "site": unscaled.site, "update_at": site, "scaler": info.index, "step": unscaled.step, "enabled": info.enabled}
