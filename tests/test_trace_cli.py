@@ -1613,7 +1613,7 @@ def test_the_op_table_folds_a_long_path_rather_than_cut_its_line_number(tmp_path
     assert f"{long_path}:14" in op_cells
 
 
-def test_the_summary_names_optimizer_steps_that_bypassed_the_scaler(tmp_path: Path) -> None:
+def _plain_steps_after_scaled_backward(tmp_path: Path) -> None:
     write(
         tmp_path,
         "train.py",
@@ -1631,8 +1631,19 @@ def test_the_summary_names_optimizer_steps_that_bypassed_the_scaler(tmp_path: Pa
             opt.zero_grad()
         """,
     )
+
+
+def test_the_summary_names_optimizer_steps_that_bypassed_the_scaler(tmp_path: Path) -> None:
+    _plain_steps_after_scaled_backward(tmp_path)
     summary = " ".join(trace(tmp_path, "train.py").stderr.split())
     assert "3 optimizer.step() call(s) bypassed the scaler" in summary and "train.py:11 x3" in summary
+
+
+def test_the_html_report_names_optimizer_steps_that_bypassed_the_scaler(tmp_path: Path) -> None:
+    _plain_steps_after_scaled_backward(tmp_path)
+    trace(tmp_path, "-q", "--html", "r.html", "train.py")
+    html = (tmp_path / "r.html").read_text()
+    assert "3 optimizer.step() call(s) bypassed the scaler" in html and "train.py:11 x3" in html
 
 
 def test_the_summary_says_how_many_custom_function_calls_had_one_dtype_when_none_mixed(tmp_path: Path) -> None:

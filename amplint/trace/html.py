@@ -69,7 +69,7 @@ def scale_plot(timeline: list[dict], width: int = 760, height: int = 220) -> str
 
 
 def render(report: dict, cwd: str) -> str:
-    from amplint.trace.terminal import _attempted, _evidence_text, split_cheap_coverage  # same wording as the terminal
+    from amplint.trace.terminal import _attempted, _evidence_text, bypass_line, split_cheap_coverage  # same wording as the terminal
 
     env, exit_ = report["environment"], report["exit"]
     out = [
@@ -106,6 +106,9 @@ def render(report: dict, cwd: str) -> str:
         f"{scaler['steps_applied']} applied, <b>{scaler['steps_skipped']} skipped</b>; scheduler steps right after a "
         f"skip: {scaler['scheduler_steps_after_skip']}</p>"
     )
+    bypassed = bypass_line(scaler)
+    if bypassed:
+        out.append(f'<p class="bad">{_e(bypassed)}</p>')
     for note in scaler.get("notes", []):
         out.append(f'<p class="note">note: {_e(note)}</p>')
     timeline = scaler.get("timeline", [])

@@ -186,6 +186,17 @@ def _ops_table(report: dict, cwd: str) -> Table | None:
     return table
 
 
+def bypass_line(scaler: dict) -> str | None:
+    """The plain optimizer steps made past the scaler, with their places (terminal and HTML)."""
+    if not scaler.get("optimizer_steps_bypassing_scaler"):
+        return None
+    places = ", ".join(f"{b['path']}:{b['line']} x{b['count']}" for b in scaler.get("bypassed_at", []))
+    return (
+        f"{scaler['optimizer_steps_bypassing_scaler']} optimizer.step() call(s) bypassed the scaler "
+        f"(applied as they were, never skipped on inf/NaN): {places}"
+    )
+
+
 def _scale_runs(history: list) -> str:
     """65536.0 x3, 32768.0 x1, ... (the scale after each update, run-length encoded)."""
     runs: list[list] = []
@@ -298,12 +309,9 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
                 )
         elif scaler["scale_history"]:
             console.print(f"scale after each update: {_scale_runs(scaler['scale_history'])}")
-        if scaler.get("optimizer_steps_bypassing_scaler"):
-            places = ", ".join(f"{b['path']}:{b['line']} x{b['count']}" for b in scaler.get("bypassed_at", []))
-            console.print(
-                f"[bold]{scaler['optimizer_steps_bypassing_scaler']} optimizer.step() call(s) bypassed the scaler[/bold] "
-                f"(on gradients still multiplied by the scale, never skipped on inf/NaN): {places}"
-            )
+        bypassed = bypass_line(scaler)
+        if bypassed:
+            console.print(Text(bypassed, style="bold"))
         skipped = [t["step"] for t in scaler.get("timeline", []) if t["applied"] is False]
         if skipped:
             shown = ", ".join(map(str, skipped[:20])) + (" ..." if len(skipped) > 20 else "")
