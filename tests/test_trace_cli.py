@@ -1654,3 +1654,46 @@ def test_the_summary_says_how_many_custom_function_calls_had_one_dtype_when_none
     ]
     summary = " ".join(_terminal_summary(report, tmp_path, 200).split())
     assert "10 call(s) under autocast, none mixing float32 with float16/bfloat16 inputs" in summary
+
+
+CLIP_BEFORE_UNSCALE = Path(__file__).resolve().parent.parent / "fixtures" / "runtime" / "clip_without_unscale.py"
+
+
+def _clip_project(tmp_path: Path, pyproject: str | None = None, clip_comment: str = "") -> Path:
+    source = CLIP_BEFORE_UNSCALE.read_text()
+    if clip_comment:
+        source = source.replace("max_norm=1.0)  # line 16: AMP005, 4 times", f"max_norm=1.0)  {clip_comment}")
+    (tmp_path / "train.py").write_text(source)
+    if pyproject is not None:
+        (tmp_path / "pyproject.toml").write_text(pyproject)
+    return tmp_path
+
+
+def _codes_reported(tmp_path: Path) -> list[str]:
+    return [f["code"] for f in json.loads((tmp_path / "r.json").read_text())["findings"]]
+
+
+def test_a_rule_the_projects_configuration_ignores_is_reported_neither_statically_nor_at_run_time(tmp_path: Path) -> None:
+    project = _clip_project(tmp_path, '[tool.amplint]\nignore = ["AMP005"]\n')
+    trace(project, "-q", "--json", "r.json", "train.py")
+    assert "AMP005" not in _codes_reported(project)
+
+
+def test_a_noqa_comment_silences_the_runtime_finding_at_its_line_too(tmp_path: Path) -> None:
+    project = _clip_project(tmp_path, clip_comment="# noqa: AMP005 - clipped on purpose")
+    trace(project, "-q", "--json", "r.json", "train.py")
+    assert "AMP005" not in _codes_reported(project)
+
+
+def test_a_noqa_comment_for_another_rule_leaves_the_finding(tmp_path: Path) -> None:
+    project = _clip_project(tmp_path, clip_comment="# noqa: AMP003")
+    trace(project, "-q", "--json", "r.json", "train.py")
+    assert _codes_reported(project) == ["AMP005"]
+
+
+def test_a_configuration_that_cannot_be_read_is_noted_and_every_rule_runs(tmp_path: Path) -> None:
+    project = _clip_project(tmp_path, '[tool.amplint]\nselect = ["AMP999"]\n')
+    proc = trace(project, "-q", "--json", "r.json", "train.py")
+    report = json.loads((project / "r.json").read_text())
+    assert proc.returncode == 0 and [f["source"] for f in report["findings"]] == ["static"]
+    assert any("configuration cannot be used" in note and "AMP999" in note for note in report["notes"])

@@ -168,7 +168,7 @@ def analyse_module(
     if not hits:
         return []
     positions = _Locator(module, text, facts)
-    suppressions = _noqa_by_line(text)
+    suppressions = noqa_by_line(text)
     findings = []
     lines = physical_lines(text)
     for code, hit in hits:
@@ -351,7 +351,7 @@ def _file_noqa(text: str) -> bool:
     return bool(lines) and any(number in lines and _FILE_NOQA.match(comment) for number, comment in _comments(text))
 
 
-def _noqa_by_line(text: str) -> dict[int, set[str] | None]:
+def noqa_by_line(text: str) -> dict[int, set[str] | None]:
     """Line -> codes or code prefixes suppressed there (None: every code)."""
     table: dict[int, set[str] | None] = {}
     if "noqa" not in text.lower():

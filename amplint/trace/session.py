@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 from amplint.trace.launcher import RunOutcome, resolve_target, run_target
 from amplint.trace.options import TraceOptions
@@ -107,6 +108,7 @@ class TraceSession:
         self.module_name = module_name
         self.cwd = options.cwd
         self.notes: list[str] = []
+        self._configurations: dict = {}  # folder -> amplint settings (config.discover's memo)
         self.classifier = None
         self.probes = None
 
@@ -117,18 +119,57 @@ class TraceSession:
 
     # -- static side -------------------------------------------------------------------------
     def lint(self, filename: str) -> list:
+        """The static findings of one file, under the project's configuration as `amplint check`
+        reads it: its rule selection, per-file ignores, `exclude` and oldest torch."""
         try:
             from amplint.static.api import lint_source
 
+            settings, rules = self._rules_for(filename)
+            if not rules:
+                return []
             with open(filename, "rb") as handle:
                 source = handle.read()
-            findings = lint_source(source, self.display(filename))
+            findings = lint_source(source, self.display(filename), rules, settings.min_torch)
         except Exception as exc:  # noqa: BLE001 - the run's evidence is still worth reporting
             self._note(f"static checker unavailable ({type(exc).__name__}: {exc}); only runtime findings are reported")
             return []
         for unreadable in (f for f in findings if f.code == "AMP000"):
             self._note(f"the static checker cannot read {unreadable.path} (line {unreadable.line}: {unreadable.message}); it has no findings to confirm")
         return [f for f in findings if f.code != "AMP000"]
+
+    def silenced(self, finding: dict) -> bool:
+        """A runtime-only finding the project turned off as it turns off static ones: its rule
+        not selected for the file, the file excluded, or a `# noqa` for the rule on its line."""
+        from amplint.static.analyse import noqa_by_line
+        from amplint.static.source import noqa_covers
+
+        filename = os.path.join(self.cwd, finding["path"])
+        if not os.path.isfile(filename):
+            return False
+        if finding["code"] not in self._rules_for(filename)[1]:
+            return True
+        try:
+            with open(filename, encoding="utf-8", errors="replace") as handle:
+                suppressed = noqa_by_line(handle.read())
+        except OSError:
+            return False
+        line = finding["line"]
+        return line in suppressed and noqa_covers(suppressed[line], finding["code"])
+
+    def _rules_for(self, filename: str) -> tuple:
+        """(settings, the rules on for the file) under the nearest configuration above it: none
+        for a file it excludes. An unreadable configuration is noted, and the defaults used."""
+        from amplint.config import ConfigError, Settings, discover, known_codes
+        from amplint.static.discovery import Excluder
+
+        try:
+            settings = discover(Path(filename), self._configurations)
+        except ConfigError as error:
+            self._note(f"the project's amplint configuration cannot be used ({error}); its files are linted with every rule")
+            settings = Settings()
+        if Excluder(settings.exclude, settings.root).excludes(Path(filename)):
+            return settings, frozenset()
+        return settings, settings.codes_for(filename, known_codes())
 
     def _note(self, note: str) -> None:
         if note not in self.notes:
@@ -300,6 +341,7 @@ class TraceSession:
             absolute_of[self.display(filename)] = filename
             findings.extend(self.lint(filename))
         confirmed, unchecked = confirm_findings(findings, absolute_of, facts)
+        confirmed = [f for f in confirmed if f["source"] != "runtime" or not self.silenced(f)]
         untraced = self.untraced_processes()
         if untraced:
             self._say_what_ran_untraced(untraced, confirmed)
