@@ -1047,6 +1047,14 @@ class AmpFacts:
         `Thread(target=worker)`): it may then be called where this file cannot see."""
         return any(r.dotted.rsplit(".", 1)[-1] == function.name for r in self.references)
 
+    def returned_to_another_module(self, call: CallSite) -> bool:
+        """`return <call>` in a function this file never calls nor names as a value (a factory of
+        scalers or autocast regions): the modules that call it hold what it makes."""
+        function = call.scope.function_scope
+        if not isinstance(self.parent_of.get(id(call.node)), cst.Return) or function.kind != "function":
+            return False
+        return not self.callers(function) and not self.named_as_a_value(function)
+
     # -- conditions ---------------------------------------------------------------------------
     def conjuncts(self, test: cst.BaseExpression) -> frozenset[str]:
         """The conditions an `if` test requires, as written: the operands of a top-level `and`,

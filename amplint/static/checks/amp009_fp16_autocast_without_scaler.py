@@ -24,7 +24,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     if ts.mentions_a_scaler(facts) and not disabled:
         return
     for call, region in rg.autocasts(facts):
-        if not rg.enabled(region) or rg.inference_only(facts, call) or _made_for_other_modules(facts, call):
+        if not rg.enabled(region) or rg.inference_only(facts, call) or facts.returned_to_another_module(call):
             continue
         dtype = rg.literal_dtype(facts, region, call)
         if dtype in rg.FLOAT16:
@@ -43,17 +43,6 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             f"`torch.amp.GradScaler(\"{_scaler_device(region.device)}\")` or use `dtype=torch.bfloat16` where supported",
             call.where.statement,
         )
-
-
-def _made_for_other_modules(facts: AmpFacts, call: CallSite) -> bool:
-    """A region a factory returns (ultralytics' `autocast(enabled, device)`, a shim over torch
-    versions) and that no code of this file calls or names: the modules that enter it own their
-    GradScaler, and this module's backward (a profiler's) is not what the region computes."""
-    returned = facts.parent_of.get(id(call.node))
-    function = call.scope.function_scope
-    if not isinstance(returned, cst.Return) or function.kind != "function":
-        return False
-    return not facts.callers(function) and not facts.named_as_a_value(function)
 
 
 def _every_scaler_disabled(facts: AmpFacts) -> bool:

@@ -55,13 +55,6 @@ def _literally_disabled(call: CallSite) -> bool:
     return is_false(enabled)
 
 
-def _handed_to_the_caller(facts: AmpFacts, call: CallSite) -> bool:
-    """`return GradScaler(...)` in a factory no code of this file calls: the caller, elsewhere,
-    holds the scaler and checkpoints it."""
-    factory = call.scope.function_scope
-    return isinstance(facts.parent_of.get(id(call.node)), cst.Return) and not facts.callers(factory)
-
-
 def _enabled_scaler_keys(facts: AmpFacts) -> list[str]:
     keys = []
     for assignment in facts.assignments:
@@ -77,7 +70,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     if not facts.has_scaler:
         return
     scalers = _enabled_scaler_keys(facts)
-    if all(_literally_disabled(c) or _handed_to_the_caller(facts, c) for c in facts.scalers_in()):
+    if all(_literally_disabled(c) or facts.returned_to_another_module(c) for c in facts.scalers_in()):
         return
     scaler_state_saved = _saves_a_scaler_state(facts)
     optimizers = _stepped_or_built_optimizers(facts)
