@@ -72,26 +72,21 @@ def _steps_bypassing_the_scaler(facts: AmpFacts, function: Scope, written_here: 
         unscale = _unscaled_before(facts, event, partner, events)
         if unscale is not None:
             # The gradients are right; what is lost is the skip of a step whose gradients hold inf/NaN.
-            yield Hit(
-                event.call.node,
+            message = (
                 f"`{event.target}.step()` is called directly after `{unscale.scaler}.unscale_({unscale.target})` "
                 f"(line {{0}}): the gradients are unscaled, but a step whose gradients hold inf/NaN is applied "
-                f"instead of skipped (the weights become NaN); call `{scaler}.step({event.target})` in its place",
-                unscale.call.where.statement,
-                fix,
-                related=(unscale.call.node,),
+                f"instead of skipped (the weights become NaN); call `{scaler}.step({event.target})` in its place"
             )
-            continue
-        yield Hit(
-            event.call.node,
-            f"`{event.target}.step()` is called directly after `{scaler}.scale(...).backward()` "
-            f"(line {{0}}): the gradients are still multiplied by the scale and steps with inf/NaN "
-            f"gradients are not skipped; call `{scaler}.step({event.target})` and then "
-            f"`{scaler}.update()`",
-            event.call.where.statement,
-            fix,
-            related=(partner.call.node,),
-        )
+            before_step = unscale.call
+        else:
+            message = (
+                f"`{event.target}.step()` is called directly after `{scaler}.scale(...).backward()` "
+                f"(line {{0}}): the gradients are still multiplied by the scale and steps with inf/NaN "
+                f"gradients are not skipped; call `{scaler}.step({event.target})` and then "
+                f"`{scaler}.update()`"
+            )
+            before_step = partner.call
+        yield Hit(event.call.node, message, event.call.where.statement, fix, related=(before_step.node,))
 
 
 def _unscaled_before(facts: AmpFacts, step: ts.Event, backward: ts.Event, events: list[ts.Event]) -> ts.Event | None:
