@@ -61,6 +61,7 @@ def _steps_bypassing_the_scaler(facts: AmpFacts, function: Scope, written_here: 
             s for s in scaled
             if not ts.exclusive(facts, s, event) and (s.order < event.order or _share_a_loop(s, event))
             and not _own_plain_backward(facts, s, event, events)
+            and not _regrown_by_a_plain_backward(facts, s, event, events)
         ]
         if not partners:
             continue
@@ -202,6 +203,26 @@ def _own_plain_backward(facts: AmpFacts, scaled: ts.Event, step: ts.Event, event
             for e in events
         )
         for loop in loops
+    )
+
+
+def _regrown_by_a_plain_backward(facts: AmpFacts, scaled: ts.Event, step: ts.Event, events: list[ts.Event]) -> bool:
+    """The step's own function clears the optimizer's gradients (`opt_probe.zero_grad()`) and then
+    back-propagates a plain loss before the step, with no scaled backward in between: an fp32
+    probe or critic trained beside the AMP model, whose gradients the scaler never multiplied."""
+    if step.anchor is not step.call.where:
+        return False
+    function = step.call.where.scope.function_scope
+    loop = ts.innermost_loop(step.anchor)
+    clears = [
+        (c.where.order, c.where.order) for c in facts.calls
+        if c.method == "zero_grad" and ts.same_object(c.receiver_key, step.target)
+        and c.where.scope.function_scope is function and ts.innermost_loop(c.where) is loop
+    ]
+    return any(
+        clear < e.order < step.order and not clear < scaled.order < step.order
+        and e.kind == "backward" and e.anchor is e.call.where and _same_condition(e, step)
+        for clear in clears for e in events
     )
 
 
