@@ -1697,3 +1697,87 @@ def test_a_configuration_that_cannot_be_read_is_noted_and_every_rule_runs(tmp_pa
     report = json.loads((project / "r.json").read_text())
     assert proc.returncode == 0 and [f["source"] for f in report["findings"]] == ["static"]
     assert any("configuration cannot be used" in note and "AMP999" in note for note in report["notes"])
+
+
+_TRAIN_THEN = """
+import torch
+from torch import nn
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(torch.randn(8, 4)).float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    if step == 1:
+        {ending}
+"""
+
+
+def _early_stop_notes(tmp_path: Path, ending: str) -> list[str]:
+    write(tmp_path, "train.py", _TRAIN_THEN.replace("{ending}", ending))
+    trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    return _early_stop_notes_of(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "ending",
+    ["raise KeyboardInterrupt", "raise OSError('disk full')", "open('/nonexistent/data.bin')", "import sys; sys.exit(0)"],
+    ids=["ctrl-c", "oserror", "missing-file", "exit-0"],
+)
+def test_a_run_stopped_by_something_no_value_explains_gets_no_early_stop_note(tmp_path: Path, ending: str) -> None:
+    assert _early_stop_notes(tmp_path, ending) == []
+
+
+@pytest.mark.parametrize(
+    "ending",
+    ["assert loss.item() > 1e9", "raise ValueError('loss is nan')", "import sys; sys.exit(3)"],
+    ids=["assert", "nan-message", "exit-3"],
+)
+def test_a_run_stopped_by_a_test_of_its_values_is_told_what_the_cheap_check_misses(tmp_path: Path, ending: str) -> None:
+    [note] = _early_stop_notes(tmp_path, ending)
+    assert "no unhandled inf/NaN seen" in note and "`--nan op`" in note
+
+
+def test_a_run_stopped_by_anomaly_mode_is_told_where_the_nan_was_and_how_to_find_its_op(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        from torch import nn
+        torch.autograd.set_detect_anomaly(True)
+        fc = nn.Linear(8, 8, bias=False)
+        opt = torch.optim.SGD(fc.parameters(), lr=0.01)
+        for step in range(3):
+            x = torch.randn(4, 8)
+            if step == 1:
+                x[0] = 0
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                h = fc(x)
+                loss = (h * torch.sqrt(h.pow(2).sum(-1, keepdim=True))).float().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        """,
+    )
+    proc = trace(tmp_path, "--json", "r.json", "train.py")
+    [note] = _early_stop_notes_of(tmp_path)
+    assert "anomaly mode found in the backward of SqrtBackward0" in note
+    assert "`--nan op --nan-from-step 1`" in note
+    assert "no unhandled inf/NaN seen" not in proc.stderr
+
+
+def _early_stop_notes_of(tmp_path: Path) -> list[str]:
+    return [n for n in json.loads((tmp_path / "r.json").read_text())["notes"] if "stopped" in n]
+
+
+def test_the_message_a_script_exits_with_is_in_the_report(tmp_path: Path) -> None:
+    write(tmp_path, "train.py", "import sys\nimport torch\nsys.exit('loss diverged at step 3')\n")
+    proc = trace(tmp_path, "--json", "r.json", "train.py")
+    assert proc.returncode == 1
+    assert json.loads((tmp_path / "r.json").read_text())["exit"] == {
+        "status": "exit", "code": 1, "exception": "SystemExit: loss diverged at step 3"
+    }
+    assert "exit 1 (exit): SystemExit: loss diverged at step 3" in proc.stderr

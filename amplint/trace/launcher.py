@@ -237,7 +237,7 @@ def _run_main(path: str, module_name: str | None, file_name: str) -> RunOutcome:
             return RunOutcome("exit", _process_status(code))  # `sys.exit(True)` exits 1
         # Python prints a non-integer exit argument to stderr and exits with 1.
         print(code, file=sys.stderr)
-        return RunOutcome("exit", 1, message=str(code))
+        return RunOutcome("exit", 1, message=f"SystemExit: {code}")  # the script's own diagnosis
     except KeyboardInterrupt as exc:
         return RunOutcome("exception", 130, exc, _describe(exc))
     except BaseException as exc:  # noqa: BLE001 - the script's own failure, reported and re-printed

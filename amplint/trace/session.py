@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
+import signal
 import sys
 import threading
 import time
@@ -99,6 +101,54 @@ class _ChildProcesses:
         classifier = self.session.classifier  # None until the script imports torch
         site = classifier.user_callsite() if classifier is not None else None
         self.session.state.untraced_processes[site] += 1
+
+
+# What a script that tests its values stops with (`assert torch.isfinite(loss)`, `raise
+# ValueError("loss is nan")`, numpy's FloatingPointError): an exit or an exception that may come
+# from a value the cheap check does not watch. Ctrl-C, torchrun's SIGTERM, an I/O error or the
+# GradScaler's own assertions (`No inf checks were recorded...`) say nothing about inf/NaN.
+_NONFINITE_WORDS = re.compile(r"\b(?:nan|inf|infinity|infinite|(?:non-?)?finite|diverg\w*|overflow\w*|explod\w*)\b", re.IGNORECASE)
+# torch.autograd.set_detect_anomaly(True) stopping a backward: "Function 'SqrtBackward0' returned nan values".
+_ANOMALY = re.compile(r"Function '(\w+)' returned nan values")
+
+
+def early_stop_note(outcome: RunOutcome, step: int) -> str | None:
+    """The note for a run that `--nan cheap` saw no unhandled inf/NaN in and that stopped in a
+    way a non-finite value can explain; `step`: the optimizer steps attempted when it stopped."""
+    if outcome.status == "exit":
+        if not outcome.code or outcome.code == 128 + signal.SIGTERM:
+            return None
+        how = f"exit status {outcome.code}"
+    elif outcome.status == "exception":
+        exc = outcome.exception
+        message = str(exc)
+        anomaly = _ANOMALY.search(message)
+        if anomaly:
+            return (
+                f"the run stopped on a NaN that anomaly mode found in the backward of {anomaly.group(1)}, where "
+                f"--nan cheap does not look; rerun with `--nan op --nan-from-step {step}` to find the op and line that produced it"
+            )
+        if isinstance(exc, KeyboardInterrupt) or _raised_in_torch_amp(exc):
+            return None
+        if not (isinstance(exc, (AssertionError, FloatingPointError)) or _NONFINITE_WORDS.search(message)):
+            return None
+        how = "an exception"
+    else:
+        return None
+    return (
+        f"the run stopped early ({how}) with no unhandled inf/NaN seen: --nan cheap "
+        "checks only the losses that reached backward() and the gradients at optimizer steps, so a value that went "
+        "non-finite before that (a loss the script tests and stops on) is not seen; `--nan op` finds the first op "
+        "that produced one"
+    )
+
+
+def _raised_in_torch_amp(exc: BaseException | None) -> bool:
+    """Raised by torch's AMP code itself (a GradScaler used out of order): AMP007/AMP008 tell why."""
+    tb = exc.__traceback__ if exc is not None else None
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}torch{os.sep}amp{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 class TraceSession:
@@ -325,15 +375,10 @@ class TraceSession:
             else:
                 facts.applied[id(step)] = step.applied
         nonfinite = self.monitor.resolve(values)
-        ended_early = outcome.status == "exception" or bool(outcome.exit_code)  # `sys.exit(main())` with 0 finished
-        if self.options.nan == "cheap" and ended_early and self.monitor.checked_anything and (nonfinite is None or nonfinite.handled_by_scaler):
-            how = "an exception" if outcome.status == "exception" else f"exit status {outcome.exit_code}"
-            self._note(
-                f"the run stopped early ({how}) with no unhandled inf/NaN seen: --nan cheap "
-                "checks only the losses that reached backward() and the gradients at optimizer steps, so a value that went "
-                "non-finite before that (a loss the script tests and stops on) is not seen; `--nan op` finds the first op "
-                "that produced one"
-            )
+        if self.options.nan == "cheap" and self.monitor.checked_anything and (nonfinite is None or nonfinite.handled_by_scaler):
+            note = early_stop_note(outcome, state.step)
+            if note:
+                self._note(note)
 
         findings = list(script_findings)
         absolute_of = {self.display(self.path): self.path}
@@ -399,7 +444,7 @@ class TraceSession:
         report = {
             "script": self.display(self.path) if self.module_name is None else self.module_name,
             "argv": [*typed, *self.options.args],  # as typed after `amplint trace`
-            "exit": {"status": outcome.status, "code": outcome.exit_code, "exception": outcome.message if outcome.status == "exception" else None},
+            "exit": {"status": outcome.status, "code": outcome.exit_code, "exception": outcome.message},
             "environment": rpt.environment(device),
             "findings": confirmed,
             "ops": ops,
