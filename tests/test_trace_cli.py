@@ -1781,3 +1781,54 @@ def test_the_message_a_script_exits_with_is_in_the_report(tmp_path: Path) -> Non
         "status": "exit", "code": 1, "exception": "SystemExit: loss diverged at step 3"
     }
     assert "exit 1 (exit): SystemExit: loss diverged at step 3" in proc.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CUDA scaler is enabled where CUDA is")
+def test_a_loss_scaled_by_a_scaler_that_disabled_itself_names_that_scaler(tmp_path: Path) -> None:
+    """PyTorch's AMP recipe run on a machine without CUDA: `GradScaler("cuda")` beside an autocast on
+    the script's device scales nothing, and the finding says which scaler and why."""
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        net = torch.nn.Linear(8, 8).to(device)
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cuda")
+        for _ in range(2):
+            with torch.autocast(device_type=device, dtype=torch.float16):
+                loss = net(torch.randn(4, 8, device=device)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        """,
+    )
+    proc = trace(tmp_path, "--json", "r.json", "train.py")
+    [finding] = [f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "AMP009"]
+    assert finding["evidence"]["disabled_scaler"] == {"built_at": "train.py:6", "device": "cuda", "why": "device 'cuda' unavailable"}
+    assert "no GradScaler.scale()" not in finding["message"] and "GradScaler('cpu')" in finding["message"]
+    assert "the scaler at train.py:6 is disabled" in proc.stderr
+
+
+def test_unscaled_float16_gradients_report_the_share_below_float16s_normal_range(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        net = torch.nn.Linear(64, 64)
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = net(torch.randn(32, 64)).float().mean() * 1e-3
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        """,
+    )
+    proc = trace(tmp_path, "--json", "r.json", "train.py")
+    [finding] = [f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "AMP009"]
+    assert finding["evidence"]["subnormal_grad_fraction"] > 0.5
+    assert "of non-zero ones below float16's normal range" in proc.stderr and "zero grads" not in proc.stderr

@@ -346,6 +346,7 @@ class Probes:
                 monitor.backward_begins(tensors, site)
                 probes._backward_events(site, evidence, tensors)
                 state.scaled_since_backward = False
+                state.disabled_scaler_since_backward = None
                 outer = state.backward_callsite
                 state.backward_callsite = site
                 try:
@@ -399,6 +400,8 @@ class Probes:
             if not record["unscaled"]:
                 record.update(first_step=state.step, backward_at=site)
                 state.zero_grad_pending.append(record)
+            if state.disabled_scaler_since_backward is not None:
+                record.setdefault("disabled_scaler", state.disabled_scaler_since_backward)
             record["unscaled"] += 1
         pending = state.compiled_pending
         if pending is not None:
@@ -488,10 +491,10 @@ class Probes:
                     state.bypass_steps_after_unscale[site] += 1
                     unscaled_by.stepped_through.add(id(optimizer))  # stepped: not AMP008's unscale without a step
                 monitor.check_gradients(optimizer, site, handled=False)
-                fraction = probes._zero_grad_fraction(optimizer) if state.zero_grad_pending else None
-                if fraction is not None:
+                floor = probes._gradient_floor(optimizer) if state.zero_grad_pending else None
+                if floor is not None:
                     for record in state.zero_grad_pending:
-                        record["zero_grad_fraction"] = fraction
+                        record.update(floor)
                     state.zero_grad_pending.clear()
             state.in_optimizer += 1
             return _with_closure_outside_the_step(args, kwargs)
@@ -547,17 +550,26 @@ class Probes:
         self._patch(torch.optim.Optimizer, "zero_grad", lambda real: wrap_zero_grad(real, monitor.zero_grad))
         self._patch(torch.nn.Module, "zero_grad", lambda real: wrap_zero_grad(real, monitor.module_zero_grad))
 
-    def _zero_grad_fraction(self, optimizer) -> float | None:
+    def _gradient_floor(self, optimizer) -> dict | None:
         """AMP009 evidence, at the optimizer step after a region's first unscaled backward: the
-        share of gradient elements that are exactly zero (of a sparse gradient, of its stored
-        values: the rows a batch did not touch are no underflow). None without gradients."""
+        share of gradient elements that are exactly zero (dead ReLU units and masks give zeros in
+        any precision, so this is an upper bound on underflow), and the share of the others below
+        float16's smallest normal number, where float16 keeps fewer bits and then flushes to zero:
+        what loss scaling lifts. Of a sparse gradient, its stored values (the rows a batch did not
+        touch are no underflow). None without gradients."""
         with self.state.pause(), torch.no_grad():
             grads = [stored_values(p.grad) for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
             total = sum(g.numel() for g in grads)
             if not total:
                 return None
             zeros = sum(int((g == 0).sum()) for g in grads)
-            return round(zeros / total, 4)
+            tiny = torch.finfo(torch.float16).tiny
+            subnormal = sum(int(((g != 0) & (g.abs() < tiny)).sum()) for g in grads)
+            nonzero = total - zeros
+            return {
+                "zero_grad_fraction": round(zeros / total, 4),
+                "subnormal_grad_fraction": round(subnormal / nonzero, 4) if nonzero else 0.0,
+            }
 
     def owners_of(self, params: list) -> list:
         ids = {id(p) for p in params}
@@ -632,6 +644,8 @@ class Probes:
                 if info.enabled:
                     info.scaled = True
                     state.scaled_since_backward = True
+                elif state.disabled_scaler_since_backward is None:
+                    state.disabled_scaler_since_backward = info
                 if not state.paused:
                     info.scale_calls += 1
                     region = state.last_region

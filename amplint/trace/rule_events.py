@@ -157,12 +157,23 @@ def _amp009(facts) -> list[RuleEvent]:
         if record["unscaled"]:
             evidence["first_step"] = record["first_step"]
             evidence["backward_at"] = facts.where(record["backward_at"])
-        if "zero_grad_fraction" in record:
-            evidence["zero_grad_fraction"] = record["zero_grad_fraction"]
+        for key in ("zero_grad_fraction", "subnormal_grad_fraction"):
+            if key in record:
+                evidence[key] = record[key]
         message = (
             f"backward() ({evidence.get('backward_at')}) ran {record['unscaled']} time(s) on a loss computed under this "
             "float16 autocast region with no GradScaler.scale()"
         )
+        disabled = record.get("disabled_scaler")
+        if disabled is not None:
+            why = "built with enabled=False" if disabled.disabled_on_request else f"device {disabled.device!r} unavailable"
+            evidence["disabled_scaler"] = {"built_at": facts.where(disabled.callsite), "device": disabled.device, "why": why}
+            message = (
+                f"backward() ({evidence.get('backward_at')}) ran {record['unscaled']} time(s) on a loss computed under this "
+                f"float16 autocast region ({region.device}); the loss went through scale() of the GradScaler built at "
+                f"{evidence['disabled_scaler']['built_at']}, which is disabled ({why}), so nothing was scaled"
+                + (f": build it for the autocast's device, GradScaler({region.device!r})" if not disabled.disabled_on_request and region.device else "")
+            )
         sites = tuple(site for site in (region.entered_at, region.created_at) if site)
         events.append(RuleEvent("AMP009", region.entered_at, record["unscaled"], evidence, message, sites))
     return events

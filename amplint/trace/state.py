@@ -326,6 +326,9 @@ class TraceState:
         self.last_region: tuple | None = None  # (device, dtype, entered at) of the last enabled region entered
         self.fp16_regions: dict = {}  # AMP009: (entered at, created at) -> Float16Region
         self.scaled_since_backward = False
+        # AMP009: a disabled GradScaler whose scale() the loss went through since the last backward
+        # (`GradScaler("cuda")` on a machine without CUDA, beside a CPU autocast): it scaled nothing.
+        self.disabled_scaler_since_backward: ScalerInfo | None = None
         # The step at which a gradient penalty took the gradients of a scaled loss (PyTorch's recipe:
         # `autograd.grad(scaler.scale(loss), create_graph=True)`): an overflow in the penalty comes
         # from the scale, and the loss it is added to is the scaler's to skip.

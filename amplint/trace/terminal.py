@@ -89,8 +89,12 @@ def _evidence_text_amp007_017(code: str, count: int, ev: dict) -> str:
     if code == "AMP009":
         if not count:
             return "every float16 loss was scaled"  # refuted only once a backward took a loss from the region
-        zero = f"; {100 * ev['zero_grad_fraction']:.1f}% zero grads" if "zero_grad_fraction" in ev else ""
-        return f"{count} backward() on unscaled float16 loss(es){zero}"
+        text = f"{count} backward() on unscaled float16 loss(es)"
+        if ev.get("disabled_scaler"):
+            text += f"; the scaler at {ev['disabled_scaler']['built_at']} is disabled ({ev['disabled_scaler']['why']})"
+        if "subnormal_grad_fraction" in ev:
+            text += f"; grads: {100 * ev['subnormal_grad_fraction']:.1f}% of non-zero ones below float16's normal range"
+        return text
     if code == "AMP010":
         if not count:
             dtypes = ", ".join(f"{k}: {v}" for k, v in (ev.get("scaled_losses_by_autocast_dtype") or {}).items())
