@@ -89,6 +89,7 @@ def main() -> None:
 @click.option("--extend-select", help="Comma-separated rule codes or prefixes to add to the selection.")
 @click.option(
     "--format",
+    "--output-format",  # ruff's spelling, for commands written for ruff
     "output_format",
     type=click.Choice(["text", "concise", "json", "sarif", "github"]),
     default=None,

@@ -75,6 +75,10 @@ def test_json_is_the_contract(project: Path) -> None:
     assert (backward["column"], backward["end_column"]) == (5, 20)  # `loss.backward()`
 
 
+def test_ruffs_output_format_spelling_is_the_same_option(project: Path) -> None:
+    assert amplint("src", "--output-format", "concise", *SELECT, cwd=project).stdout == amplint("src", "--format", "concise", *SELECT, cwd=project).stdout
+
+
 def test_json_has_no_summary_on_stdout(project: Path) -> None:
     result = amplint("src/clean.py", "--format", "json", cwd=project)
     assert result.returncode == 0 and json.loads(result.stdout) == []
