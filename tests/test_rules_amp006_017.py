@@ -1162,6 +1162,11 @@ def test_amp005_in_a_helper_names_the_call_that_reaches_it_with_scaled_gradients
     assert "before the call on line 21 that reaches it with them" in finding.message
 
 
+def test_amp005_scaled_and_read_in_one_helper_is_advised_there_not_at_its_callers_call() -> None:
+    (finding,) = fixture_findings("AMP005/bad_norm_logged_in_the_epoch_function_that_scales.py", "AMP005")
+    assert finding.message.endswith("call `scaler.unscale_(optimizer)` before it")
+
+
 def test_amp005_advises_unscaling_the_optimizer_whose_gradients_are_still_scaled() -> None:
     (finding,) = fixture_findings("AMP005/bad_second_model_clipped_after_the_first_optimizer_unscaled.py", "AMP005")
     assert "call `scaler.unscale_(opt_head)` before it" in finding.message  # opt_backbone is unscaled already

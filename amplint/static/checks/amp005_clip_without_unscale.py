@@ -221,6 +221,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 scale = next((e for e in reversed(scales) if not _exclusive(facts, e, event)), None)
                 if scale is None or (scale.accelerate and event.helper):
                     continue  # a norm helper next to accelerate is often the framework's own (DeepSpeed's)
+                if scale.at is not None and scale.at is event.at:
+                    continue  # scaled and read in one helper: reported there, where the unscale_ goes
                 fresh = [e for e in unscales if not _exclusive(facts, e, event)]
                 later_steps = [e.optimizer for e in events[index + 1 :] if e.kind == "step"]
                 owner = later_steps[0] if later_steps else None
