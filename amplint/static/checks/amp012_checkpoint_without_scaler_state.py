@@ -515,19 +515,50 @@ def _passes_a_state_dict(call: CallSite) -> bool:
 
 
 def _away_from_every_scaler(facts: AmpFacts, scope: Scope) -> bool:
-    """The save or load is in a test function and every GradScaler is a local of other functions:
-    tests run on their own, so apex's scaler test and its fp32 checkpoint test share nothing.
-    (Library functions apart from the scaler's, `train` and `resume`, are run together elsewhere.)"""
+    """Every GradScaler is a local of other functions, none comes in as a parameter, and the
+    save or load is in a test function (tests run on their own, so apex's scaler test and its
+    fp32 checkpoint test share nothing) or in one that trains an optimizer of its own (an fp32
+    linear probe beside the AMP fine-tuning of the same file): no scaler ever steps it. (Library
+    functions handed an optimizer, `save(model, optimizer)`, may be run with a scaler elsewhere.)"""
     function = scope.function_scope
-    if not function.name.startswith("test") or any("scaler" in p.lower() for p in function.params):
+    if function.kind != "function" or any("scaler" in p.lower() for p in function.params):
         return False
     for assignment in facts.assignments:
         if facts.value_kind(assignment.value, assignment.where.scope) != "scaler":
             continue
         owner = assignment.where.scope.function_scope
         if "." in assignment.key or owner.kind != "function" or owner is function:
-            return False  # an attribute, a module-level scaler, or this test's own
-    return True
+            return False  # an attribute, a module-level scaler, or this function's own
+    if any(facts.is_scaler(c.receiver_key, c.scope) for c in function.calls if c.receiver_key):
+        return False  # a scaler from a factory (`scaler = build_scaler(cfg)`) is this function's own
+    return function.name.startswith("test") or _trains_its_own_optimizer(facts, function)
+
+
+def _trains_its_own_optimizer(facts: AmpFacts, function: Scope) -> bool:
+    """The function builds an optimizer (`torch.optim.SGD(...)`, `self._create_optimizer(...)`)
+    into a local name and reaches no other: none handed in as a parameter or held by one
+    (`trainer.optimizer`, `state.pop("optimizer")`), none an attribute of `self` that a scaler
+    elsewhere may step."""
+    own = {
+        a.key for a in facts.assignments
+        if a.where.scope.function_scope is function and "." not in a.key and facts.is_optimizer(a.key, a.where.scope)
+        and _builds_an_optimizer(facts, a.value, a.where.scope)
+    }
+    outside = {"self", "cls", *function.params} - own
+    return bool(own) and not any(
+        key.split(".")[0] in outside and facts.is_optimizer(key, function)
+        for key in [*function.params, *(c.receiver_key for c in function.calls if c.receiver_key)]
+    )
+
+
+def _builds_an_optimizer(facts: AmpFacts, value: cst.BaseExpression, scope: Scope) -> bool:
+    if not isinstance(value, cst.Call):
+        return False
+    called = dotted_name(value.func) or ""
+    return facts.value_kind(value, scope) == "optimizer" or bool(_OPTIMIZER_FACTORY.search(called.split(".")[-1]))
+
+
+_OPTIMIZER_FACTORY = re.compile(r"optim", re.IGNORECASE)
 
 
 def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str], reported: set[int]) -> Hit | None:
