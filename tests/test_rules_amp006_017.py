@@ -1167,6 +1167,12 @@ def test_amp005_scaled_and_read_in_one_helper_is_advised_there_not_at_its_caller
     assert finding.message.endswith("call `scaler.unscale_(optimizer)` before it")
 
 
+def test_amp005_an_unscale_on_some_passes_only_is_named_and_not_doubled_by_a_fix() -> None:
+    (finding,) = fixture_findings("AMP005/bad_unscale_only_when_logging_the_norm.py", "AMP005")
+    assert "where `scaler.unscale_(optimizer)` (line 13) does not run" in finding.message
+    assert finding.fix is None
+
+
 def test_amp005_advises_unscaling_the_optimizer_whose_gradients_are_still_scaled() -> None:
     (finding,) = fixture_findings("AMP005/bad_second_model_clipped_after_the_first_optimizer_unscaled.py", "AMP005")
     assert "call `scaler.unscale_(opt_head)` before it" in finding.message  # opt_backbone is unscaled already

@@ -10,6 +10,7 @@ import libcst as cst
 
 from amplint.static import autofix, names
 from amplint.static.checks import Hit
+from amplint.static.checks import _training_step as ts
 from amplint.static.semantics import (
     AmpFacts,
     CallSite,
@@ -175,6 +176,17 @@ def _exclusive(facts: AmpFacts, a: _Event, b: _Event) -> bool:
     return mutually_exclusive(a.position, b.position) or facts.contradictory(_places(a), _places(b))
 
 
+def _runs_whenever(facts: AmpFacts, unscale: _Event, read: _Event) -> bool:
+    """The `unscale_` runs on every pass the gradients are read on: each condition it is under
+    holds there too, or switches AMP (`if scaler is not None:`, whose other outcome scaled
+    nothing). `if args.log_norm: scaler.unscale_(opt)` does not cover a clip that runs always."""
+    held, failed = facts.outcomes_at(_places(unscale))
+    read_held, read_failed = facts.outcomes_at(_places(read))
+    return all(c in read_held or ts.AMP_SWITCH.search(c) for c in held) and all(
+        c in read_failed or ts.AMP_SWITCH.search(c) for c in failed
+    )
+
+
 def _places(event: _Event) -> tuple[Context, ...]:
     return (event.where,) if event.at is None else (event.at, event.where)
 
@@ -223,7 +235,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                     continue  # a norm helper next to accelerate is often the framework's own (DeepSpeed's)
                 if scale.at is not None and scale.at is event.at:
                     continue  # scaled and read in one helper: reported there, where the unscale_ goes
-                fresh = [e for e in unscales if not _exclusive(facts, e, event)]
+                fresh = [e for e in unscales if not _exclusive(facts, e, event) and _runs_whenever(facts, e, event)]
                 later_steps = [e.optimizer for e in events[index + 1 :] if e.kind == "step"]
                 owner = later_steps[0] if later_steps else None
                 covering = _covering_unscale(owner, fresh, stepped_optimizers, unscaled)
@@ -237,8 +249,15 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 # Advise the next optimizer stepped that is still scaled: after `unscale_(a)`,
                 # clip a, clip b, `step(a)`, `step(b)`, the second clip wants `unscale_(b)`.
                 advised = next((o for o in later_steps if o not in unscaled), owner)
+                # An `unscale_` on some passes only: another before the read would unscale twice.
+                sometimes = next(
+                    (e for e in unscales if e.kind == "unscale" and not _exclusive(facts, e, event) and not _runs_whenever(facts, e, event)),
+                    None,
+                )
                 if scale.accelerate:
                     yield _accelerate_hit(event, scale.scaler)
+                elif sometimes is not None:
+                    yield _sometimes_unscaled_hit(event, sometimes)
                 else:
                     yield _hit(event, scale.scaler, advised, autofix.unscale_before(event, scale.scaler, advised, events, facts))
 
@@ -282,6 +301,18 @@ def _accelerate_hit(event: _Event, accelerator: str | None) -> Hit:
         f"({consequence}); use `{accelerator}.clip_grad_norm_(...)`, which unscales them first, or call "
         f"`{accelerator}.unscale_gradients()` before it",
         event.where.statement,
+    )
+
+
+def _sometimes_unscaled_hit(event: _Event, unscale: _Event) -> Hit:
+    what, consequence = _CONSEQUENCE[event.kind]
+    return Hit(
+        event.node,
+        f"{what} that are still multiplied by the GradScaler's scale on the passes where "
+        f"`{unscale.scaler}.unscale_({unscale.optimizer or 'optimizer'})` (line {{0}}) does not run, under a condition "
+        f"this code is not ({consequence}); unscale on every pass that reads the gradients, or read them under the same condition",
+        event.where.statement,
+        related=(unscale.node,),
     )
 
 
