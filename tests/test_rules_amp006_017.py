@@ -1173,6 +1173,12 @@ def test_amp005_an_unscale_on_some_passes_only_is_named_and_not_doubled_by_a_fix
     assert finding.fix is None
 
 
+def test_amp005_a_clip_in_the_micro_batch_loop_is_told_to_move_after_it_without_a_fix() -> None:
+    micro, groups = fixture_findings("AMP005/bad_clip_in_every_micro_batch.py", "AMP005")
+    assert "once the micro-batch loop has ended, and move this after it" in micro.message and micro.fix is None
+    assert groups.message.endswith("call `scaler.unscale_(opt)` before it")  # a loop over groups is no micro-batch loop
+
+
 def test_amp005_advises_unscaling_the_optimizer_whose_gradients_are_still_scaled() -> None:
     (finding,) = fixture_findings("AMP005/bad_second_model_clipped_after_the_first_optimizer_unscaled.py", "AMP005")
     assert "call `scaler.unscale_(opt_head)` before it" in finding.message  # opt_backbone is unscaled already

@@ -258,6 +258,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                     yield _accelerate_hit(event, scale.scaler)
                 elif sometimes is not None:
                     yield _sometimes_unscaled_hit(event, sometimes)
+                elif _in_a_micro_batch_loop(event, scale, events[index + 1 :]):
+                    yield _hit(event, scale.scaler, advised, None, micro_batches=True)
                 else:
                     yield _hit(event, scale.scaler, advised, autofix.unscale_before(event, scale.scaler, advised, events, facts))
 
@@ -316,11 +318,30 @@ def _sometimes_unscaled_hit(event: _Event, unscale: _Event) -> Hit:
     )
 
 
-def _hit(event: _Event, scaler: str | None, owner: str | None, fix) -> Hit:
+def _in_a_micro_batch_loop(event: _Event, scale: _Event, later: list[_Event]) -> bool:
+    """The read runs in the loop of the scaled backward, and the next `scaler.step` after that
+    loop (gradient accumulation's micro-batches): an `unscale_` there would run on every
+    micro-batch, and torch refuses a second one before `update()`. A loop over parameter groups
+    around the clip alone is no such loop."""
+    step = next((e for e in later if e.kind == "step"), None)
+    loops = event.position.statement_loops
+    return (
+        step is not None and bool(loops) and loops[-1] in scale.position.statement_loops
+        and loops[-1] not in step.position.statement_loops
+    )
+
+
+def _hit(event: _Event, scaler: str | None, owner: str | None, fix, *, micro_batches: bool = False) -> Hit:
     """In a helper, the call that reaches it with scaled gradients is named: another caller may
     unscale first, and the helper has no scaler to unscale with."""
     what, consequence = _CONSEQUENCE[event.kind]
-    where = "before it" if event.at is None else "before the call on line {0} that reaches it with them"
+    if micro_batches:
+        where = (
+            "once the micro-batch loop has ended, and move this after it: inside the loop, unscale_ would run on "
+            "every micro-batch, which torch refuses before update()"
+        )
+    else:
+        where = "before it" if event.at is None else "before the call on line {0} that reaches it with them"
     return Hit(
         event.node,
         f"{what} that are still multiplied by the GradScaler's scale ({consequence}); call "
