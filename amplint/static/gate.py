@@ -117,13 +117,19 @@ def _scaler(text: _Text) -> bool:
 
 
 # accelerate's `accelerator.backward(loss)` scales the loss: called on a name that says so, or in a
-# file that imports accelerate (`acc = Accelerator()`); `torch.accelerator` is neither.
+# file that imports accelerate (`acc = Accelerator()`); `torch.accelerator` is neither. So do
+# Lightning's `fabric.backward(loss)` and `self.manual_backward(loss)`.
 _ACCELERATOR_BACKWARD = re.compile(rb"accelerator\s*\.\s*backward\s*\(")
 
 
 def _amp005(text: _Text) -> bool:
-    accelerate = text.has(b"backward") and (text.has(b"accelerate") or _ACCELERATOR_BACKWARD.search(text.raw) is not None)
-    if not (text.scale_call or accelerate):
+    framework = text.has(b"backward") and (
+        text.has(b"accelerate")
+        or _ACCELERATOR_BACKWARD.search(text.raw) is not None
+        or text.has(b"manual_backward")  # a LightningModule's, under the Trainer's precision
+        or b"fabric" in text.lower  # Lightning Fabric's `fabric.backward(loss)`
+    )
+    if not (text.scale_call or framework):
         return False
     return (
         text.has(b"clip_grad")

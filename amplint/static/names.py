@@ -72,7 +72,9 @@ AUTOCAST = {
 # says: `with accelerator.autocast():` (accelerate), `with fabric.autocast():` (Lightning Fabric).
 FRAMEWORK_AUTOCAST_OWNERS = frozenset({"accelerator", "fabric"})
 ACCELERATORS = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Accelerator"})
-FRAMEWORK_AUTOCAST_CLASSES = ACCELERATORS | {"lightning.Fabric", "lightning.fabric.Fabric", "lightning_fabric.Fabric"}
+FABRICS = frozenset({"lightning.Fabric", "lightning.fabric.Fabric", "lightning_fabric.Fabric"})
+FRAMEWORK_AUTOCAST_CLASSES = ACCELERATORS | FABRICS
+LIGHTNING_TRAINERS = frozenset({"lightning.Trainer", "lightning.pytorch.Trainer", "pytorch_lightning.Trainer"})
 
 # How many in-file calls deep the facts follow a region or a loop (semantics' region_of and
 # loops_per_caller); the rules that follow helpers, and the slicer, go as deep.

@@ -85,7 +85,8 @@ TRIGGERS: dict[str, str] = {
     "AMP003": r"autocast",
     "AMP004": r"GradScaler",
     # `.grad` reads are reached through the helpers a kept function calls.
-    "AMP005": r"\.scale\(|unscale_|clip_grad|GradScaler|accelerator\s*\.\s*(?:backward|unscale_gradients)\b",
+    "AMP005": r"\.scale\(|unscale_|clip_grad|GradScaler|accelerator\s*\.\s*(?:backward|unscale_gradients)\b"
+    r"|fabric\s*\.\s*(?:backward|clip_gradients)\b|manual_backward|clip_gradients|Trainer",
     # The training-step rules: scaler events, followed through in-file calls like AMP005's.
     "AMP006": _SCALER,
     "AMP007": _SCALER,

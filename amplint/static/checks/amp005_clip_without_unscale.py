@@ -53,7 +53,7 @@ class _Event:
     optimizer: str | None
     where: Context
     at: Context | None = None  # where it happens in the function being checked (the call site, for a helper's event)
-    accelerate: bool = False  # accelerate's own scaling (`accelerator.backward`) or unscaling
+    framework: str | None = None  # "accelerate", "fabric", "lightning": the framework's own scaling or unscaling
     helper: bool = False  # a norm or clipping helper of another file, which may be a framework's own
 
     @property
@@ -61,7 +61,8 @@ class _Event:
         return self.at or self.where
 
 
-def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
+def _own_events(function: Scope, facts: AmpFacts, lightning_fp16: bool) -> list[_Event]:
+    """`lightning_fp16`: a Lightning Trainer of the file may run in 16-bit mixed precision."""
     events: list[_Event] = []
     for call in function.calls:
         key = call.receiver_key
@@ -71,9 +72,12 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
             kind = {"scale": "scale", "unscale_": "unscale", "step": "step", "update": "update"}[call.method]
             optimizer = dotted_name(call.arg(0, "optimizer")) if kind in ("unscale", "step") else None
             events.append(_Event(kind, call.node, key, optimizer, call.where))
-        elif call.method in _ACCELERATOR_EVENTS and _scaling_accelerator(facts, call):
-            kind = _ACCELERATOR_EVENTS[call.method]
-            events.append(_Event(kind, call.node, key, None, call.where, accelerate=True))
+        elif call.method in _ACCELERATOR_EVENTS and _scaling_framework(facts, call, names.ACCELERATORS, "accelerator", "mixed_precision"):
+            events.append(_Event(_ACCELERATOR_EVENTS[call.method], call.node, key, None, call.where, framework="accelerate"))
+        elif call.method in _FABRIC_EVENTS and _scaling_framework(facts, call, names.FABRICS, "fabric", "precision"):
+            events.append(_Event(_FABRIC_EVENTS[call.method], call.node, key, None, call.where, framework="fabric"))
+        elif call.method in _LIGHTNING_EVENTS and key == "self" and lightning_fp16:
+            events.append(_Event(_LIGHTNING_EVENTS[call.method], call.node, key, None, call.where, framework="lightning"))
         elif (handed := _scaler_handed_to_a_stepping_helper(call, facts)) is not None:
             events.append(_Event("step", call.node, handed, None, call.where))
         elif call.qualname in names.GRAD_NORM:
@@ -94,22 +98,45 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[_Event]:
 _ACCELERATOR_EVENTS = {"backward": "scale", "unscale_gradients": "unscale", "clip_grad_norm_": "unscale", "clip_grad_value_": "unscale"}
 
 
-def _scaling_accelerator(facts: AmpFacts, call: CallSite) -> bool:
-    """`accelerator.backward(loss)` on an Accelerator that may run in fp16: one built here without a
-    literal `mixed_precision` other than "fp16" (the launch configuration may choose it), or a
-    name `accelerator` handed in."""
+# Lightning Fabric scales the loss in `fabric.backward` under 16-bit mixed precision and unscales
+# in `fabric.clip_gradients`; so do a LightningModule's `self.manual_backward` and
+# `self.clip_gradients` under a Trainer's `precision="16-mixed"` (manual optimization).
+_FABRIC_EVENTS = {"backward": "scale", "clip_gradients": "unscale"}
+_LIGHTNING_EVENTS = {"manual_backward": "scale", "clip_gradients": "unscale"}
+# The precisions that scale the loss: accelerate's `mixed_precision="fp16"`, Lightning's 16-bit
+# mixed precision (not "16-true", a model in float16 with no scaler, nor "bf16-mixed").
+_FP16_PRECISIONS = frozenset({"fp16", "16", "16-mixed"})
+
+
+def _scaling_framework(facts: AmpFacts, call: CallSite, classes: frozenset[str], usual_name: str, keyword: str) -> bool:
+    """`accelerator.backward(loss)` / `fabric.backward(loss)` on an object that may run in fp16:
+    one built here with such a precision or one not written as a literal, or a name
+    `accelerator` / `fabric` handed in."""
     key = call.receiver_key
     if key is None:
         return False
-    built = [value for value, qualified in facts.constructed(key, call.scope) if qualified in names.ACCELERATORS]
+    built = [value for value, qualified in facts.constructed(key, call.scope) if qualified in classes]
     if built:
-        return any(_may_run_in_fp16(value) for value in built)
-    return key.rsplit(".", 1)[-1] == "accelerator" and facts.called_function(call) is None
+        return any(_may_run_in_fp16(value, keyword) for value in built)
+    return key.rsplit(".", 1)[-1] == usual_name and facts.called_function(call) is None
 
 
-def _may_run_in_fp16(accelerator: cst.Call) -> bool:
-    precision = argument(accelerator, None, "mixed_precision")
-    return not isinstance(precision, cst.SimpleString) or precision.evaluated_value == "fp16"
+def _may_run_in_fp16(construction: cst.Call, keyword: str) -> bool:
+    """Its precision is 16-bit mixed, or not a literal. Left out, accelerate's comes from the
+    launch configuration; Fabric's and a Trainer's default is 32-bit."""
+    precision = argument(construction, None, keyword)
+    if precision is None:
+        return keyword == "mixed_precision"
+    if isinstance(precision, cst.SimpleString):
+        return precision.evaluated_value in _FP16_PRECISIONS
+    if isinstance(precision, cst.Integer):
+        return precision.value in _FP16_PRECISIONS
+    return True
+
+
+def _lightning_may_run_in_fp16(facts: AmpFacts) -> bool:
+    """A Lightning Trainer built in the file may run in 16-bit mixed precision."""
+    return any(c.qualname in names.LIGHTNING_TRAINERS and _may_run_in_fp16(c.node, "precision") for c in facts.calls)
 
 
 # A gradient-norm or clipping helper from another file (Swin's `get_grad_norm(model.parameters())`
@@ -178,13 +205,18 @@ def _exclusive(facts: AmpFacts, a: _Event, b: _Event) -> bool:
 
 def _runs_whenever(facts: AmpFacts, unscale: _Event, read: _Event) -> bool:
     """The `unscale_` runs on every pass the gradients are read on: each condition it is under
-    holds there too, or switches AMP (`if scaler is not None:`, whose other outcome scaled
-    nothing). `if args.log_norm: scaler.unscale_(opt)` does not cover a clip that runs always."""
+    holds there too, switches AMP (`if scaler is not None:`, whose other outcome scaled nothing),
+    or asks whether the optimizer is unscaled already (`if state["stage"] is not
+    OptState.UNSCALED:`). `if args.log_norm: scaler.unscale_(opt)` does not cover a clip that
+    runs always."""
     held, failed = facts.outcomes_at(_places(unscale))
     read_held, read_failed = facts.outcomes_at(_places(read))
-    return all(c in read_held or ts.AMP_SWITCH.search(c) for c in held) and all(
-        c in read_failed or ts.AMP_SWITCH.search(c) for c in failed
+    return all(c in read_held or _COVERS_EITHER_WAY.search(c) for c in held) and all(
+        c in read_failed or _COVERS_EITHER_WAY.search(c) for c in failed
     )
+
+
+_COVERS_EITHER_WAY = re.compile(ts.AMP_SWITCH.pattern + r"|OptState|_per_optimizer_states|\bstage\b|unscaled", re.IGNORECASE)
 
 
 def _places(event: _Event) -> tuple[Context, ...]:
@@ -208,7 +240,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     if not facts.calls:
         return
     functions = [facts.module_scope, *facts.functions]
-    own = {id(f): _own_events(f, facts) for f in functions}
+    lightning_fp16 = _lightning_may_run_in_fp16(facts)
+    own = {id(f): _own_events(f, facts, lightning_fp16) for f in functions}
     if not any(e.kind == "scale" for events in own.values() for e in events):
         return
     reported: set[int] = set()
@@ -231,7 +264,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             elif event.kind in ("clip", "grad", "norm") and id(event.node) not in reported:
                 # Only what can run in the same pass: `if amp: scale... else: backward; clip` is fine.
                 scale = next((e for e in reversed(scales) if not _exclusive(facts, e, event)), None)
-                if scale is None or (scale.accelerate and event.helper):
+                if scale is None or (scale.framework is not None and event.helper):
                     continue  # a norm helper next to accelerate is often the framework's own (DeepSpeed's)
                 if scale.at is not None and scale.at is event.at:
                     continue  # scaled and read in one helper: reported there, where the unscale_ goes
@@ -254,8 +287,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                     (e for e in unscales if e.kind == "unscale" and not _exclusive(facts, e, event) and not _runs_whenever(facts, e, event)),
                     None,
                 )
-                if scale.accelerate:
-                    yield _accelerate_hit(event, scale.scaler)
+                if scale.framework is not None:
+                    yield _framework_hit(event, scale)
                 elif sometimes is not None:
                     yield _sometimes_unscaled_hit(event, sometimes)
                 elif _in_a_micro_batch_loop(event, scale, events[index + 1 :]):
@@ -270,7 +303,7 @@ def _scaled_on_entry(events: list[_Event]) -> list[_Event]:
     optimizer wrapper's `backward(loss)` did the scaled backward, its `step()` unscales). That
     `unscale_` stands in for the scaled backward, so gradients read before it are reported."""
     first = next((e for e in events if e.kind in ("scale", "unscale", "step", "update")), None)
-    return [first] if first is not None and first.kind == "unscale" and not first.accelerate else []
+    return [first] if first is not None and first.kind == "unscale" and first.framework is None else []
 
 
 def _covering_unscale(owner: str | None, fresh: list[_Event], stepped: set[str], unscaled: set[str | None]) -> _Event | None:
@@ -295,15 +328,19 @@ _CONSEQUENCE = {
 }
 
 
-def _accelerate_hit(event: _Event, accelerator: str | None) -> Hit:
+def _framework_hit(event: _Event, scale: _Event) -> Hit:
     what, consequence = _CONSEQUENCE[event.kind]
-    return Hit(
-        event.node,
-        f"{what} that `{accelerator}.backward()` scaled when accelerate runs in fp16 mixed precision "
-        f"({consequence}); use `{accelerator}.clip_grad_norm_(...)`, which unscales them first, or call "
-        f"`{accelerator}.unscale_gradients()` before it",
-        event.where.statement,
-    )
+    owner = scale.scaler
+    if scale.framework == "accelerate":
+        scaled = f"that `{owner}.backward()` scaled when accelerate runs in fp16 mixed precision"
+        advice = f"use `{owner}.clip_grad_norm_(...)`, which unscales them first, or call `{owner}.unscale_gradients()` before it"
+    elif scale.framework == "fabric":
+        scaled = f"that `{owner}.backward()` scaled when Fabric runs in 16-bit mixed precision"
+        advice = f"use `{owner}.clip_gradients(model, optimizer, max_norm=...)`, which unscales them first"
+    else:
+        scaled = "that `self.manual_backward()` scaled when the Trainer runs in 16-bit mixed precision"
+        advice = "use `self.clip_gradients(optimizer, gradient_clip_val=...)`, which unscales them first"
+    return Hit(event.node, f"{what} {scaled} ({consequence}); {advice}", event.where.statement)
 
 
 def _sometimes_unscaled_hit(event: _Event, unscale: _Event) -> Hit:
