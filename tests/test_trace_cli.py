@@ -1835,3 +1835,22 @@ def test_unscaled_float16_gradients_report_the_share_below_float16s_normal_range
     assert finding["evidence"]["subnormal_grad_fraction"] > 0.5
     summary = _terminal_summary(report, tmp_path, 240)
     assert "of non-zero ones below float16's normal range" in summary and "zero grads" not in summary
+
+
+def test_the_op_table_shows_float32_compute_in_a_low_precision_region_before_casts(tmp_path: Path) -> None:
+    """A line whose ops outnumber the table's rows (a model's forward) shows first what an AMP
+    user looks for: a float32 matmul under bfloat16 autocast, not autocast's own casts."""
+    cast = {"op": "aten::_to_copy", "path": "train.py", "line": 3, "count": 100, "autocast": {"device": "cpu", "dtype": "bfloat16"},
+            "input_dtypes": ["float32"], "output_dtypes": ["bfloat16"], "phase": "forward"}
+    rows = [cast] * 10 + [
+        {"op": "aten::bmm", "path": "train.py", "line": 3, "count": 2, "autocast": {"device": "cpu", "dtype": "bfloat16"},
+         "input_dtypes": ["float32", "float32"], "output_dtypes": ["float32"], "phase": "forward"},
+        {"op": "aten::_foreach_norm.Scalar", "path": "train.py", "line": 4, "count": 1, "autocast": None,
+         "input_dtypes": ["float32"] * 30, "output_dtypes": ["float32"] * 30, "phase": "forward"},
+    ]
+    report = dict(_trivial_report(tmp_path), ops=rows)
+    summary = _terminal_summary(report, tmp_path, 200)
+    op_rows = [line.split("│")[1].strip() for line in summary.splitlines() if line.startswith("│")]
+    assert op_rows.index("bmm") < op_rows.index("_to_copy")
+    assert "... 3 more" in op_rows and "in the JSON report (--json FILE)" in summary
+    assert "f32 x30 -> f32 x30" in summary

@@ -15,11 +15,26 @@ from amplint.trace.report import CHEAP_COVERAGE_NOTE_START, found_in, none_seen
 
 STATUS_STYLE = {"confirmed": "bold red", "refuted": "green", "not-reached": "yellow"}
 MAX_OP_LINES = 30
+MAX_OPS_PER_LINE = 8
 _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int64": "i64", "int32": "i32", "bool": "bool"}
 
 
 def _short(dtypes: list[str]) -> str:
-    return ",".join(_SHORT.get(d, d) for d in dtypes) or "-"
+    """`f32,bf16`; a run of one dtype over three long is counted (a foreach op's thirty tensors:
+    `f32 x30`)."""
+    runs = _runs([_SHORT.get(d, d) for d in dtypes])
+    return ",".join(short if n == 1 else f"{short} x{n}" if n > 3 else ",".join([short] * n) for short, n in runs) or "-"
+
+
+def _runs(values: list) -> list[list]:
+    """[value, how many times in a row] for each run of equal values."""
+    runs: list[list] = []
+    for value in values:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return runs
 
 
 def _evidence_text(finding: dict) -> str:
@@ -166,7 +181,7 @@ def _ops_table(report: dict, cwd: str) -> Table | None:
         table.add_row(Text(f"{path}:{line}", style="bold", no_wrap=False, overflow="fold"), "", "", "", "", "")
         if source:
             table.add_row(Text(source, style="dim"), "", "", "", "", "")
-        for row in group[:8]:
+        for row in sorted(group, key=_interest)[:MAX_OPS_PER_LINE]:
             ac = row["autocast"]
             verdict = row.get("policy")
             mark = ""
@@ -183,11 +198,36 @@ def _ops_table(report: dict, cwd: str) -> Table | None:
                 str(row["count"]),
                 mark,
             )
-        if len(group) > 8:
-            table.add_row(Text(f"  ... {len(group) - 8} more op(s) on this line in the JSON", style="dim"), "", "", "", "", "")
+        if len(group) > MAX_OPS_PER_LINE:
+            table.add_row(
+                Text(f"  ... {len(group) - MAX_OPS_PER_LINE} more", style="dim"), "", "", Text("in the JSON report (--json FILE)", style="dim"), "", ""
+            )
     if len(by_line) > MAX_OP_LINES:
         table.caption = f"{len(by_line) - MAX_OP_LINES} more source lines in the JSON report"
     return table
+
+
+# Ops that move or make data rather than compute with it: autocast's own casts, copies, views,
+# fills, random numbers. Shown after the compute ops of a line.
+_BOOKKEEPING = frozenset({
+    "_to_copy", "copy_", "clone", "contiguous", "detach", "alias", "lift_fresh", "view", "_unsafe_view", "reshape",
+    "_reshape_alias", "as_strided", "expand", "t", "transpose", "permute", "unsqueeze", "squeeze", "split", "slice",
+    "select", "cat", "stack", "empty", "empty_like", "zeros", "zeros_like", "ones", "ones_like", "full", "fill_",
+    "zero_", "rand", "randn", "randint", "randperm", "bernoulli_", "normal_", "uniform_",
+})
+_LOW_PRECISION = ("float16", "bfloat16")
+
+
+def _interest(row: dict) -> tuple:
+    """What an AMP user looks for first on a line: an op against the policy, then a compute op that
+    ran in float32 in a float16/bfloat16 region, then the other compute ops, then casts, copies
+    and random numbers; the most called first within each."""
+    verdict = row.get("policy")
+    bookkeeping = row["op"].replace("aten::", "").split(".")[0] in _BOOKKEEPING
+    autocast = row.get("autocast")
+    float32_in_region = bool(autocast) and autocast["dtype"] in _LOW_PRECISION and "float32" in row["output_dtypes"]
+    rank = 0 if verdict and not verdict["matches"] else 3 if bookkeeping else 1 if float32_in_region else 2
+    return rank, -row["count"]
 
 
 def bypass_line(scaler: dict) -> str | None:
@@ -203,12 +243,7 @@ def bypass_line(scaler: dict) -> str | None:
 
 def _scale_runs(history: list) -> str:
     """65536.0 x3, 32768.0 x1, ... (the scale after each update, run-length encoded)."""
-    runs: list[list] = []
-    for value in history:
-        if runs and runs[-1][0] == value:
-            runs[-1][1] += 1
-        else:
-            runs.append([value, 1])
+    runs = _runs(history)
     text = ", ".join(f"{v:g}" + (f" x{n}" if n > 1 else "") for v, n in runs[:12])
     return text + (", ..." if len(runs) > 12 else "")
 
