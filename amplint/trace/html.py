@@ -69,7 +69,7 @@ def scale_plot(timeline: list[dict], width: int = 760, height: int = 220) -> str
 
 
 def render(report: dict, cwd: str) -> str:
-    from amplint.trace.terminal import _attempted, _evidence_text, bypass_line, split_cheap_coverage  # same wording as the terminal
+    from amplint.trace.terminal import _attempted, _evidence_text, bypass_line, op_interest, split_cheap_coverage  # same wording as the terminal
 
     env, exit_ = report["environment"], report["exit"]
     out = [
@@ -149,7 +149,7 @@ def render(report: dict, cwd: str) -> str:
         absolute = path if os.path.isabs(path) else os.path.join(cwd, path)
         source = linecache.getline(absolute, line).strip()
         out.append(f'<tr class="src"><td colspan="7" class="mono">{_e(path)}:{_e(line)} &nbsp; {_e(source)}</td></tr>')
-        for row in rows:
+        for row in sorted(rows, key=op_interest):
             ac = row["autocast"]
             verdict = row.get("policy")
             mark = "" if not verdict else ("ok" if verdict["matches"] else f'<span class="bad">expected {_e(verdict["expected"])}</span>')

@@ -181,7 +181,7 @@ def _ops_table(report: dict, cwd: str) -> Table | None:
         table.add_row(Text(f"{path}:{line}", style="bold", no_wrap=False, overflow="fold"), "", "", "", "", "")
         if source:
             table.add_row(Text(source, style="dim"), "", "", "", "", "")
-        for row in sorted(group, key=_interest)[:MAX_OPS_PER_LINE]:
+        for row in sorted(group, key=op_interest)[:MAX_OPS_PER_LINE]:
             ac = row["autocast"]
             verdict = row.get("policy")
             mark = ""
@@ -218,7 +218,7 @@ _BOOKKEEPING = frozenset({
 _LOW_PRECISION = ("float16", "bfloat16")
 
 
-def _interest(row: dict) -> tuple:
+def op_interest(row: dict) -> tuple:
     """What an AMP user looks for first on a line: an op against the policy, then a compute op that
     ran in float32 in a float16/bfloat16 region, then the other compute ops, then casts, copies
     and random numbers; the most called first within each."""
