@@ -1854,3 +1854,36 @@ def test_the_op_table_shows_float32_compute_in_a_low_precision_region_before_cas
     assert op_rows.index("bmm") < op_rows.index("_to_copy")
     assert "... 3 more" in op_rows and "in the JSON report (--json FILE)" in summary
     assert "f32 x30 -> f32 x30" in summary
+
+
+def test_a_region_switching_off_another_devices_autocast_is_said_to_switch_off_nothing(tmp_path: Path) -> None:
+    """A GPU repository's "loss in fp32" block, `autocast("cuda", enabled=False)`, run under a CPU
+    autocast: the ops inside still run in bfloat16. A block switching off the CPU's own autocast
+    gets no such note."""
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        model = torch.nn.Linear(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(2):
+            x, y = torch.randn(4, 8), torch.randn(4, 4)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                pred = model(x)
+                with torch.autocast("cuda", enabled=False):
+                    d = pred - y
+                    loss = (d @ d.t()).diagonal().mean()
+                with torch.autocast("cpu", enabled=False):
+                    other = (pred.float() - y).pow(2).mean()
+            (loss + other).backward()
+            opt.step()
+            opt.zero_grad()
+        """,
+    )
+    trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    report = json.loads((tmp_path / "r.json").read_text())
+    [note] = [n for n in report["notes"] if "switched nothing off" in n]
+    assert note.startswith('autocast("cuda", enabled=False) at train.py:9 ran inside an enabled cpu autocast region (bfloat16)')
+    [finding] = [f for f in report["findings"] if f["code"] == "AMP014" and f["line"] == 9]  # `pred` uncast
+    assert finding["status"] == "not-reached" and "which it leaves on" in finding["evidence"]["note"]

@@ -431,6 +431,12 @@ def _never_suppressed(site: _Site, facts: Facts) -> str | None:
     nothing around it was on (the enclosing region's flag left off), it judged nothing."""
     if any(site.matches(at) for at in facts.state.suppressing_regions):
         return None
+    for at, (device, around, dtype) in facts.state.misdirected_disables.items():
+        if site.matches(at):
+            return (
+                f"the region switches off {device} autocast, but the enabled region around it is {around} autocast "
+                f"({dtype}), which it leaves on: the ops inside ran in {dtype} all the same"
+            )
     return f"the region never ran inside an enabled autocast region in this run: {NOT_RUN}"
 
 

@@ -218,12 +218,14 @@ class Probes:
                 if enabled:
                     probes.state.last_region = (device, dtype, site)
                 fp16_entry = probes._enter_fp16_region(device, site, created) if enabled and dtype == "float16" else None
+                requested = getattr(self_, "_amplint_requested", True)
+                if not requested:
+                    probes._note_misdirected_disable(device, site)
                 mirror.regions.append((device, bool(enabled), dtype, site, fp16_entry))
                 if mirror.suppressed or (not enabled and len(mirror.regions) > 1):
                     probes._refresh_suppressed()
                 # A CUDA region a CPU-only machine disabled (not one the script switched off):
                 # --simulate cuda shadows it anyway.
-                requested = getattr(self_, "_amplint_requested", True)
                 wanted_cuda = not enabled and requested and getattr(self_, "device", None) == "cuda" and not torch.cuda.is_available()
                 if not enabled:
                     (probes.state.autocast_without_device_entries if wanted_cuda else probes.state.autocast_off_entries)[site] += 1
@@ -286,6 +288,16 @@ class Probes:
                 except RuntimeError:
                     active.append((device, None))
         mirror.active = tuple(active)
+
+    def _note_misdirected_disable(self, device, site) -> None:
+        """A region switched off for one device inside an enabled region of another only
+        (`autocast("cuda", enabled=False)` in a CPU autocast): it switches off nothing."""
+        regions = self.state.mirror.regions
+        if any(d == device and on for d, on, *_ in regions):
+            return
+        around = [(d, dtype) for d, on, dtype, *_ in regions if on]
+        if around:
+            self.state.misdirected_disables.setdefault(site, (device, *around[-1]))
 
     def _refresh_suppressed(self) -> None:
         """AMP014: devices whose innermost open region disables autocast inside an enabled one."""

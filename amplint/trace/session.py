@@ -432,6 +432,13 @@ class TraceSession:
                 + ("; `--simulate cuda` shows CUDA's dtypes for it" if cuda else "")
             )
 
+        for (filename, line), (switched_off, around, dtype) in state.misdirected_disables.items():
+            notes.append(
+                f"autocast(\"{switched_off}\", enabled=False) at {self.display(filename)}:{line} ran inside an enabled {around} "
+                f"autocast region ({dtype}) and switched nothing off: the ops inside ran in {dtype}; switch off the device "
+                f"the tensors are on (`torch.autocast(x.device.type, enabled=False)`)"
+            )
+
         kernels: list = []
         if self.options.probe_dtypes:
             from amplint.trace.kernels import probe_kernels

@@ -314,6 +314,9 @@ class TraceState:
         self.lines_seen: set[Callsite] = set()  # user lines that ran torch ops or probes
         self.lines_under_autocast: set[Callsite] = set()  # those that ran them with autocast on in their thread
         self.suppressing_regions: set[Callsite] = set()  # AMP014: entered disabling autocast inside an enabled region
+        # A region disabling one device's autocast entered inside an enabled region of another
+        # device only: site -> (its device, the enabled region's device, that region's dtype)
+        self.misdirected_disables: dict[Callsite, tuple] = {}
         self.files_seen: set[str] = set()
         self.notes: list[str] = []
         # processes started with multiprocessing, which run untraced: start callsite (None: torch
