@@ -1887,3 +1887,27 @@ def test_a_region_switching_off_another_devices_autocast_is_said_to_switch_off_n
     assert note.startswith('autocast("cuda", enabled=False) at train.py:9 ran inside an enabled cpu autocast region (bfloat16)')
     [finding] = [f for f in report["findings"] if f["code"] == "AMP014" and f["line"] == 9]  # `pred` uncast
     assert finding["status"] == "not-reached" and "which it leaves on" in finding["evidence"]["note"]
+
+
+def test_checking_low_precision_values_in_a_disabled_region_is_not_computing_with_them(tmp_path: Path) -> None:
+    """`torch.isfinite(h)` and `h > 0` read a bfloat16 `h` in an fp32 block (isfinite is `abs`
+    and `ne` inside); `h.sum()` computes with it."""
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        model = torch.nn.Linear(8, 8)
+        for step in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                h = model(torch.randn(4, 8))
+                with torch.autocast("cpu", enabled=False):
+                    assert torch.isfinite(h).all() and not h.isnan().any()
+                    positive = h > 0
+                    total = h.sum()
+        """,
+    )
+    trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    findings = [f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "AMP014"]
+    [confirmed] = [f for f in findings if f["status"] == "confirmed"]
+    assert confirmed["evidence"]["ops"] == [{"op": "aten::sum", "line": "train.py:10", "input_dtypes": ["bfloat16"], "count": 2}]

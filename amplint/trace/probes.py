@@ -69,6 +69,10 @@ def _dtype_name(dtype) -> str | None:
     return None if dtype is None else str(dtype).replace("torch.", "")
 
 
+
+# Functions that inspect a tensor's values rather than compute with them (AMP014's exemption).
+_INSPECTIONS = ("isfinite", "isnan", "isinf", "isposinf", "isneginf", "isreal", "equal", "allclose", "isclose")
+
 class Probes:
     def __init__(self, state: TraceState, classifier: CodeClassifier, monitor: NonFiniteMonitor):
         self.state = state
@@ -141,9 +145,35 @@ class Probes:
         self._install_schedulers()
         self._install_conversions()
         self._install_warnings()
+        self._install_inspections()
         from amplint.trace.amp_probes import RuleProbes
 
         RuleProbes(self).install()
+
+    def _install_inspections(self) -> None:
+        """AMP014: a finiteness check or a comparison (`torch.isfinite(h).all()` at the top of an
+        fp32 block) reads its low-precision input without computing with it; the ops it is made of
+        (`abs`, `ne`) are not the block's arithmetic."""
+        state = self.state
+
+        def wrap(real):
+            @functools.wraps(real)
+            def inspect(*args, **kwargs):
+                state.inspecting += 1
+                try:
+                    return real(*args, **kwargs)
+                finally:
+                    state.inspecting -= 1
+
+            return inspect
+
+        for name in _INSPECTIONS:
+            if hasattr(torch, name):
+                self._patch(torch, name, wrap)
+            if hasattr(torch.Tensor, name):
+                real = getattr(torch.Tensor, name)
+                setattr(torch.Tensor, name, wrap(real))
+                self._undo.append(lambda name=name: delattr(torch.Tensor, name) if name in torch.Tensor.__dict__ else None)
 
     def remove(self) -> None:
         while self._undo:

@@ -180,7 +180,7 @@ class DispatchRecorder(TracerDispatchMode):
                     state.op_templates[template_key] = _template(func, args, kwargs)
 
         suppressed = mirror.suppressed
-        if suppressed and phase == "forward" and not info.passive:
+        if suppressed and phase == "forward" and not info.passive and not state.inspecting and not _only_bool(out):
             self._disabled_region_op(suppressed, info, args, site)
 
         watch = state.watch
@@ -214,6 +214,13 @@ class DispatchRecorder(TracerDispatchMode):
                     table = self.state.disabled_region_ops
                     table[key] = table.get(key, 0) + 1
                 return
+
+
+def _only_bool(out) -> bool:
+    """A comparison's result (`h > 0`, `torch.ne`): it reads low-precision values, computes nothing in them."""
+    outputs = out if isinstance(out, (tuple, list)) else (out,)
+    tensors = [t for t in outputs if isinstance(t, torch.Tensor)]
+    return bool(tensors) and all(t.dtype == torch.bool for t in tensors)
 
 
 def _run_as_plain(func, info: OpInfo, active: tuple, args, kwargs):

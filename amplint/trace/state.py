@@ -317,6 +317,7 @@ class TraceState:
         # A region disabling one device's autocast entered inside an enabled region of another
         # device only: site -> (its device, the enabled region's device, that region's dtype)
         self.misdirected_disables: dict[Callsite, tuple] = {}
+        self.inspecting = 0  # inside torch.isfinite / isnan / equal...: ops that read values, not compute
         self.files_seen: set[str] = set()
         self.notes: list[str] = []
         # processes started with multiprocessing, which run untraced: start callsite (None: torch
