@@ -1911,3 +1911,22 @@ def test_checking_low_precision_values_in_a_disabled_region_is_not_computing_wit
     findings = [f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "AMP014"]
     [confirmed] = [f for f in findings if f["status"] == "confirmed"]
     assert confirmed["evidence"]["ops"] == [{"op": "aten::sum", "line": "train.py:10", "input_dtypes": ["bfloat16"], "count": 2}]
+
+
+def test_a_double_dash_before_the_scripts_arguments_is_explained_when_argparse_refuses_it(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import argparse
+        import torch
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--lr", type=float, required=True)
+        parser.parse_args()
+        """,
+    )
+    proc = trace(tmp_path, "-q", "--json", "r.json", "train.py", "--", "--lr", "0.1")
+    assert proc.returncode == 2
+    [note] = [n for n in json.loads((tmp_path / "r.json").read_text())["notes"] if "drop the `--`" in n]
+    assert note.startswith("the script exited 2 (argparse's usage error?) with `--` as its first argument")
+    assert trace(tmp_path, "-q", "--json", "r.json", "--", "train.py", "--lr", "0.1").returncode == 0

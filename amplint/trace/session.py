@@ -375,6 +375,12 @@ class TraceSession:
             else:
                 facts.applied[id(step)] = step.applied
         nonfinite = self.monitor.resolve(values)
+        if self.options.args[:1] == ["--"] and outcome.status == "exit" and outcome.code == 2:
+            # `amplint trace train.py -- --lr 3e-4`, as uv and cargo take arguments: argparse refuses the `--`.
+            self._note(
+                "the script exited 2 (argparse's usage error?) with `--` as its first argument: amplint passes "
+                "everything after SCRIPT unchanged, as `python train.py ...` does; drop the `--`, or put it before SCRIPT"
+            )
         if self.options.nan == "cheap" and self.monitor.checked_anything and (nonfinite is None or nonfinite.handled_by_scaler):
             note = early_stop_note(outcome, state.step)
             if note:
