@@ -1020,6 +1020,14 @@ def test_a_script_ending_with_os_exit_keeps_its_status_and_says_no_report_was_wr
     assert not (tmp_path / "r.json").exists()
 
 
+def test_under_strict_a_successful_run_ended_by_os_exit_fails_as_unchecked(tmp_path: Path) -> None:
+    write(tmp_path, "train.py", "import os\nimport torch\nos._exit(0)\n")
+    proc = trace(tmp_path, "--strict", "train.py")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == "amplint trace: --strict: exit 1: the run ended before it could be checked"
+    assert trace(tmp_path, "train.py").returncode == 0
+
+
 def test_a_symlinked_script_imports_from_its_real_folder_like_a_plain_run(tmp_path: Path) -> None:
     write(tmp_path, "project/helper.py", "MESSAGE = 'helper found'\n")
     write(tmp_path, "project/train.py", "import helper\nprint(helper.MESSAGE)\n")

@@ -173,7 +173,12 @@ def _describe(exc: BaseException) -> str:
 
 
 def run_target(
-    path: str, module_name: str | None, args: list[str], argv0: str | None = None, when_imported: tuple | None = None
+    path: str,
+    module_name: str | None,
+    args: list[str],
+    argv0: str | None = None,
+    when_imported: tuple | None = None,
+    strict: bool = False,
 ) -> RunOutcome:
     """Run the target, then what Python runs when a script ends (its traceback, the wait for its
     threads, its atexit handlers); never raises (the outcome says how it ended). `argv0` is the
@@ -186,7 +191,7 @@ def run_target(
     sys.path[:] = _sys_path_for_main(script_import_folder(path) if module_name is None else os.getcwd())
     previous_sigterm = _raise_on_sigterm()
     real_os_exit = os._exit
-    os._exit = _os_exit_that_says_so(real_os_exit)
+    os._exit = _os_exit_that_says_so(real_os_exit, strict)
     try:
         with contextlib.ExitStack() as run_context:
             exit_handlers = run_context.enter_context(_ExitHandlers())
@@ -398,16 +403,20 @@ def _run_script(path: str, file_name: str) -> None:
         sys.modules["__main__"] = saved_main
 
 
-def _os_exit_that_says_so(real_os_exit):
+def _os_exit_that_says_so(real_os_exit, strict: bool):
     """`os._exit` ends the process on the spot, skipping the `finally` that writes the report, as
     the script intends (it often means to skip a cleanup that hangs). Say so rather than leave the
-    report missing without a word; forked children (DataLoader workers) exit silently as before."""
+    report missing without a word; forked children (DataLoader workers) exit silently as before.
+    Under --strict a run that succeeded exits 1: nothing was checked, and a CI gate must not pass."""
     tracing_pid = os.getpid()
 
     def os_exit(status: int) -> None:
         if os.getpid() == tracing_pid:
             stream = sys.__stderr__ if getattr(sys.stderr, "closed", False) else sys.stderr
             print(f"amplint trace: the script called os._exit({status}), which ends the process at once: no report was written", file=stream, flush=True)
+            if strict and status == 0:
+                print("amplint trace: --strict: exit 1: the run ended before it could be checked", file=stream, flush=True)
+                status = 1
         real_os_exit(status)
 
     return os_exit

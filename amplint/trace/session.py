@@ -239,7 +239,7 @@ class TraceSession:
         # torch is imported by the script, not before it; the instrumentation goes in when it is
         # (see launcher._AfterFirstImport), and is removed (the stack closed) however the run ends.
         with contextlib.ExitStack() as self._installed, _ChildProcesses(self):
-            outcome = run_target(self.path, self.module_name, options.args, argv0, ("torch", self.instrument))
+            outcome = run_target(self.path, self.module_name, options.args, argv0, ("torch", self.instrument), options.strict)
         self.cpu_seconds = time.process_time() - started
         if self.probes is None:  # the script never imported torch, or its import failed
             try:
