@@ -163,8 +163,10 @@ def _amp010(text: _Text) -> bool:
 
 
 def _amp012(text: _Text) -> bool:
+    # A scaler of its own, or accelerate's when it may run in fp16 (`Accelerator(mixed_precision=...)`).
+    accelerate = text.has(b"Accelerator") and text.has(b"mixed_precision")
     # A checkpoint: saved, restored, or handed to a helper named for writing one (`write_checkpoint`).
-    return text.has(b"GradScaler") and any(text.has(word) for word in _CHECKPOINT_WORDS)
+    return (text.has(b"GradScaler") or accelerate) and any(text.has(word) for word in _CHECKPOINT_WORDS)
 
 
 _CHECKPOINT_WORDS = (

@@ -36,6 +36,7 @@ def _last_parts(qualified: set[str]) -> frozenset[str]:
 
 _AUTOCAST = _last_parts(names.AUTOCAST)
 _GRAD_SCALER = _last_parts(names.GRAD_SCALER)
+_ACCELERATOR = _last_parts(names.ACCELERATORS)
 _AUTOCAST_STATE_GETTERS = _last_parts(names.AUTOCAST_STATE_GETTERS)
 _AUTOGRAD_FUNCTION = frozenset({"Function"})
 _BACKWARD = _last_parts(names.AUTOGRAD_BACKWARD)
@@ -377,6 +378,11 @@ class Screen:
         return self._may_name(self.walk.callees, _GRAD_SCALER)
 
     @cached_property
+    def constructs_accelerator(self) -> bool:
+        """Necessary for accelerate's own GradScaler (AMP012): an Accelerator (or a name for it) is called."""
+        return self._may_name(self.walk.callees, _ACCELERATOR)
+
+    @cached_property
     def reads_autocast_state(self) -> bool:
         """Necessary for a call of `torch.is_autocast_enabled()` and the other state getters (AMP013)."""
         return self._may_name(self.walk.callees, _AUTOCAST_STATE_GETTERS)
@@ -475,7 +481,7 @@ PRECONDITIONS: dict[str, Callable[[Screen], bool]] = {
     and not (s.surely_framework_owned or (s.surely_mentions_scaler and not s.may_disable_every_scaler)),
     "AMP010": _scaler,
     "AMP011": lambda s: s.uses_a_scaler and s.calls_step,
-    "AMP012": _scaler,
+    "AMP012": lambda s: s.constructs_scaler or s.constructs_accelerator,
     "AMP013": lambda s: s.subclasses_function
     and (s.opens_autocast or s.constructs_scaler or s.names_custom_fwd or (s.reads_autocast_state and not s.casts_for_autocast)),
     "AMP014": lambda s: s.opens_autocast and s.disables_autocast,

@@ -100,7 +100,7 @@ TRIGGERS: dict[str, str] = {
     "AMP010": r"autocast|bfloat16|" + _SCALER,
     # A checkpoint saved or restored, and anywhere `torch.load` is called (the module-wide
     # question its restore check starts from).
-    "AMP012": r"save|state_dict|load(?<!\wload)\b|Checkpoint|" + _CHECKPOINT_WRITER + "|" + _SCALER,
+    "AMP012": r"save|state_dict|load(?<!\wload)\b|Checkpoint|Accelerator|" + _CHECKPOINT_WRITER + "|" + _SCALER,
     # What makes the module AMP-aware; a Function's own methods are kept by _FUNCTION_CLASS_RULES.
     # Every `.apply` of a Function: its exemption needs all of them in autocast-disabled regions.
     "AMP013": r"custom_fwd|custom_bwd|autocast|\.apply(?!\w)|" + _SCALER,

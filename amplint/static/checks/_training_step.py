@@ -18,7 +18,18 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import Replacement
-from amplint.static.semantics import AmpFacts, Assignment, CallSite, Context, Loop, Scope, dotted_name, ends_with, mutually_exclusive
+from amplint.static.semantics import (
+    AmpFacts,
+    Assignment,
+    CallSite,
+    Context,
+    Loop,
+    Scope,
+    argument,
+    dotted_name,
+    ends_with,
+    mutually_exclusive,
+)
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -590,3 +601,22 @@ def add_statement_after_call(facts: AmpFacts, call: CallSite, new_call_text: str
             Replacement(comment, f"{comment.value}\n{indent}{text}"),
         )
     return (Replacement(call.node, f"{new_call_text}\n{indent}{text}"),)
+
+
+# The precisions under which a framework scales the loss with a GradScaler of its own:
+# accelerate's `mixed_precision="fp16"`, Lightning's 16-bit mixed precision (not "16-true", a
+# model in float16 with no scaler, nor "bf16-mixed").
+FP16_PRECISIONS = frozenset({"fp16", "16", "16-mixed"})
+
+
+def may_scale_in_fp16(construction: cst.Call, keyword: str, *, when_left_out: bool) -> bool:
+    """An `Accelerator(...)` / `Fabric(...)` / `Trainer(...)` whose precision `keyword` is 16-bit
+    mixed or not a literal (`args.mixed_precision`); `when_left_out` answers for none given."""
+    precision = argument(construction, None, keyword)
+    if precision is None:
+        return when_left_out
+    if isinstance(precision, cst.SimpleString):
+        return precision.evaluated_value in FP16_PRECISIONS
+    if isinstance(precision, cst.Integer):
+        return precision.value in FP16_PRECISIONS
+    return True

@@ -16,7 +16,6 @@ from amplint.static.semantics import (
     CallSite,
     Context,
     Scope,
-    argument,
     dotted_name,
     mutually_exclusive,
     statement_code,
@@ -103,11 +102,6 @@ _ACCELERATOR_EVENTS = {"backward": "scale", "unscale_gradients": "unscale", "cli
 # `self.clip_gradients` under a Trainer's `precision="16-mixed"` (manual optimization).
 _FABRIC_EVENTS = {"backward": "scale", "clip_gradients": "unscale"}
 _LIGHTNING_EVENTS = {"manual_backward": "scale", "clip_gradients": "unscale"}
-# The precisions that scale the loss: accelerate's `mixed_precision="fp16"`, Lightning's 16-bit
-# mixed precision (not "16-true", a model in float16 with no scaler, nor "bf16-mixed").
-_FP16_PRECISIONS = frozenset({"fp16", "16", "16-mixed"})
-
-
 def _scaling_framework(facts: AmpFacts, call: CallSite, classes: frozenset[str], usual_name: str, keyword: str) -> bool:
     """`accelerator.backward(loss)` / `fabric.backward(loss)` on an object that may run in fp16:
     one built here with such a precision or one not written as a literal, or a name
@@ -117,26 +111,16 @@ def _scaling_framework(facts: AmpFacts, call: CallSite, classes: frozenset[str],
         return False
     built = [value for value, qualified in facts.constructed(key, call.scope) if qualified in classes]
     if built:
-        return any(_may_run_in_fp16(value, keyword) for value in built)
+        # Left out, accelerate's precision comes from the launch configuration; Fabric's is 32-bit.
+        return any(ts.may_scale_in_fp16(value, keyword, when_left_out=keyword == "mixed_precision") for value in built)
     return key.rsplit(".", 1)[-1] == usual_name and facts.called_function(call) is None
-
-
-def _may_run_in_fp16(construction: cst.Call, keyword: str) -> bool:
-    """Its precision is 16-bit mixed, or not a literal. Left out, accelerate's comes from the
-    launch configuration; Fabric's and a Trainer's default is 32-bit."""
-    precision = argument(construction, None, keyword)
-    if precision is None:
-        return keyword == "mixed_precision"
-    if isinstance(precision, cst.SimpleString):
-        return precision.evaluated_value in _FP16_PRECISIONS
-    if isinstance(precision, cst.Integer):
-        return precision.value in _FP16_PRECISIONS
-    return True
 
 
 def _lightning_may_run_in_fp16(facts: AmpFacts) -> bool:
     """A Lightning Trainer built in the file may run in 16-bit mixed precision."""
-    return any(c.qualname in names.LIGHTNING_TRAINERS and _may_run_in_fp16(c.node, "precision") for c in facts.calls)
+    return any(
+        c.qualname in names.LIGHTNING_TRAINERS and ts.may_scale_in_fp16(c.node, "precision", when_left_out=False) for c in facts.calls
+    )
 
 
 # A gradient-norm or clipping helper from another file (Swin's `get_grad_norm(model.parameters())`

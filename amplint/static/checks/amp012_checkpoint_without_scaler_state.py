@@ -68,6 +68,7 @@ def _enabled_scaler_keys(facts: AmpFacts) -> list[str]:
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
     if not facts.has_scaler:
+        yield from _accelerate_checkpoints(facts)
         return
     scalers = _enabled_scaler_keys(facts)
     if all(_literally_disabled(c) or facts.returned_to_another_module(c) for c in facts.scalers_in()):
@@ -90,6 +91,48 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             hits.append(_optimizer_handed_to_a_helper(facts, call, run.name))
         yield from hits
     yield from _load_without_scaler(facts)
+
+
+def _accelerate_checkpoints(facts: AmpFacts) -> Iterator[Hit]:
+    """accelerate in fp16 mixed precision keeps its GradScaler as `accelerator.scaler`, which
+    `accelerator.save_state()` saves: a checkpoint written by hand (`torch.save`,
+    `accelerator.save`) with the optimizer state and not that scaler's loses the scale. Only
+    where an Accelerator built with `mixed_precision="fp16"` or a precision not written as a
+    literal is in reach (left out, the launch configuration decides)."""
+    built = [
+        a for a in facts.assignments
+        if isinstance(a.value, cst.Call) and facts.qualname(a.value.func, a.where.scope) in names.ACCELERATORS
+    ]
+    if not any(ts.may_scale_in_fp16(a.value, "mixed_precision", when_left_out=False) for a in built):
+        return
+    reported: set[int] = set()
+    for call in facts.calls:
+        if not _saves(facts, call) or _in_an_if_false_body(facts, call.where):
+            continue
+        for site, obj in _saved_objects(facts, call):
+            accelerator = _accelerator_in_reach(built, site.scope.function_scope)
+            if accelerator is None or not ts.may_scale_in_fp16(accelerator.value, "mixed_precision", when_left_out=False):
+                continue
+            if _optimizer_state(facts, obj, site.scope) or _checkpoint_without_scaler(facts, site, obj, reported) is None:
+                continue
+            scaler = f"{accelerator.key}.scaler"
+            yield Hit(
+                site.node,
+                f"this checkpoint saves the optimizer state but not the GradScaler accelerate keeps in fp16 mixed "
+                f"precision (`{scaler}`); {_resumed_run(facts)}; add `\"scaler\": {scaler}.state_dict()` (restored "
+                f"with `load_state_dict`), or save and restore everything with `{accelerator.key}.save_state()` / `load_state()`",
+                site.where.statement,
+            )
+
+
+def _accelerator_in_reach(built: list[Assignment], function: Scope) -> Assignment | None:
+    """The Accelerator the function works with: its own, its class's (`self.accelerator`), the module's."""
+    for assignment in reversed(built):
+        owner = assignment.where.scope.function_scope
+        same_class = assignment.key.startswith("self.") and owner.class_name is not None and owner.class_name == function.class_name
+        if owner is function or owner.kind == "module" or same_class:
+            return assignment
+    return None
 
 
 def _in_an_if_false_body(facts: AmpFacts, where: Context) -> bool:
@@ -561,7 +604,9 @@ def _builds_an_optimizer(facts: AmpFacts, value: cst.BaseExpression, scope: Scop
 _OPTIMIZER_FACTORY = re.compile(r"optim", re.IGNORECASE)
 
 
-def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str], reported: set[int]) -> Hit | None:
+def _checkpoint_without_scaler(facts: AmpFacts, call: CallSite, obj, reported: set[int]) -> tuple[cst.CSTNode, str] | None:
+    """The checkpoint `call` saves (its dict, and the code that fills it), when it holds an
+    optimizer state and no scaler; each dict once."""
     built = (obj, [facts.module.code_for_node(obj)]) if obj is call.node else _dict_construction(facts, obj, call.scope, call.where)
     if built is None or id(built[0]) in reported:
         return None
@@ -575,6 +620,14 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
     if isinstance(dict_node, cst.Dict) and any(isinstance(e, cst.StarredDictElement) for e in dict_node.elements):
         return None  # `**extra`: the scaler may be in there
     reported.add(id(dict_node))
+    return dict_node, text
+
+
+def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str], reported: set[int]) -> Hit | None:
+    found = _checkpoint_without_scaler(facts, call, obj, reported)
+    if found is None:
+        return None
+    dict_node, text = found
     fix = None
     # The entry goes where the dict is built: a helper that returns it (OpenPCDet's
     # `checkpoint_state(model, optimizer, ...)`) may not see the scaler of the function that saves.
