@@ -1938,3 +1938,22 @@ def test_a_double_dash_before_the_scripts_arguments_is_explained_when_argparse_r
     [note] = [n for n in json.loads((tmp_path / "r.json").read_text())["notes"] if "drop the `--`" in n]
     assert note.startswith("the script exited 2 (argparse's usage error?) with `--` as its first argument")
     assert trace(tmp_path, "-q", "--json", "r.json", "--", "train.py", "--lr", "0.1").returncode == 0
+
+
+def test_an_input_beyond_float16s_range_is_named_as_the_cast_that_overflowed(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        model = torch.nn.Linear(8, 1)
+        x = torch.randn(4, 8) * 1e5  # unnormalised
+        with torch.autocast("cpu", dtype=torch.float16):
+            y = model(x)
+        """,
+    )
+    trace(tmp_path, "-q", "--nan", "op", "--json", "r.json", "train.py")
+    nonfinite = json.loads((tmp_path / "r.json").read_text())["nonfinite"]
+    assert (nonfinite["op"], nonfinite["line"], nonfinite["inputs_finite"]) == ("aten::_to_copy", 6, True)
+    assert nonfinite["detail"].startswith("a cast of float32 values up to ")
+    assert "to float16, whose largest is 65504" in nonfinite["detail"]

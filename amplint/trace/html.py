@@ -134,8 +134,8 @@ def render(report: dict, cwd: str) -> str:
             f"{_e(found_in(nf))} at <span class=\"mono\">{_e(nf['path'])}:{_e(nf['line'])}</span>, "
             f"{_e(nf['phase'])}, step {_e(nf['step'])}, {_e(nf['dtype'])}{handled}</p>"
         )
-        unlocalised = nf.get("check") == "cheap" and nf.get("detail")  # why this run's op check did not find it
-        if nf.get("hint") or unlocalised:
+        # A cheap find's rerun hint, or why this run's op check did not find it; an op find's cause.
+        if nf.get("hint") or nf.get("detail"):
             out.append(f"<p>{_e(nf.get('hint') or nf['detail'])}</p>")
 
     out.append("<h2>Op dtypes by source line (after autocast's casts)</h2>")

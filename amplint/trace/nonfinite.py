@@ -487,6 +487,7 @@ class NonFiniteMonitor:
                 check="op",
                 awaits_scaler=phase != "forward" and self.scaler_in_flight(),
                 node=node,
+                detail=_narrowing_cast(info, tensors, outs) if inputs_finite else None,
             )
         )
 
@@ -578,3 +579,21 @@ def _storage(tensor: torch.Tensor) -> int | None:
     except (RuntimeError, NotImplementedError, TypeError):
         return None
     return pointer or None
+
+
+def _narrowing_cast(info, inputs: list, outs: list) -> str | None:
+    """Why a cast made infinities from finite values: they lie beyond the range of the narrower
+    dtype (unnormalised inputs or targets cast to float16 by autocast or `.half()`)."""
+    if info.name.split("::")[-1].split(".")[0] not in ("_to_copy", "copy_", "to") or not inputs:
+        return None
+    target = outs[0].dtype
+    if not target.is_floating_point or torch.finfo(target).bits >= torch.finfo(inputs[0].dtype).bits:
+        return None
+    largest = float(inputs[0].detach().abs().max())
+    limit = torch.finfo(target).max
+    name = str(target).replace("torch.", "")
+    return (
+        f"a cast of {str(inputs[0].dtype).replace('torch.', '')} values up to {largest:.4g} to {name}, whose largest "
+        f"is {limit:.6g} (autocast's own cast of an input, or a `.half()`): normalise or scale those values first, "
+        f"or use bfloat16"
+    )

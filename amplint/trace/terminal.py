@@ -381,8 +381,8 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
                 style="bold red" if not nf.get("handled_by_scaler") else "yellow",
             )
         )
-        unlocalised = nf.get("check") == "cheap" and nf.get("detail")  # why this run's op check did not find it
-        if nf.get("hint") or unlocalised:
+        # A cheap find's rerun hint, or why this run's op check did not find it; an op find's cause.
+        if nf.get("hint") or nf.get("detail"):
             console.print(Text(nf.get("hint") or nf["detail"], style="dim"))
 
     kernels = report.get("kernels") or []
