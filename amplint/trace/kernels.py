@@ -69,15 +69,29 @@ class _Unrebuildable(Exception):
     pass
 
 
-def _has_floating_input(args, kwargs) -> bool:
+def _has_input(args, kwargs, wanted) -> bool:
+    """Whether a tensor argument's dtype satisfies `wanted`."""
     def walk(value):
         if isinstance(value, TensorSpec):
-            return value.dtype in _FLOATS and value.dtype != torch.float64
+            return wanted(value.dtype)
         if isinstance(value, (list, tuple)):
             return any(walk(v) for v in value)
         return False
 
     return walk(args) or walk(list(kwargs.values()))
+
+
+def _probed(dtype: torch.dtype) -> bool:
+    return dtype in _FLOATS and dtype != torch.float64
+
+
+def _complex(dtype: torch.dtype) -> bool:
+    return dtype.is_complex
+
+
+# An op on complex tensors only (an FFT's inverse, a spectral layer's complex einsum): the probe
+# casts real floating tensors, so it says what it did not check rather than leave the op out.
+_COMPLEX_ONLY = "complex inputs only: not probed (the probe casts real float tensors; complex32 is experimental in torch)"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -103,7 +117,10 @@ def probe_kernels(templates: dict, dtypes: tuple[str, ...], device: str) -> list
     try:
         for (func, in_dtypes), (_, args, kwargs) in templates.items():
             namespace = func._schema.name.split("::")[0]
-            if namespace in _SKIP_NAMESPACES or not _has_floating_input(args, kwargs):
+            if namespace in _SKIP_NAMESPACES:
+                continue
+            complex_only = not _has_input(args, kwargs, _probed) and _has_input(args, kwargs, _complex)
+            if not complex_only and not _has_input(args, kwargs, _probed):
                 continue
             name = _op_name(func)
             mixed = mixes_low_precision_with_float32(in_dtypes)
@@ -123,6 +140,10 @@ def probe_kernels(templates: dict, dtypes: tuple[str, ...], device: str) -> list
                     },
                 )
                 entry["signatures"] += 1
+                if complex_only:
+                    if entry["status"] is None:
+                        entry.update(status="inconclusive", error=_COMPLEX_ONLY)
+                    continue
                 if not available:
                     entry["status"] = "unverified"
                     entry["error"] = f"no {device} device on this machine: not verified"
