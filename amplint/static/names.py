@@ -206,3 +206,9 @@ FEATURE_SCALER = re.compile(r"(?:standard|min_?max|robust|max_?abs)_?scaler|^skl
 def names_a_test(function_name: str) -> bool:
     """`test` or `test_...`: what pytest and unittest collect as a test."""
     return function_name == "test" or function_name.startswith("test_")
+
+
+# Functions (and tensor methods) that read a tensor's values without computing with them: a
+# finiteness check or a comparison at the top of an fp32 block is not low-precision arithmetic
+# (AMP014, statically and at run time).
+VALUE_INSPECTIONS = frozenset({"isfinite", "isnan", "isinf", "isposinf", "isneginf", "isreal", "equal", "allclose", "isclose"})

@@ -28,6 +28,7 @@ import torch.nn.utils.clip_grad as clip_grad_module
 import torch.optim.lr_scheduler as lr_scheduler_module
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from amplint.static.names import VALUE_INSPECTIONS
 from amplint.trace.callsite import Callsite, CodeClassifier
 from amplint.trace.nonfinite import NonFiniteMonitor, stored_values
 from amplint.trace.recorder import LOW_PRECISION
@@ -68,10 +69,6 @@ def _parameter_ids(optimizer) -> frozenset:
 def _dtype_name(dtype) -> str | None:
     return None if dtype is None else str(dtype).replace("torch.", "")
 
-
-
-# Functions that inspect a tensor's values rather than compute with them (AMP014's exemption).
-_INSPECTIONS = ("isfinite", "isnan", "isinf", "isposinf", "isneginf", "isreal", "equal", "allclose", "isclose")
 
 class Probes:
     def __init__(self, state: TraceState, classifier: CodeClassifier, monitor: NonFiniteMonitor):
@@ -167,7 +164,7 @@ class Probes:
 
             return inspect
 
-        for name in _INSPECTIONS:
+        for name in sorted(VALUE_INSPECTIONS):
             if hasattr(torch, name):
                 self._patch(torch, name, wrap)
             if hasattr(torch.Tensor, name):

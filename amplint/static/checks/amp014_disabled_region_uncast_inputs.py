@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from amplint.static import names
 from amplint.static.checks import Hit
 from amplint.static.checks import _training_step as ts
 from amplint.static.semantics import AmpFacts, Assignment, Autocast, Context, dotted_name, identifiers, mutually_exclusive
@@ -17,7 +18,10 @@ CODE = "AMP014"
 _CASTS = {"float", "double", "to", "type", "cpu"}
 # Reading these feeds no op a low-precision input: metadata, a Python number, or the start of a
 # backward pass (`inner_loss.backward()` computes nothing in the disabled region's dtype).
-_NOT_AN_INPUT = {"shape", "dtype", "device", "ndim", "size", "dim", "numel", "item", "backward"}
+_NOT_AN_INPUT = {"shape", "dtype", "device", "ndim", "size", "dim", "numel", "item", "backward", *names.VALUE_INSPECTIONS}
+# Calls that look at what they are given without computing with it: `torch.equal(out, ref)`,
+# `torch.isfinite(h)`, `type(out)`.
+_LOOKS_AT = names.VALUE_INSPECTIONS | {"type", "isinstance", "id", "len"}
 # Values that are not low-precision tensors: sizes, Python numbers, casts to float32, metadata.
 _NOT_A_TENSOR = re.compile(
     r"\.(shape|dtype|device|ndim|size\(|item\(|float\(\)|double\(\)|numel\(|dim\(|tolist\()|\.to\([^)]*float(32|64)?\b|"
@@ -87,9 +91,9 @@ def _listed(sources: dict[Autocast, list[str]], outer: Autocast | None) -> str:
     """`a`, `b`, computed in the enclosing autocast region (line {0}), and `c`, computed in the
     autocast region (line {1}),"""
     parts = []
-    for index, (region, names) in enumerate(sources.items()):
+    for index, (region, made) in enumerate(sources.items()):
         said = "the enclosing autocast region" if outer is not None and region.node is outer.node else "the autocast region"
-        parts.append(f"{', '.join(f'`{name}`' for name in names)}, computed in {said} (line {{{index}}}),")
+        parts.append(f"{', '.join(f'`{name}`' for name in made)}, computed in {said} (line {{{index}}}),")
     return " and ".join(parts)
 
 
@@ -264,6 +268,17 @@ def _handed_to_a_helper_that_casts_it(facts: AmpFacts, parents: dict, node: cst.
     return param is not None and _only_cast(facts, helper, _WholeFunction(), param.name)
 
 
+def _looked_at(parents: dict, node: cst.CSTNode) -> bool:
+    """An argument of a call that reads values without computing with them (`torch.equal(out,
+    ref)`, `torch.isfinite(h)`, `type(out)`)."""
+    argument = parents.get(id(node))
+    call = parents.get(id(argument))
+    if not (isinstance(argument, cst.Arg) and argument.value is node and isinstance(call, cst.Call)):
+        return False
+    called = dotted_name(call.func) or ""
+    return called.rsplit(".", 1)[-1] in _LOOKS_AT
+
+
 def _element_cast(parents: dict, node: cst.CSTNode) -> bool:
     """`outputs[l].float()`, `outputs[1:].to(torch.float32)`: an element or slice cast as it is
     read (yolov4's per-level predictions)."""
@@ -298,7 +313,7 @@ def _uncast_reads(facts: AmpFacts, function, block: _Block, produced: set[str]) 
         target = _loop_target_over(parents, ref.node)
         if target is not None and _only_cast(facts, function, block, target):
             continue
-        if _handed_to_a_helper_that_casts_it(facts, parents, ref.node):
+        if _handed_to_a_helper_that_casts_it(facts, parents, ref.node) or _looked_at(parents, ref.node):
             continue
         found.append(head)
     for call in facts.calls:
