@@ -1291,7 +1291,7 @@ def main(model, loader, optimizer, lr_scheduler):
         lr_scheduler.step_update(step)
 """
     (finding,) = [f for f in lint_source(src, "t.py") if f.code == "AMP011"]
-    assert "`if scaler.get_scale() >= scale_before:`" in finding.message
+    assert "`applied += scaler.get_scale() >= scale_before`" in finding.message
 
 
 # -- what the messages say (the .expected files pin lines, not words) ----------------------------
@@ -1312,9 +1312,10 @@ def test_amp011_scheduler_before_the_scaler_step_is_told_to_step_after_the_updat
     assert "in every iteration before" in finding.message and "after `" in finding.message
 
 
-def test_amp011_scheduler_given_its_position_is_told_to_advance_that_count() -> None:
+def test_amp011_scheduler_given_its_position_is_told_to_count_the_applied_steps_instead() -> None:
     [finding] = fixture_findings("AMP011/bad_scheduler_stepped_on_a_counter.py", "AMP011")
-    assert "advance the count it is given" in finding.message
+    assert "hand it a count of the steps the scaler applied in place of `" in finding.message
+    assert "`applied += scaler.get_scale() >= scale_before`" in finding.message
 
 
 def test_amp002_value_checked_to_be_a_tensor_gets_the_advice_for_inputs() -> None:

@@ -65,14 +65,21 @@ def _message(facts: AmpFacts, sched: ts.Event, scaler_event: ts.Event, *, after:
         (f"{arg.keyword.value}=" if arg.keyword else "") + facts.module.code_for_node(arg.value) for arg in sched.call.node.args
     )
     if position:
-        fix = f"advance the count it is given (`{position}`) only when the scale did not drop"
+        # The loop's position cannot be held back: a count of the applied steps replaces it.
+        fix = (
+            f"hand it a count of the steps the scaler applied in place of `{position}` (after `{scaler}.update()`: "
+            f"`applied += {scaler}.get_scale() >= scale_before`)"
+        )
     elif after:
-        fix = "step the scheduler only when the scale did not drop"
+        fix = f"step the scheduler only when the scale did not drop (`if {scaler}.get_scale() >= scale_before:`)"
     else:
-        fix = f"step the scheduler after `{scaler}.update()`, only when the scale did not drop"
+        fix = (
+            f"step the scheduler after `{scaler}.update()`, only when the scale did not drop "
+            f"(`if {scaler}.get_scale() >= scale_before:`)"
+        )
     return (
         f"{subject} {when} for inf/NaN gradients, so what it schedules (a learning rate, a weight decay) "
-        f"advances on steps that did nothing; {fix} (`if {scaler}.get_scale() >= scale_before:`)"
+        f"advances on steps that did nothing; {fix}"
     )
 
 
