@@ -332,8 +332,10 @@ def _module_alias_uses(bound: str | None, scope: Scope, facts: AmpFacts) -> list
     """Rewrites for every `amp.X(...)` through the import in `scope` of `from torch.cuda import amp`."""
     plans = []
     for call in facts.calls:
-        if call.receiver_key == bound and call.scope.binding_scope(bound) is scope:
-            kind = names.DEPRECATED_AMP.get(call.qualname or "", (None, None))[1]
+        receiver = call.receiver_key or ""
+        if receiver.split(".")[0] == bound and call.scope.binding_scope(bound) is scope:
+            # `amp.common.amp_definitely_not_available()`: a submodule torch.amp does not have.
+            kind = names.DEPRECATED_AMP.get(call.qualname or "", (None, None))[1] if receiver == bound else None
             if kind is None:
                 return None
             plan = _use_call(call, kind, facts)
