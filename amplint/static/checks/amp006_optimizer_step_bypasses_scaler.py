@@ -31,6 +31,7 @@ def _steps_bypassing_the_scaler(facts: AmpFacts, function: Scope, written_here: 
     events = ts.events_of(facts, function)
     scaled = [e for e in events if e.kind == "scale_backward"]
     if not scaled:
+        yield from _stepped_after_an_unscale_alone(facts, events, written_here, reported)
         return
     scaler_steps = [e for e in events if e.kind == "step"]
     for event in events:
@@ -72,12 +73,7 @@ def _steps_bypassing_the_scaler(facts: AmpFacts, function: Scope, written_here: 
         fix = _fix(facts, event, scaler, events) if _same_condition(partner, event) else None
         unscale = _unscaled_before(facts, event, partner, events)
         if unscale is not None:
-            # The gradients are right; what is lost is the skip of a step whose gradients hold inf/NaN.
-            message = (
-                f"`{event.target}.step()` is called directly after `{unscale.scaler}.unscale_({unscale.target})` "
-                f"(line {{0}}): the gradients are unscaled, but a step whose gradients hold inf/NaN is applied "
-                f"instead of skipped (the weights become NaN); call `{scaler}.step({event.target})` in its place"
-            )
+            message = _after_unscale(event, unscale, scaler)
             before_step = unscale.call
         else:
             message = (
@@ -88,6 +84,42 @@ def _steps_bypassing_the_scaler(facts: AmpFacts, function: Scope, written_here: 
             )
             before_step = partner.call
         yield Hit(event.call.node, message, event.call.where.statement, fix, related=(before_step.node,))
+
+
+def _after_unscale(step: ts.Event, unscale: ts.Event, scaler: str) -> str:
+    # The gradients are right; what is lost is the skip of a step whose gradients hold inf/NaN.
+    return (
+        f"`{step.target}.step()` is called directly after `{unscale.scaler}.unscale_({unscale.target})` "
+        f"(line {{0}}): the gradients are unscaled, but a step whose gradients hold inf/NaN is applied "
+        f"instead of skipped (the weights become NaN); call `{scaler}.step({step.target})` in its place"
+    )
+
+
+def _stepped_after_an_unscale_alone(facts: AmpFacts, events: list[ts.Event], written_here: bool, reported: set[int]) -> Iterator[Hit]:
+    """A function whose scaled backward runs elsewhere in the file (a callback handed to a
+    wrapper, the caller) and that unscales an optimizer and steps it itself, with no
+    `scaler.step` of it in between (DLRM's `weight_update`): `unscale_` is only ever called on
+    scaled gradients."""
+    if not any(c.method == "scale" and facts.is_scaler(c.receiver_key, c.scope) for c in facts.calls):
+        return
+    for event in events:
+        if event.kind != "opt_step" or id(event.call.node) in reported or (event.anchor is event.call.where) != written_here:
+            continue
+        unscales = [
+            e for e in events
+            if e.kind == "unscale" and ts.same_object(e.target, event.target) and e.order < event.order
+            and not ts.exclusive(facts, e, event)
+        ]
+        if not unscales or any(
+            e.kind == "step" and ts.same_object(e.target, event.target) and unscales[-1].order < e.order < event.order
+            for e in events
+        ):
+            continue
+        reported.add(id(event.call.node))
+        unscale = unscales[-1]
+        yield Hit(
+            event.call.node, _after_unscale(event, unscale, unscale.scaler), event.call.where.statement, related=(unscale.call.node,)
+        )
 
 
 def _unscaled_before(facts: AmpFacts, step: ts.Event, backward: ts.Event, events: list[ts.Event]) -> ts.Event | None:
