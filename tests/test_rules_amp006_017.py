@@ -1397,3 +1397,9 @@ def test_amp002_what_a_step_hook_makes_of_its_batch_is_told_the_inputs_cost() ->
     findings = fixture_findings("AMP002/bad_lightning_step_hook_casts_the_batch.py", "AMP002")
     assert [f.line for f in findings] == [10, 12]
     assert all("keep inputs and targets in float32" in f.message for f in findings)
+
+
+def test_amp012_a_dataclass_snapshot_is_told_to_take_a_field_not_a_dict_key() -> None:
+    (finding,) = fixture_findings("AMP012/bad_dataclass_snapshot_saved_through_asdict.py", "AMP012")
+    assert "add a field to `Snapshot`, `scaler_state` filled with `" in finding.message
+    assert '"scaler":' not in finding.message and finding.fix is None

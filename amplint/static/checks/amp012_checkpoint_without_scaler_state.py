@@ -645,6 +645,10 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
         replacements = _with_scaler_entries(facts, dict_node, entries, statement) if statement is not None else None
         fix = FixPlan(Applicability.UNSAFE, replacements) if replacements else None
     add = "add " + " and ".join(f"`\"{key}\": {saved}`" for key, saved in entries)
+    if isinstance(dict_node, cst.Call) and _constructs_a_class_of_this_file(facts, dict_node):
+        # `Snapshot(model_state=..., optimizer_state=...)`, saved through `asdict`: a field, not a key.
+        fields = " and ".join(f"`{key}_state` filled with `{saved}`" for key, saved in entries)
+        add = f"add a field to `{dotted_name(dict_node.func)}`, {fields},"
     if unseen:
         add = f"`{builder.name}()`, which builds the checkpoint, does not see the scaler: pass it in, {add}"
     them = "them" if len(entries) > 1 else "it"
