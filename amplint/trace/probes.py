@@ -167,10 +167,11 @@ class Probes:
         for name in sorted(VALUE_INSPECTIONS):
             if hasattr(torch, name):
                 self._patch(torch, name, wrap)
-            if hasattr(torch.Tensor, name):
-                real = getattr(torch.Tensor, name)
-                setattr(torch.Tensor, name, wrap(real))
-                self._undo.append(lambda name=name: delattr(torch.Tensor, name) if name in torch.Tensor.__dict__ else None)
+            if name in torch.Tensor.__dict__:
+                self._patch(torch.Tensor, name, wrap)
+            elif hasattr(torch.Tensor, name):  # the C base class's method: shadowed here, unshadowed after
+                setattr(torch.Tensor, name, wrap(getattr(torch.Tensor, name)))
+                self._undo.append(lambda name=name: delattr(torch.Tensor, name))
 
     def remove(self) -> None:
         while self._undo:
