@@ -122,14 +122,17 @@ def _scaler(text: _Text) -> bool:
 _ACCELERATOR_BACKWARD = re.compile(rb"accelerator\s*\.\s*backward\s*\(")
 
 
-def _amp005(text: _Text) -> bool:
-    framework = text.has(b"backward") and (
+def _scaled_by_a_framework(text: _Text) -> bool:
+    return text.has(b"backward") and (
         text.has(b"accelerate")
         or _ACCELERATOR_BACKWARD.search(text.raw) is not None
         or text.has(b"manual_backward")  # a LightningModule's, under the Trainer's precision
-        or b"fabric" in text.lower  # Lightning Fabric's `fabric.backward(loss)`
+        or text.has(b"abric")  # Lightning Fabric's `fabric.backward(loss)`, `Fabric(...)`
     )
-    if not (text.scale_call or framework):
+
+
+def _amp005(text: _Text) -> bool:
+    if not (text.scale_call or _scaled_by_a_framework(text)):
         return False
     return (
         text.has(b"clip_grad")
@@ -163,10 +166,11 @@ def _amp010(text: _Text) -> bool:
 
 
 def _amp012(text: _Text) -> bool:
-    # A scaler of its own, or accelerate's when it may run in fp16 (`Accelerator(mixed_precision=...)`).
-    accelerate = text.has(b"Accelerator") and text.has(b"mixed_precision")
+    # A scaler of its own, or accelerate's when it may run in fp16 (`Accelerator(mixed_precision=...)`,
+    # imported from accelerate: AMP005's gate has often looked for that word already).
+    scaler = text.has(b"GradScaler") or (text.has(b"accelerate") and text.has(b"mixed_precision"))
     # A checkpoint: saved, restored, or handed to a helper named for writing one (`write_checkpoint`).
-    return (text.has(b"GradScaler") or accelerate) and any(text.has(word) for word in _CHECKPOINT_WORDS)
+    return scaler and any(text.has(word) for word in _CHECKPOINT_WORDS)
 
 
 _CHECKPOINT_WORDS = (
