@@ -19,6 +19,7 @@ Without it every run compiles amplint's modules again (0.1 s of the training scr
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -86,8 +87,12 @@ def main() -> None:
 
     # The console script, not `python -m`: that would put the tree (torch has a types.py) on sys.path.
     amplint = [str(Path(sys.executable).with_name("amplint"))]
-    beside = Path(sys.executable).with_name("ruff")  # the dev extra installs it in the same environment
-    ruff = [str(beside) if beside.exists() else shutil.which("ruff") or "ruff"]
+    beside = Path(sys.executable).with_name("ruff")  # the bench extra installs it in the same environment
+    found = str(beside) if beside.exists() else shutil.which("ruff")
+    missing = [name for name, there in (("ruff", found), ("torchfix", importlib.util.find_spec("torchfix"))) if not there]
+    if "ruff" in missing or ("torchfix" in missing and args.torchfix_runs):
+        sys.exit(f"bench_static: {' and '.join(missing)} not installed: pip install -e '.[bench]' (or --torchfix-runs 0)")
+    ruff = [found]
     with tempfile.TemporaryDirectory(prefix="amplint-bench-") as scratch:
         root = Path(scratch)
         tree, subset = root / "tree", root / "amp"
