@@ -108,9 +108,9 @@ TRIGGERS: dict[str, str] = {
     "AMP015": r"autocast|Thread|submit|Executor|Pool|\.map\(|apply_async|imap|starmap",
     # What says the module trains (its bfloat16 hint then mentions a GradScaler), as AMP002's,
     # and what says the GPU has bfloat16 wherever a function holds it: an FP8 library imported
-    # (`torchao.float8` through `float\d+`), FlashAttention 2 asked for (by a keyword: the slicer
-    # reads code with its strings blanked).
-    "AMP016": r"autocast|bf16_supported|capability|get_device_properties|is_ampere|sm_?8\d|binary_cross_entropy|BCELoss|float\d+|half|GradScaler|training_step|transformer_engine|msamp|attn_implementation",
+    # (`torchao.float8` through `float\d+`), FlashAttention asked for (by a keyword: the slicer
+    # reads code with its strings blanked; `flash_attention=True`).
+    "AMP016": r"autocast|bf16_supported|capability|get_device_properties|is_ampere|sm_?8\d|binary_cross_entropy|BCELoss|float\d+|half|GradScaler|training_step|transformer_engine|msamp|attn_implementation|flash_att",
     "AMP017": r"autocast|compile|backward",
 }
 

@@ -17,6 +17,7 @@ from amplint.static.semantics import (
     argument,
     constructor_of,
     dotted_name,
+    is_true,
     string_literal,
 )
 from amplint.static.source import code_only
@@ -31,6 +32,8 @@ _BCE_MODULES = {"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"}
 _NEEDS_BF16_HARDWARE = ("transformer_engine", "msamp", "torchao.float8")
 # Attention implementations (transformers' `attn_implementation=`) with no kernels before Ampere.
 _AMPERE_ATTENTION = {"flash_attention_2", "flash_attention_3"}
+# A model built with FlashAttention switched on by a literal `True` (OLMo's `flash_attention=True`).
+_FLASH_ATTENTION_SWITCHES = ("flash_attention", "use_flash_attn", "use_flash_attention", "flash_attn")
 # A setting that asks for bfloat16 by name (`use_bfloat16`, `args.bf16`, `precision == "bf16"`).
 _NAMES_BFLOAT16 = re.compile(r"bf16|bfloat16", re.IGNORECASE)
 
@@ -117,7 +120,11 @@ def _needs_bf16_hardware(facts: AmpFacts) -> bool:
         for library in _NEEDS_BF16_HARDWARE
     ):
         return True
-    return any(string_literal(call.arg(None, "attn_implementation")) in _AMPERE_ATTENTION for call in facts.calls)
+    return any(
+        string_literal(call.arg(None, "attn_implementation")) in _AMPERE_ATTENTION
+        or any(is_true(call.arg(None, keyword)) for keyword in _FLASH_ATTENTION_SWITCHES)
+        for call in facts.calls
+    )
 
 
 def _optional(facts: AmpFacts, statement: cst.CSTNode) -> bool:
