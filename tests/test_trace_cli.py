@@ -1957,3 +1957,28 @@ def test_an_input_beyond_float16s_range_is_named_as_the_cast_that_overflowed(tmp
     assert (nonfinite["op"], nonfinite["line"], nonfinite["inputs_finite"]) == ("aten::_to_copy", 6, True)
     assert nonfinite["detail"].startswith("a cast of float32 values up to ")
     assert "to float16, whose largest is 65504" in nonfinite["detail"]
+
+
+@pytest.mark.parametrize("mode", ["module", "op"])
+def test_per_sample_gradients_under_vmap_run_as_they_do_untraced(tmp_path: Path, mode: str) -> None:
+    """The value checks leave torch.func's batched tensors alone: reading them in Python is an
+    error inside vmap, and the trace must not fail a run that passes."""
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        from torch.func import functional_call, grad, vmap
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        def loss_fn(p, x, y):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = functional_call(model, p, (x[None],))
+            return (out.float().squeeze() - y) ** 2
+        for step in range(2):
+            g = vmap(grad(loss_fn), in_dims=(None, 0, 0))(params, torch.randn(4, 8), torch.randn(4))
+        print("ok")
+        """,
+    )
+    proc = trace(tmp_path, "-q", "--nan", mode, "train.py")
+    assert (proc.returncode, proc.stdout) == (0, "ok\n"), proc.stderr

@@ -68,9 +68,14 @@ def stored_values(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+# A tensor inside a torch.func transform (vmap's batched tensors, grad's): reading its values in
+# Python (`.item()`, `bool()`) is an error there, so the checks leave it to the transform's result.
+_FUNCTORCH_WRAPPED = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda tensor: False)
+
+
 def floating_tensors(value) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
-        if value.dtype not in _FLOATING:
+        if value.dtype not in _FLOATING or _FUNCTORCH_WRAPPED(value):
             return []
         values = stored_values(value)
         return [values] if values.numel() else []
