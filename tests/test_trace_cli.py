@@ -1982,3 +1982,39 @@ def test_per_sample_gradients_under_vmap_run_as_they_do_untraced(tmp_path: Path,
     )
     proc = trace(tmp_path, "-q", "--nan", mode, "train.py")
     assert (proc.returncode, proc.stdout) == (0, "ok\n"), proc.stderr
+
+
+def test_scalers_one_line_builds_side_by_side_are_reported_apart(tmp_path: Path) -> None:
+    """A GAN's `scaler_g, scaler_d = GradScaler(), GradScaler()`: each backs off on its own, so
+    each has its own steps and scales; a line that builds one scaler per epoch keeps one entry."""
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        g, d = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+        opt_g, opt_d = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+        scaler_g, scaler_d = torch.amp.GradScaler("cpu"), torch.amp.GradScaler("cpu")
+        for step in range(3):
+            for scaler, model, opt in ((scaler_d, d, opt_d), (scaler_g, g, opt_g)):
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = model(torch.randn(2, 4)).float().mean()
+                scaler.scale(loss).backward()
+                if step == 1 and model is d:
+                    d.weight.grad[0, 0] = float("inf")
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+        for epoch in range(2):
+            per_epoch = torch.amp.GradScaler("cpu")
+            per_epoch.scale(g(torch.randn(2, 4)).mean()).backward()
+            per_epoch.step(opt_g)
+            per_epoch.update()
+        """,
+    )
+    trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    scaler = json.loads((tmp_path / "r.json").read_text())["scaler"]
+    built = [(c["line"], c.get("nth_on_line"), c["count"], c["steps_attempted"], c["steps_skipped"]) for c in scaler["constructions"]]
+    # D's first step overflows at the initial scale too, as in a plain run; G's never does.
+    assert built == [(5, 1, 1, 3, 0), (5, 2, 1, 3, 2), (17, None, 2, 2, 0)]
+    assert {t["scaler"] for t in scaler["timeline"]} == {"train.py:5", "train.py:5#2", "train.py:17"}

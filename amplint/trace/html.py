@@ -69,7 +69,7 @@ def scale_plot(timeline: list[dict], width: int = 760, height: int = 220) -> str
 
 
 def render(report: dict, cwd: str) -> str:
-    from amplint.trace.terminal import _attempted, _evidence_text, bypass_line, op_interest, split_cheap_coverage  # same wording as the terminal
+    from amplint.trace.terminal import _attempted, _evidence_text, bypass_line, construction_label, op_interest, split_cheap_coverage  # same wording as the terminal
 
     env, exit_ = report["environment"], report["exit"]
     out = [
@@ -100,7 +100,7 @@ def render(report: dict, cwd: str) -> str:
 
     scaler = report["scaler"]
     out.append("<h2>GradScaler</h2>")
-    places = ", ".join(f"{c['path']}:{c['line']} x{c['count']}" for c in scaler["constructions"]) or "-"
+    places = ", ".join(f"{construction_label(c)} x{c['count']}" for c in scaler["constructions"]) or "-"
     out.append(
         f"<p>built at: <span class=\"mono\">{_e(places)}</span><br>steps: {_e(_attempted(scaler))}, "
         f"{scaler['steps_applied']} applied, <b>{scaler['steps_skipped']} skipped</b>; scheduler steps right after a "
@@ -114,7 +114,7 @@ def render(report: dict, cwd: str) -> str:
     timeline = scaler.get("timeline", [])
     if len(scaler["constructions"]) > 1:  # one plot per scaler: each backs off on its own
         for c in scaler["constructions"]:
-            label = f"{c['path']}:{c['line']}"
+            label = construction_label(c)
             out.append(f'<h3>scaler built at <span class="mono">{_e(label)}</span></h3>')
             out.append(scale_plot([t for t in timeline if t.get("scaler") == label]))
     else:

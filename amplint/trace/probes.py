@@ -630,6 +630,8 @@ class Probes:
         state = self.state
         enabled = bool(getattr(scaler, "_enabled", False))
         init_scale = getattr(scaler, "_init_scale", None) if enabled else None
+        previous = next((s for s in reversed(state.scalers) if s.callsite == site), None) if site is not None else None
+        side_by_side = previous is not None and previous.built_at_step == state.step
         info = ScalerInfo(
             index=len(state.scalers),
             callsite=site,
@@ -638,6 +640,8 @@ class Probes:
             device=str(getattr(scaler, "_device", "cuda")),
             init_scale=float(init_scale) if init_scale is not None else None,
             disabled_on_request=not requested_enabled,
+            sibling=previous.sibling + 1 if side_by_side else 0,
+            built_at_step=state.step,
         )
         state.scalers.append(info)
         state.scaler_by_id[id(scaler)] = info.index

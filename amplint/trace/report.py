@@ -75,16 +75,24 @@ def policy_departures(rows: list[dict]) -> list[dict]:
     return found
 
 
+def _scaler_label(path: str, line: int, sibling: int) -> str:
+    """`train.py:30`, or `train.py:30#2` for the second scaler that line built side by side."""
+    return f"{path}:{line}" + (f"#{sibling + 1}" if sibling else "")
+
+
 def scaler_section(state, facts, display) -> dict:
     values = facts.values
     applied_of = facts.applied
 
     def place(scaler) -> tuple:
-        return (display(scaler.callsite[0]), scaler.callsite[1]) if scaler.callsite else ("<unknown>", 0)
+        where = (display(scaler.callsite[0]), scaler.callsite[1]) if scaler.callsite else ("<unknown>", 0)
+        return (*where, scaler.sibling)
 
     # One entry per construction line, with that line's own steps and scales: several scalers
     # (one per optimizer of a GAN) each back off on their own, and one history of all of them
-    # would interleave their scales. Scalers built at one line (one per epoch) share its entry.
+    # would interleave their scales. Scalers built at one line one after another (one per epoch)
+    # share its entry; those it builds side by side (`scaler_g, scaler_d = GradScaler(),
+    # GradScaler()`) each have their own, numbered on the line (`nth_on_line`).
     constructions: dict = defaultdict(
         lambda: {"count": 0, "enabled": False, "steps_attempted": 0, "steps_applied": 0, "steps_skipped": 0, "scale_history": []}
     )
@@ -121,7 +129,7 @@ def scaler_section(state, facts, display) -> dict:
 
     # One timeline entry per scaler.step, with its scaler's construction line.
     timeline = [
-        {"step": s.step, "applied": applied_of.get(id(s)), "scale": scale_after(s), "scaler": ":".join(map(str, place_of[s.scaler]))}
+        {"step": s.step, "applied": applied_of.get(id(s)), "scale": scale_after(s), "scaler": _scaler_label(*place_of[s.scaler])}
         for s in steps
     ]
     notes = []
@@ -143,19 +151,20 @@ def scaler_section(state, facts, display) -> dict:
         notes.append(
             f"{len(raised)} scaler.step() call(s) raised{place}: counted as attempted, neither applied nor skipped"
         )
-    for (path, line), entry in sorted(constructions.items()):
+    for (path, line, sibling), entry in sorted(constructions.items()):
         lowest = min((scale for scale in entry["scale_history"] if scale is not None), default=None)
         if lowest is not None and lowest < 1.0 and entry["steps_skipped"]:
             # Below 1 the gradients held inf/NaN however small the scale: not float16's range,
             # which loss scaling is for, but a diverged learning rate or bad data.
             notes.append(
-                f"the GradScaler built at {path}:{line} skipped {entry['steps_skipped']} of {entry['steps_attempted']} "
+                f"the GradScaler built at {_scaler_label(path, line, sibling)} skipped {entry['steps_skipped']} of {entry['steps_attempted']} "
                 f"steps and its scale fell to {lowest:g}: its gradients held inf/NaN at any scale, which loss scaling "
                 "cannot fix, so the run stopped training (look at the learning rate and the data; `--nan op` finds the first op)"
             )
     return {
         "constructions": [
-            {"path": path, "line": line, **entry} for (path, line), entry in sorted(constructions.items())
+            {"path": path, "line": line, **({"nth_on_line": sibling + 1} if (path, line, 1) in constructions else {}), **entry}
+            for (path, line, sibling), entry in sorted(constructions.items())
         ],
         "steps_attempted": len(steps),
         "steps_applied": applied,

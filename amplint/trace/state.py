@@ -77,6 +77,11 @@ class ScalerInfo:
     device: str
     init_scale: float | None  # None for a disabled scaler: torch keeps no scale then
     disabled_on_request: bool = False  # built with enabled=False, not disabled for a missing device
+    # The scalers one line builds before any optimizer step (`scaler_g, scaler_d = GradScaler(),
+    # GradScaler()`, one per model) live side by side: numbered 0, 1... on their line. One the
+    # line builds again after steps (a scaler per epoch) starts at 0 again.
+    sibling: int = 0
+    built_at_step: int = 0
     # our own state machine (feasibility §6), valid for disabled scalers too
     scaled: bool = False
     unscaled: set = field(default_factory=set)

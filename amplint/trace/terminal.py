@@ -230,6 +230,13 @@ def op_interest(row: dict) -> tuple:
     return rank, -row["count"]
 
 
+def construction_label(construction: dict) -> str:
+    """`train.py:30`, `train.py:30#2` for the second scaler a line built side by side: the label
+    the scaler timeline names it by."""
+    nth = construction.get("nth_on_line", 1)
+    return f"{construction['path']}:{construction['line']}" + (f"#{nth}" if nth > 1 else "")
+
+
 def bypass_line(scaler: dict) -> str | None:
     """The plain optimizer steps made past the scaler, with their places (terminal and HTML)."""
     if not scaler.get("optimizer_steps_bypassing_scaler"):
@@ -334,7 +341,7 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
     scaler = report["scaler"]
     if scaler["constructions"] or scaler["steps_attempted"]:
         console.rule("GradScaler", align="left", style="dim")
-        places = ", ".join(f"{c['path']}:{c['line']} x{c['count']}" + ("" if c.get("enabled") else " (disabled)") for c in scaler["constructions"])
+        places = ", ".join(f"{construction_label(c)} x{c['count']}" + ("" if c.get("enabled") else " (disabled)") for c in scaler["constructions"])
         console.print(f"built at: {places or '-'}")
         console.print(
             f"steps: {_attempted(scaler)}, {scaler['steps_applied']} applied, "
@@ -343,7 +350,7 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
         if len(scaler["constructions"]) > 1:  # the run's one history would interleave their scales
             for c in scaler["constructions"]:
                 console.print(
-                    f"scaler built at {c['path']}:{c['line']}: {c['steps_attempted']} step(s), {c['steps_skipped']} skipped; "
+                    f"scaler built at {construction_label(c)}: {c['steps_attempted']} step(s), {c['steps_skipped']} skipped; "
                     f"scale after each update: {_scale_runs(c['scale_history']) or '-'}"
                 )
         elif scaler["scale_history"]:
