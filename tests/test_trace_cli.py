@@ -2018,3 +2018,20 @@ def test_scalers_one_line_builds_side_by_side_are_reported_apart(tmp_path: Path)
     # D's first step overflows at the initial scale too, as in a plain run; G's never does.
     assert built == [(5, 1, 1, 3, 0), (5, 2, 1, 3, 2), (17, None, 2, 2, 0)]
     assert {t["scaler"] for t in scaler["timeline"]} == {"train.py:5", "train.py:5#2", "train.py:17"}
+
+
+def test_a_float64_model_under_autocast_is_said_to_compute_in_float64(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        model = torch.nn.Linear(8, 4).double()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            wide = model(torch.randn(4, 8, dtype=torch.float64))
+            narrow = model.float()(torch.randn(4, 8))
+        """,
+    )
+    trace(tmp_path, "-q", "--json", "r.json", "train.py")
+    [note] = [n for n in json.loads((tmp_path / "r.json").read_text())["notes"] if "float64" in n]
+    assert note.startswith("1 call(s) of ops autocast runs in bfloat16 got float64 inputs and ran in float64 (first aten::addmm at train.py:5)")

@@ -75,6 +75,28 @@ def policy_departures(rows: list[dict]) -> list[dict]:
     return found
 
 
+def float64_in_regions(rows: list[dict]) -> str | None:
+    """A note for the ops autocast lists for float16/bfloat16 that ran in float64 inside an
+    enabled region: autocast casts only float32 tensors, so a float64 model or input
+    (`torch.set_default_dtype(torch.float64)`, `model.double()`) keeps them in float64."""
+    from amplint.trace.policy import category
+
+    rows = [
+        r for r in rows
+        if r["autocast"] and r["autocast"]["dtype"] in ("float16", "bfloat16") and "float64" in r["input_dtypes"]
+        and "float64" in r["output_dtypes"] and category(r["op"], r["autocast"]["device"]) == "lower_precision"
+    ]
+    if not rows:
+        return None
+    first = rows[0]
+    return (
+        f"{sum(r['count'] for r in rows)} call(s) of ops autocast runs in {first['autocast']['dtype']} got float64 inputs "
+        f"and ran in float64 (first {first['op']} at {first['path']}:{first['line']}): autocast casts only float32 "
+        "tensors, so a float64 model or input (`torch.set_default_dtype(torch.float64)`, `.double()`) computes in "
+        "float64 under it"
+    )
+
+
 def _scaler_label(path: str, line: int, sibling: int) -> str:
     """`train.py:30`, or `train.py:30#2` for the second scaler that line built side by side."""
     return f"{path}:{line}" + (f"#{sibling + 1}" if sibling else "")

@@ -438,6 +438,9 @@ class TraceSession:
                 + ("; `--simulate cuda` shows CUDA's dtypes for it" if cuda else "")
             )
 
+        float64 = rpt.float64_in_regions(ops)
+        if float64:
+            notes.append(float64)
         for (filename, line), (switched_off, around, dtype) in state.misdirected_disables.items():
             notes.append(
                 f"autocast(\"{switched_off}\", enabled=False) at {self.display(filename)}:{line} ran inside an enabled {around} "
