@@ -218,7 +218,8 @@ def cheap_coverage_note(losses: int, gradient_checks: int) -> str:
     if not losses and not gradient_checks:
         return (
             f"{CHEAP_COVERAGE_NOTE_START} nothing: no loss reached backward() and no gradient an optimizer step or "
-            f"zero_grad() (inference, or a run that ended before its first backward()); {rerun}"
+            f"zero_grad() (inference, a run that ended before its first backward(), or gradients taken with "
+            f"torch.func.grad, which it does not check); {rerun}"
         )
     return (
         f"{CHEAP_COVERAGE_NOTE_START} the losses of {losses} backward() call(s) and the gradients in {gradient_checks} "
