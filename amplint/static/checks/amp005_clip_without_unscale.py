@@ -102,6 +102,8 @@ _ACCELERATOR_EVENTS = {"backward": "scale", "unscale_gradients": "unscale", "cli
 # `self.clip_gradients` under a Trainer's `precision="16-mixed"` (manual optimization).
 _FABRIC_EVENTS = {"backward": "scale", "clip_gradients": "unscale"}
 _LIGHTNING_EVENTS = {"manual_backward": "scale", "clip_gradients": "unscale"}
+
+
 def _scaling_framework(facts: AmpFacts, call: CallSite, classes: frozenset[str], usual_name: str, keyword: str) -> bool:
     """`accelerator.backward(loss)` / `fabric.backward(loss)` on an object that may run in fp16:
     one built here with such a precision or one not written as a literal, or a name
@@ -249,7 +251,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 # Only what can run in the same pass: `if amp: scale... else: backward; clip` is fine.
                 scale = next((e for e in reversed(scales) if not _exclusive(facts, e, event)), None)
                 if scale is None or (scale.framework is not None and event.helper):
-                    continue  # a norm helper next to accelerate is often the framework's own (DeepSpeed's)
+                    continue  # a norm helper next to a framework's backward is often the framework's own (DeepSpeed's)
                 if scale.at is not None and scale.at is event.at:
                     continue  # scaled and read in one helper: reported there, where the unscale_ goes
                 fresh = [e for e in unscales if not _exclusive(facts, e, event) and _runs_whenever(facts, e, event)]
