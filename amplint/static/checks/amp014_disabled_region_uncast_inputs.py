@@ -246,14 +246,20 @@ class _WholeFunction:
         return True
 
 
+def _call_taking(parents: dict, node: cst.CSTNode) -> cst.Call | None:
+    """The call `node` is passed to as an argument, if it is one."""
+    argument = parents.get(id(node))
+    call = parents.get(id(argument))
+    if isinstance(argument, cst.Arg) and argument.value is node and isinstance(call, cst.Call):
+        return call
+    return None
+
+
 def _handed_to_a_helper_that_casts_it(facts: AmpFacts, parents: dict, node: cst.CSTNode) -> bool:
     """An argument of a call of a function of this file whose parameter is only ever used cast
     (VITS' `discriminator_loss(real, fake)`, which takes `dr = dr.float()` of each output)."""
-    argument = parents.get(id(node))
-    call = parents.get(id(argument))
-    if not (isinstance(argument, cst.Arg) and argument.value is node and isinstance(call, cst.Call)):
-        return False
-    site = facts.call_site(call)
+    call = _call_taking(parents, node)
+    site = facts.call_site(call) if call is not None else None
     helper = facts.called_function(site) if site is not None else None
     if helper is None or not isinstance(helper.node, cst.FunctionDef):
         return False
@@ -271,9 +277,8 @@ def _handed_to_a_helper_that_casts_it(facts: AmpFacts, parents: dict, node: cst.
 def _looked_at(parents: dict, node: cst.CSTNode) -> bool:
     """An argument of a call that reads values without computing with them (`torch.equal(out,
     ref)`, `torch.isfinite(h)`, `type(out)`)."""
-    argument = parents.get(id(node))
-    call = parents.get(id(argument))
-    if not (isinstance(argument, cst.Arg) and argument.value is node and isinstance(call, cst.Call)):
+    call = _call_taking(parents, node)
+    if call is None:
         return False
     called = dotted_name(call.func) or ""
     return called.rsplit(".", 1)[-1] in _LOOKS_AT
