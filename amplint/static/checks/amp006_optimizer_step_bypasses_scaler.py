@@ -17,21 +17,25 @@ CODE = "AMP006"
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
     reported: set[int] = set()
+    scaled_in_file = any(c.method == "scale" and facts.is_scaler(c.receiver_key, c.scope) for c in facts.calls)
     # A step is judged first in the function it is written in, then as a helper's step seen from
     # its callers: the fix can only be built where `opt.step()` is written, and a caller analysed
     # earlier (`main()` called at module level) must not claim the step without one.
     for written_here in (True, False):
         for function in ts.functions_with_events(facts):
-            yield from _steps_bypassing_the_scaler(facts, function, written_here, reported)
+            yield from _steps_bypassing_the_scaler(facts, function, written_here, scaled_in_file, reported)
 
 
-def _steps_bypassing_the_scaler(facts: AmpFacts, function: Scope, written_here: bool, reported: set[int]) -> Iterator[Hit]:
+def _steps_bypassing_the_scaler(
+    facts: AmpFacts, function: Scope, written_here: bool, scaled_in_file: bool, reported: set[int]
+) -> Iterator[Hit]:
     """The optimizer steps of a function's events, those written in it or those of the helpers it
     calls, that follow a scaled backward without going through the scaler."""
     events = ts.events_of(facts, function)
     scaled = [e for e in events if e.kind == "scale_backward"]
     if not scaled:
-        yield from _stepped_after_an_unscale_alone(facts, events, written_here, reported)
+        if scaled_in_file:
+            yield from _stepped_after_an_unscale_alone(facts, events, written_here, reported)
         return
     scaler_steps = [e for e in events if e.kind == "step"]
     for event in events:
@@ -99,9 +103,7 @@ def _stepped_after_an_unscale_alone(facts: AmpFacts, events: list[ts.Event], wri
     """A function whose scaled backward runs elsewhere in the file (a callback handed to a
     wrapper, the caller) and that unscales an optimizer and steps it itself, with no
     `scaler.step` of it in between (DLRM's `weight_update`): `unscale_` is only ever called on
-    scaled gradients."""
-    if not any(c.method == "scale" and facts.is_scaler(c.receiver_key, c.scope) for c in facts.calls):
-        return
+    scaled gradients, and the file scales a loss somewhere."""
     for event in events:
         if event.kind != "opt_step" or id(event.call.node) in reported or (event.anchor is event.call.where) != written_here:
             continue
