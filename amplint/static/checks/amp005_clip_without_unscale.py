@@ -254,7 +254,11 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                     continue  # a norm helper next to a framework's backward is often the framework's own (DeepSpeed's)
                 if scale.at is not None and scale.at is event.at:
                     continue  # scaled and read in one helper: reported there, where the unscale_ goes
-                fresh = [e for e in unscales if not _exclusive(facts, e, event) and _runs_whenever(facts, e, event)]
+                fresh: list[_Event] = []
+                partial: list[_Event] = []  # an `unscale_` on some of the read's passes only
+                for unscale in unscales:
+                    if not _exclusive(facts, unscale, event):
+                        (fresh if _runs_whenever(facts, unscale, event) else partial).append(unscale)
                 later_steps = [e.optimizer for e in events[index + 1 :] if e.kind == "step"]
                 owner = later_steps[0] if later_steps else None
                 covering = _covering_unscale(owner, fresh, stepped_optimizers, unscaled)
@@ -269,10 +273,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 # clip a, clip b, `step(a)`, `step(b)`, the second clip wants `unscale_(b)`.
                 advised = next((o for o in later_steps if o not in unscaled), owner)
                 # An `unscale_` on some passes only: another before the read would unscale twice.
-                sometimes = next(
-                    (e for e in unscales if e.kind == "unscale" and not _exclusive(facts, e, event) and not _runs_whenever(facts, e, event)),
-                    None,
-                )
+                sometimes = next((e for e in partial if e.kind == "unscale"), None)
                 if scale.framework is not None:
                     yield _framework_hit(event, scale)
                 elif sometimes is not None:
