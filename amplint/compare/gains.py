@@ -23,11 +23,8 @@ those events are unavailable (a torch without the private event tree), memory is
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import os
 import statistics
-import tempfile
 import time
 import warnings
 
@@ -35,6 +32,7 @@ import torch
 
 from amplint.compare import outputs as out
 from amplint.compare.run import Prepared, autocast_context, full_fp32_precision
+from amplint.native_stderr import native_stderr_without
 
 
 def measure(prepared: Prepared, dtype: str, *, warmup: int = 3, repeats: int = 10) -> tuple[dict | None, dict | None]:
@@ -131,7 +129,7 @@ def _cpu_peak_bytes(prepared: Prepared, model: torch.nn.Module, dtype: str | Non
     except ImportError:
         return None
     try:
-        with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with native_stderr_without(_profiler_chatter), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             _one_pass(prepared, model, dtype, inputs)
         roots = prof.profiler.kineto_results.experimental_event_tree()
     except Exception:  # the private event tree moved or the profiler is unavailable: no number  # noqa: BLE001 - user code or torch internals may raise anything
@@ -152,22 +150,6 @@ def _cpu_peak_bytes(prepared: Prepared, model: torch.nn.Module, dtype: str | Non
     return peak
 
 
-@contextlib.contextmanager
-def _quiet_native_stderr():
-    """Kineto prints 'USDT: ... profiler_start' on the native stderr; keep other text, drop that."""
-    try:
-        saved = os.dup(2)
-    except OSError:
-        yield
-        return
-    with tempfile.TemporaryFile(mode="w+b") as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            kept = [line for line in captured.read().splitlines(keepends=True) if b"profiler_st" not in line and not line.startswith(b"STAGE:")]
-            if kept:
-                os.write(2, b"".join(kept))
+def _profiler_chatter(line: bytes) -> bool:
+    """Kineto's 'USDT: ... profiler_start' and 'STAGE:' lines."""
+    return b"profiler_st" in line or line.startswith(b"STAGE:")

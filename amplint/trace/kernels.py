@@ -19,8 +19,12 @@ probe leaves no trace.
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import torch
 
+from amplint.native_stderr import native_stderr_without
 from amplint.trace.recorder import TensorSpec, mixes_low_precision_with_float32
 
 # Same values in the baseline and the target call, so that only the dtype differs between them.
@@ -109,7 +113,18 @@ def _op_name(func) -> str:
     return name[: -len(".default")] if name.endswith(".default") else name
 
 
+# A warning torch's C++ side prints itself ("[W1203 10:11:52.02 EmptyTensor.cpp:54] Warning:
+# ComplexHalf support is experimental"): the probe's own calls cause these, not the script.
+_NATIVE_WARNING = re.compile(rb"\[W[\d ][^\]]*\] Warning: ")
+
+
 def probe_kernels(templates: dict, dtypes: tuple[str, ...], device: str) -> list[dict]:
+    with warnings.catch_warnings(), native_stderr_without(lambda line: _NATIVE_WARNING.match(line) is not None):
+        warnings.simplefilter("ignore")
+        return _probe_all(templates, dtypes, device)
+
+
+def _probe_all(templates: dict, dtypes: tuple[str, ...], device: str) -> list[dict]:
     results: dict[tuple, dict] = {}
     available = _device_available(device)
     cpu_rng = torch.random.get_rng_state()
