@@ -1576,6 +1576,10 @@ class AmpFacts:
             found = self._with_item_autocast(item, where.scope) or self._entered_on_a_stack(item, where)
             if found is not None:
                 return found
+        if self._entered_by_hand:
+            entered = self.entered_by_hand(where)
+            if entered is not None:
+                return entered[1]
         scope: Scope | None = where.scope
         while scope is not None and scope.kind in ("function", "lambda", "class"):
             if scope.kind == "function":
@@ -1614,6 +1618,34 @@ class AmpFacts:
         if not entered:
             return None
         return next((region for order, region in reversed(entered) if order < where.order), None)
+
+    @cached_property
+    def _entered_by_hand(self) -> dict[int, list[tuple[CallSite, Autocast]]]:
+        """id(function) -> each autocast it enters by calling `__enter__()` itself (`ctx =
+        torch.autocast(...)`, `ctx.__enter__()`, ..., `ctx.__exit__(None, None, None)`)."""
+        table: dict[int, list[tuple[CallSite, Autocast]]] = {}
+        for call in self.calls:
+            if call.method == "__enter__" and call.receiver is not None:
+                region = self.autocast_of(call.receiver, call.scope)
+                if region is not None:
+                    table.setdefault(id(call.scope.function_scope), []).append((call, region))
+        return table
+
+    def entered_by_hand(self, where: Context) -> tuple[CallSite, Autocast] | None:
+        """The `__enter__()` call and region of the last autocast entered by hand before `where` in
+        its function and not exited by `__exit__()` on the same name in between: the region runs
+        from one call to the other."""
+        function = where.scope.function_scope
+        for enter, region in reversed(self._entered_by_hand.get(id(function), ())):
+            if enter.where.order >= where.order:
+                continue
+            exited = enter.receiver_key is not None and any(
+                call.method == "__exit__" and call.receiver_key == enter.receiver_key
+                and call.scope.function_scope is function and enter.where.order < call.where.order < where.order
+                for call in self.calls
+            )
+            return None if exited else (enter, region)
+        return None
 
     @cached_property
     def stack_entries(self) -> list[tuple[cst.WithItem, CallSite, Autocast]]:

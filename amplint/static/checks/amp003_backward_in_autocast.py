@@ -43,11 +43,12 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         autocast, via = region
         opened = _entered_at(facts, via.where if via is not None else call.where, autocast)
         reached = " through the call on line {1}" if via is not None else ""
+        by_hand = isinstance(opened, cst.Call) and isinstance(opened.func, cst.Attribute) and opened.func.attr.value == "__enter__"
+        end = "call `__exit__()` on it" if by_hand else "end the autocast block"
         yield Hit(
             call.node,
-            f"{kind} runs inside the autocast region opened on line {{0}}{reached}; end the "
-            f"autocast block after the forward pass and loss, and run backward and the optimizer "
-            f"step after it",
+            f"{kind} runs inside the autocast region opened on line {{0}}{reached}; {end} after the "
+            f"forward pass and loss, and run backward and the optimizer step after it",
             call.where.statement,
             related=(opened, via.node) if via is not None else (opened,),
         )
@@ -56,9 +57,12 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
 def _entered_at(facts: AmpFacts, where: Context, autocast: Autocast) -> cst.CSTNode:
     """The `with` item that enters the region around `where` (`with autocast_cuda(...):` for
     `autocast_cuda = partial(torch.autocast, "cuda")`), else where the region is built (a
-    decorator)."""
+    decorator), or the `__enter__()` call that enters it by hand."""
     for item in reversed(where.withs):
         region = facts.autocast_of(item.item, where.scope)
         if region is not None and region.node is autocast.node:
             return item.item
+    entered = facts.entered_by_hand(where)
+    if entered is not None and entered[1].node is autocast.node:
+        return entered[0].node
     return autocast.node
