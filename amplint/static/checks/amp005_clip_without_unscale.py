@@ -46,7 +46,9 @@ _INVERSE_OF_THE_SCALE = re.compile(r"^\(?\s*1(?:\.0*)?\s*/.*scale", re.IGNORECAS
 
 @dataclass(frozen=True)
 class _Event:
-    kind: str  # "scale" | "unscale" | "step" | "update" | "clip" | "grad" | "norm" (a norm taken, nothing clipped)
+    # "scale" | "unscale" | "step" | "update" | "optimizer_step" (a plain `optimizer.step()`) | "clip" |
+    # "grad" | "norm" (a norm taken, nothing clipped)
+    kind: str
     node: cst.CSTNode
     scaler: str | None
     optimizer: str | None
@@ -77,6 +79,8 @@ def _own_events(function: Scope, facts: AmpFacts, lightning_fp16: bool) -> list[
             events.append(_Event(_FABRIC_EVENTS[call.method], call.node, key, None, call.where, framework="fabric"))
         elif call.method in _LIGHTNING_EVENTS and key == "self" and lightning_fp16:
             events.append(_Event(_LIGHTNING_EVENTS[call.method], call.node, key, None, call.where, framework="lightning"))
+        elif call.method == "step" and facts.is_optimizer(key, call.scope):
+            events.append(_Event("optimizer_step", call.node, None, key, call.where))
         elif (handed := _scaler_handed_to_a_stepping_helper(call, facts)) is not None:
             events.append(_Event("step", call.node, handed, None, call.where))
         elif call.qualname in names.GRAD_NORM:
@@ -245,7 +249,10 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 # norm logged after the step, before `update()`, reads true gradients.
                 unscales.append(event)
                 unscaled.add(event.optimizer)
-            elif event.kind == "update":
+            elif event.kind == "update" or (event.kind == "optimizer_step" and scales and all(s.framework for s in scales)):
+                # A framework's prepared optimizer steps through its scaler and updates it
+                # (accelerate's AcceleratedOptimizer, Fabric's and Lightning's optimizer wrappers):
+                # what is read after `optimizer.step()` there is unscaled.
                 scales, unscales, unscaled = [], [], set()
             elif event.kind in ("clip", "grad", "norm") and id(event.node) not in reported:
                 # Only what can run in the same pass: `if amp: scale... else: backward; clip` is fine.
@@ -327,7 +334,10 @@ def _framework_hit(event: _Event, scale: _Event) -> Hit:
     else:
         scaled = "that `self.manual_backward()` scaled when the Trainer runs in 16-bit mixed precision"
         advice = "use `self.clip_gradients(optimizer, gradient_clip_val=...)`, which unscales them first"
-    return Hit(event.node, f"{what} {scaled} ({consequence}); {advice}", event.where.statement)
+    if event.at is None:
+        return Hit(event.node, f"{what} {scaled} ({consequence}); {advice}", event.where.statement)
+    reached = "they reach this helper through the call on line {0}"
+    return Hit(event.node, f"{what} {scaled} ({consequence}); {reached}: {advice}", event.where.statement, related=(event.at.statement,))
 
 
 def _sometimes_unscaled_hit(event: _Event, unscale: _Event) -> Hit:
