@@ -126,6 +126,23 @@ def _one_of_the_schedulers(call: CallSite) -> bool:
     return "scaler" not in last and bool(_SCHEDULER_NAME.search(last))
 
 
+def _calls_a_schedule_function(facts: AmpFacts, call: CallSite) -> bool:
+    """`scheduler(step)`: a value named for a scheduler, handed in or built by a factory, called
+    with the position it sets the learning rate for (open_clip's `cosine_lr` returns such an
+    adjuster). Not a function of this file or an import (`build_scheduler(optimizer, args)`)."""
+    name = call.callee
+    if call.method is not None or name is None or "." in name or not call.node.args or not _named_as_a_scheduler(name):
+        return False
+    if facts.called_function(call) is not None or facts.qualname(call.node.func, call.scope) is not None:
+        return False
+    scope: Scope | None = call.scope.function_scope
+    while scope is not None:
+        if name in scope.params:
+            return True
+        scope = scope.parent
+    return any(isinstance(value, (cst.Call, cst.Lambda)) for value, _ in facts.bindings(name, call.scope))
+
+
 def _walks_schedulers(loop: Loop, key: str) -> bool:
     """`key` is each element of a collection of schedulers: `for s in schedulers`, `for i, s in
     enumerate(schedulers)`, `for name, s in schedulers.items()`; not one name of a `zip(...)`."""
@@ -363,6 +380,8 @@ def _own_events(function: Scope, facts: AmpFacts) -> list[Event]:
             events.append(Event("sched_step", call, None, key, call.where))
         elif call.method == "step" and _one_of_the_schedulers(call):
             events.append(Event("sched_step", call, None, facts.module.code_for_node(call.receiver), call.where))
+        elif _calls_a_schedule_function(facts, call):
+            events.append(Event("sched_step", call, None, call.callee, call.where))
         elif (call.method == "backward" and not isinstance(call.receiver, cst.Call)) or call.qualname in names.AUTOGRAD_BACKWARD:
             events.append(Event("backward", call, None, None, call.where))
     return events

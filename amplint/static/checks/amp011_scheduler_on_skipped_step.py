@@ -50,7 +50,8 @@ def _repeating_loop(sched: ts.Event) -> Loop | None:
 
 def _message(facts: AmpFacts, sched: ts.Event, scaler_event: ts.Event, *, after: bool, repeated: bool) -> str:
     scaler = _scaler_seen_from(sched, scaler_event)
-    subject = f"`{sched.target}.{sched.call.method}()`" + (", repeated by the loop on line {1}," if repeated else "")
+    called = f"{sched.target}.{sched.call.method}()" if sched.call.method else f"{sched.target}(...)"
+    subject = f"`{called}`" + (", repeated by the loop on line {1}," if repeated else "")
     if after:
         when = f"runs after `{scaler_event.scaler}.{scaler_event.call.method}()` (line {{0}}) whether or not the scaler skipped the optimizer step"
     else:
