@@ -144,3 +144,21 @@ def test_fixed_autocast_keeps_its_dtype_inside_an_enclosing_region(tmp_path: Pat
     assert 'torch.amp.autocast("cpu", dtype=torch.bfloat16)' in script.read_text()
     run = subprocess.run([sys.executable, "-W", "error::FutureWarning", str(script)], capture_output=True, timeout=120)
     assert run.stdout.decode().strip() == "True", run.stderr.decode()
+
+
+def test_min_torch_moves_autocast_out_of_an_import_it_shares_with_a_gradscaler_that_must_stay(tmp_path: Path) -> None:
+    """torch.amp.GradScaler needs torch 2.3; autocast's replacement is older. With `min-torch = "1.10"`,
+    the GradScaler keeps its import (and its finding, without a fix) and autocast leaves it."""
+    (tmp_path / "pyproject.toml").write_text('[tool.amplint]\nmin-torch = "1.10"\n')
+    target = tmp_path / "train.py"
+    target.write_text(
+        "import torch\nfrom torch.cuda.amp import autocast, GradScaler\n\n"
+        "scaler = GradScaler()\nwith autocast():\n    pass\n"
+    )
+    amplint("--fix", "--no-cache", target.name, cwd=tmp_path)
+    assert target.read_text() == (
+        "import torch\nfrom torch.cuda.amp import GradScaler\n\n"
+        'scaler = GradScaler()\nwith torch.autocast("cuda", dtype=torch.float16):\n    pass\n'
+    )
+    remaining = amplint("--no-cache", "--format", "concise", target.name, cwd=tmp_path).stdout.decode()
+    assert "GradScaler" in remaining and "[*]" not in remaining

@@ -217,7 +217,7 @@ def deprecated_import(ref: ImportRef, facts: AmpFacts) -> FixPlan | None:
     node = next((s for s in statement.body if isinstance(s, cst.ImportFrom)), None)
     if node is None:
         return None
-    return _from_import_fix(node, ref.scope, facts)
+    return _from_import_fix(node, ref.scope, facts, ref.node)
 
 
 def _alias_fix(expr: cst.BaseExpression, scope: Scope, facts: AmpFacts) -> FixPlan | None:
@@ -230,8 +230,9 @@ def _alias_fix(expr: cst.BaseExpression, scope: Scope, facts: AmpFacts) -> FixPl
         if ref.scope is not binding or not isinstance(statement, cst.SimpleStatementLine):
             continue
         for small in statement.body:
-            if isinstance(small, cst.ImportFrom) and any(_bound_name(a) == head for a in _aliases(small)):
-                return _from_import_fix(small, binding, facts)
+            alias = next((a for a in _aliases(small) if _bound_name(a) == head), None) if isinstance(small, cst.ImportFrom) else None
+            if alias is not None:
+                return _from_import_fix(small, binding, facts, alias)
             if isinstance(small, cst.Import):
                 alias = next((a for a in small.names if a.asname is not None and _bound_name(a) == head), None)
                 if alias is not None:
@@ -272,60 +273,87 @@ _NEW_MODULE = {
 }
 
 
-def _from_import_fix(node: cst.ImportFrom, scope: Scope, facts: AmpFacts) -> FixPlan | None:
-    """The import rewritten with the uses of the names it binds in `scope` (where it is written)."""
+def _from_import_fix(node: cst.ImportFrom, scope: Scope, facts: AmpFacts, concerning: cst.CSTNode) -> FixPlan | None:
+    """The import rewritten with the uses of the names it binds in `scope` (where it is written),
+    for a finding on the name `concerning` (its alias in the import) or a use of it. Names that
+    cannot move (a GradScaler where `min-torch` predates `torch.amp.GradScaler`, one used as a
+    base class) stay in the old import, and their findings get no fix; the others leave it, their
+    uses spelled through torch (`torch.amp.autocast("cuda")`)."""
     module = dotted_name(node.module)
     if node.relative or module is None:
         return None
     new_module = _NEW_MODULE.get(module)
     if new_module is None:
         return None
+    if module in ("torch.cuda", "torch.cpu"):
+        if any(dotted_name(alias.name) != "amp" for alias in _aliases(node)):
+            return None  # `from torch.cuda import amp, Stream`: leave mixed imports alone
+        if not all(_supported(kind, facts) for kind in ("autocast", "GradScaler")):
+            return None  # any use of the module may be either
+        uses = [_module_alias_uses(_bound_name(alias), scope, facts) for alias in _aliases(node)]
+        if any(u is None for u in uses):
+            return None
+        return _together([*(plan for u in uses for plan in u), _safe(Replacement(node.module, new_module))])
+    kinds = {id(a): names.DEPRECATED_AMP.get(f"{module}.{dotted_name(a.name)}", (None, None))[1] for a in _aliases(node)}
+    if None in kinds.values():
+        return None
+    moving = {id(a): _name_uses(_bound_name(a), kinds[id(a)], scope, facts) if _supported(kinds[id(a)], facts) else None for a in _aliases(node)}
+    if all(uses is not None for uses in moving.values()):
+        return _together([*(plan for uses in moving.values() for plan in uses), _safe(Replacement(node.module, new_module))])
+    movable = {key for key, uses in moving.items() if uses is not None}
+    return _split_import_fix(node, kinds, movable, scope, facts) if id(concerning) in movable else None
+
+
+def _split_import_fix(node: cst.ImportFrom, kinds: dict[int, str], movable: set[int], scope: Scope, facts: AmpFacts) -> FixPlan | None:
+    """The movable names taken out of the import, each use spelled through the torch module."""
     plans: list[FixPlan] = []
     for alias in _aliases(node):
-        name = dotted_name(alias.name)
-        bound = _bound_name(alias)
-        if module in ("torch.cuda", "torch.cpu"):
-            if name != "amp":
-                return None  # `from torch.cuda import amp, Stream`: leave mixed imports alone
-            uses = _module_alias_uses(bound, scope, facts)
-        else:
-            kind = names.DEPRECATED_AMP.get(f"{module}.{name}", (None, None))[1]
-            if kind is None:
-                return None
-            uses = _name_uses(bound, kind, scope, facts)
+        if id(alias) not in movable:
+            continue
+        uses = _name_uses(_bound_name(alias), kinds[id(alias)], scope, facts, through_torch=True)
         if uses is None:
             return None
         plans.extend(uses)
-    if not all(_supported(kind, facts) for kind in _kinds_in(node, module)):
+    if not plans:
         return None
-    return _together([*plans, _safe(Replacement(node.module, new_module))])
+    kept = [a for a in _aliases(node) if id(a) not in movable]
+    kept[-1] = kept[-1].with_changes(comma=_aliases(node)[-1].comma)  # a trailing comma, if any, stays last
+    # An import's continuation lines keep their indentation in its own whitespace nodes.
+    return _together([*plans, _safe(Replacement(node, facts.module.code_for_node(node.with_changes(names=kept))))])
 
 
-def _kinds_in(node: cst.ImportFrom, module: str) -> set[str]:
-    if module in ("torch.cuda", "torch.cpu"):
-        return {"autocast", "GradScaler"}  # the conservative bound: any use may be either
-    return {names.DEPRECATED_AMP[f"{module}.{dotted_name(a.name)}"][1] for a in _aliases(node)}
-
-
-def _name_uses(bound: str | None, kind: str, scope: Scope, facts: AmpFacts) -> list[FixPlan] | None:
+def _name_uses(bound: str | None, kind: str, scope: Scope, facts: AmpFacts, through_torch: bool = False) -> list[FixPlan] | None:
     """Rewrites for every use of a name the import in `scope` binds, or None if one can't be. A use
-    that resolves through another import of the name (in another function) is that import's."""
+    that resolves through another import of the name (in another function) is that import's.
+    `through_torch`: each use also names the class through the torch module, as the import will
+    no longer bind it."""
     plans = []
     for call in facts.calls:
         if call.callee == bound and call.method is None and call.scope.binding_scope(bound) is scope:
-            plan = _use_call(call, kind, facts)
+            plan = _use_call(call, kind, facts, through_torch)
             if plan is None:
                 return None
             plans.append(plan)
     for ref in facts.references:
         if ref.dotted == bound and ref.where.scope.binding_scope(bound) is scope:
+            spelled = _spelled_through_torch(kind, ref.where.scope, facts) if through_torch else bound
+            if spelled is None:
+                return None
             if kind in ("custom_fwd", "custom_bwd") and _is_bare_decorator(ref.node, facts):
                 device = names.DEPRECATED_AMP[ref.where.scope.resolve(bound)][0]
-                plans.append(_safe(Replacement(ref.node, f'{bound}(device_type="{device}")')))
-            elif not (kind in ("autocast", "GradScaler") and _in_a_type_test(ref.node, facts)):
+                plans.append(_safe(Replacement(ref.node, f'{spelled}(device_type="{device}")')))
+            elif kind in ("autocast", "GradScaler") and _in_a_type_test(ref.node, facts):
+                # A type test keeps its name, which now means the wider torch.amp class.
+                if through_torch:
+                    plans.append(_safe(Replacement(ref.node, spelled)))
+            else:
                 return None  # used as another value: a base class, stored in a variable
-            # A type test keeps its name, which now means the wider torch.amp class.
     return plans
+
+
+def _spelled_through_torch(kind: str, scope: Scope, facts: AmpFacts) -> str | None:
+    torch_name = _torch_module_name(scope)
+    return _new_callee(torch_name, kind, facts) if torch_name is not None else None
 
 
 def _module_alias_uses(bound: str | None, scope: Scope, facts: AmpFacts) -> list[FixPlan] | None:
@@ -356,13 +384,18 @@ def _module_alias_uses(bound: str | None, scope: Scope, facts: AmpFacts) -> list
     return plans
 
 
-def _use_call(call: CallSite, kind: str, facts: AmpFacts) -> FixPlan | None:
+def _use_call(call: CallSite, kind: str, facts: AmpFacts, through_torch: bool = False) -> FixPlan | None:
     device = names.DEPRECATED_AMP.get(call.qualname or "", ("cuda", kind))[0]
     torch_name = _torch_module_name(call.scope)
     args = migrated_arguments(call.node, kind, device, torch_name)
     if args is None:
         return None
-    replacement = Replacement(call.node, code_in_place(facts, call.node, call.node.with_changes(args=args)))
+    new = call.node.with_changes(args=args)
+    if through_torch:
+        if torch_name is None:
+            return None
+        new = new.with_changes(func=cst.parse_expression(_new_callee(torch_name, kind, facts)))
+    replacement = Replacement(call.node, code_in_place(facts, call.node, new))
     if kind == "autocast":
         return FixPlan(_autocast_fix_safety(call.node, torch_name), (replacement,))
     return _safe(replacement)
