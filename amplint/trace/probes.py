@@ -45,6 +45,14 @@ _CALLERS_KEPT = 8
 # torch.compile's AOT autograd calls `torch.autograd.grad` on fake tensors to build the backward
 # graph, from the user's line that called the compiled model: the compiler's backward, not the script's.
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+# A backward or grad call made while the autograd engine runs a node's backward (reentrant
+# activation checkpointing recomputes its block and backpropagates through it; a custom
+# Function's backward may take gradients): the engine's work inside the script's own backward.
+_current_autograd_node = getattr(torch._C, "_current_autograd_node", lambda: None)
+
+
+def _inside_a_backward() -> bool:
+    return _current_autograd_node() is not None
 
 
 @contextlib.contextmanager
@@ -375,7 +383,7 @@ class Probes:
         def wrap_backward(real):
             @functools.wraps(real)
             def backward(tensors, *args, **kwargs):
-                if state.paused or not state.active or _compiling():
+                if state.paused or not state.active or _compiling() or _inside_a_backward():
                     return real(tensors, *args, **kwargs)
                 site = probes._callsite()
                 probes.note_thread(site)
@@ -403,7 +411,7 @@ class Probes:
                 create_graph = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
                 if create_graph and state.scaled_since_backward and not state.paused:
                     state.scaled_penalty_step = state.step
-                if state.paused or create_graph or _compiling():
+                if state.paused or create_graph or _compiling() or _inside_a_backward():
                     return real(outputs, inputs, *args, **kwargs)
                 site = probes._callsite()
                 evidence = probes.autocast_evidence()
