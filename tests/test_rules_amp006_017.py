@@ -948,6 +948,21 @@ def test_amp017_config_set_is_clean() -> None:
     assert lines(src, "AMP017") == []
 
 
+def test_amp017_advice_runs_as_written_on_the_installed_torch() -> None:
+    """The statements the message asks for, run after a bare `import torch`: the setting's module is
+    not loaded by `import torch` alone, so the advice must import it."""
+    pytest.importorskip("torch")
+    import re
+    import subprocess
+    import sys
+
+    message = next(f.message for f in lint_source(COMPILED.encode(), "train.py") if f.code == "AMP017")
+    statements = [code for code in re.findall(r"`([^`]+)`", message) if code.startswith(("import ", "torch._functorch."))]
+    program = "import torch\n" + "\n".join(sorted(statements, key=lambda code: not code.startswith("import "))) + "\n"
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+
+
 def test_amp017_backward_inside_autocast_is_not_a_mismatch() -> None:
     src = COMPILED.replace("    loss.backward()", "        loss.backward()")
     assert lines(src, "AMP017") == []

@@ -403,7 +403,7 @@ def _amp017(facts) -> list[RuleEvent]:
         message = (
             f"the compiled model ran under autocast and backward ran outside it {count} time(s) with "
             f'backward_pass_autocast="{setting}": the compiled backward re-enters autocast, unlike eager; '
-            'set torch._functorch.config.backward_pass_autocast = "off"'
+            'set torch._functorch.config.backward_pass_autocast = "off" (after `import torch._functorch.config`)'
         )
         unjudged, off_around = None, None
         if not record["calls_under_autocast"]:  # its region left off by the script's flag, say, while another was on

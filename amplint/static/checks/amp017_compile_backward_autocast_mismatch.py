@@ -201,7 +201,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             f"this compiled {compiled} runs under autocast while backward runs outside it (line {{0}}); with "
             "torch.compile's default `backward_pass_autocast=\"same_as_forward\"` the compiled backward "
             "re-enters autocast, which differs from eager and can overflow (pytorch/pytorch#153044); set "
-            "`torch._functorch.config.backward_pass_autocast = \"off\"` to match eager",
+            "`torch._functorch.config.backward_pass_autocast = \"off\"` (after `import torch._functorch.config`) "
+            "to match eager",
             statement or call_node,
             related=(_nearest(outside, node, _named_exactly(forwards, name) or forwards).node,),
         )
