@@ -1959,6 +1959,34 @@ def test_an_input_beyond_float16s_range_is_named_as_the_cast_that_overflowed(tmp
     assert "to float16, whose largest is 65504" in nonfinite["detail"]
 
 
+def test_a_scaled_gradient_overflowing_a_backward_cast_is_named_as_the_scalers_own_calibration(tmp_path: Path) -> None:
+    """The first step of the float16 recipe overflows in backward because the scale starts at 65536:
+    the cast is of scaled gradients, not an input to normalise."""
+    write(
+        tmp_path,
+        "train.py",
+        """
+        import torch
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        for step in range(3):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(4, 8)).float().mean() * 10
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+        """,
+    )
+    trace(tmp_path, "-q", "--nan", "op", "--json", "r.json", "train.py")
+    nonfinite = json.loads((tmp_path / "r.json").read_text())["nonfinite"]
+    assert (nonfinite["op"], nonfinite["phase"], nonfinite["handled_by_scaler"]) == ("aten::_to_copy", "backward", True)
+    assert "in backward: gradients carrying the GradScaler's scale" in nonfinite["detail"]
+    assert "normalise" not in nonfinite["detail"]
+
+
 @pytest.mark.parametrize("mode", ["module", "op"])
 def test_per_sample_gradients_under_vmap_run_as_they_do_untraced(tmp_path: Path, mode: str) -> None:
     """The value checks leave torch.func's batched tensors alone: reading them in Python is an

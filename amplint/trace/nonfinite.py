@@ -481,6 +481,7 @@ class NonFiniteMonitor:
             phase = "other"  # a gradient read or written by hand, outside backward and the optimizer
         if phase == "forward" and not makes_nan and self._writes_infinite_literal(inputs, kwargs):
             return  # an attention mask (`torch.full(..., float("-inf"))`): infinite on purpose
+        awaits_scaler = phase != "forward" and self.scaler_in_flight()
         self.record(
             NonFinite(
                 op=info.name,
@@ -490,9 +491,9 @@ class NonFiniteMonitor:
                 dtype=str(outs[0].dtype).replace("torch.", ""),
                 inputs_finite=inputs_finite,
                 check="op",
-                awaits_scaler=phase != "forward" and self.scaler_in_flight(),
+                awaits_scaler=awaits_scaler,
                 node=node,
-                detail=_narrowing_cast(info, tensors, outs) if inputs_finite else None,
+                detail=_narrowing_cast(info, tensors, outs, phase, awaits_scaler) if inputs_finite else None,
             )
         )
 
@@ -586,19 +587,23 @@ def _storage(tensor: torch.Tensor) -> int | None:
     return pointer or None
 
 
-def _narrowing_cast(info, inputs: list, outs: list) -> str | None:
+def _narrowing_cast(info, inputs: list, outs: list, phase: str, awaits_scaler: bool) -> str | None:
     """Why a cast made infinities from finite values: they lie beyond the range of the narrower
-    dtype (unnormalised inputs or targets cast to float16 by autocast or `.half()`)."""
+    dtype (unnormalised inputs or targets cast to float16 by autocast or `.half()`; in backward,
+    gradients cast back through autocast's casts)."""
     if info.name.split("::")[-1].split(".")[0] not in ("_to_copy", "copy_", "to") or not inputs:
         return None
     target = outs[0].dtype
     if not target.is_floating_point or torch.finfo(target).bits >= torch.finfo(inputs[0].dtype).bits:
         return None
     largest = float(inputs[0].detach().abs().max())
-    limit = torch.finfo(target).max
     name = str(target).replace("torch.", "")
-    return (
-        f"a cast of {str(inputs[0].dtype).replace('torch.', '')} values up to {largest:.4g} to {name}, whose largest "
-        f"is {limit:.6g} (autocast's own cast of an input, or a `.half()`): normalise or scale those values first, "
-        f"or use bfloat16"
-    )
+    cast = f"a cast of {str(inputs[0].dtype).replace('torch.', '')} values up to {largest:.4g} to {name}, whose largest is {torch.finfo(target).max:.6g}"
+    if phase == "backward" and awaits_scaler:
+        return (
+            f"{cast}, in backward: gradients carrying the GradScaler's scale; overflowing is how the scaler finds "
+            f"its scale too high (it skips the step and lowers the scale), nothing to fix unless it never settles"
+        )
+    if phase == "backward":
+        return f"{cast}, in backward: the gradients outgrow {name}; scale the loss down or use bfloat16"
+    return f"{cast} (autocast's own cast of an input, or a `.half()`): normalise or scale those values first, or use bfloat16"
