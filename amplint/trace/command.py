@@ -168,4 +168,19 @@ def trace_command(
 
     from amplint.trace.session import run_trace
 
-    sys.exit(run_trace(options))
+    status = run_trace(options)
+    if status < 0:
+        _end_by_signal(-status)
+    sys.exit(status)
+
+
+def _end_by_signal(number: int) -> None:
+    """End the process by the signal that stopped the script, as Python does after Ctrl-C."""
+    import os
+    import signal
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
+    sys.exit(128 + number)  # where the signal does not end the process

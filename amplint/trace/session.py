@@ -56,7 +56,11 @@ def run_trace(options: TraceOptions) -> int:
         path, module_name = resolve_target(options.target, options.module, options.cwd)
     except LookupError as exc:
         return _error(str(exc))
-    return TraceSession(options, path, module_name).run()
+    session = TraceSession(options, path, module_name)
+    status = session.run()
+    # Python ends a script stopped by Ctrl-C by SIGINT itself, so that a shell loop over runs stops
+    # too: the command line does the same once the report is written (a negative status says so).
+    return -signal.SIGINT if session.interrupted else status
 
 
 def _set_active_state(state) -> None:
@@ -157,6 +161,7 @@ class TraceSession:
         self.path = path
         self.module_name = module_name
         self.cwd = options.cwd
+        self.interrupted = False  # the script was stopped by Ctrl-C
         self.notes: list[str] = []
         self._configurations: dict = {}  # folder -> amplint settings (config.discover's memo)
         self.classifier = None
@@ -241,6 +246,7 @@ class TraceSession:
         with contextlib.ExitStack() as self._installed, _ChildProcesses(self):
             outcome = run_target(self.path, self.module_name, options.args, argv0, ("torch", self.instrument), options.strict)
         self.cpu_seconds = time.process_time() - started
+        self.interrupted = isinstance(outcome.exception, KeyboardInterrupt)
         if self.probes is None:  # the script never imported torch, or its import failed
             try:
                 import torch  # noqa: F401
