@@ -153,11 +153,14 @@ def render(report: dict, cwd: str) -> str:
             ac = row["autocast"]
             verdict = row.get("policy")
             mark = "" if not verdict else ("ok" if verdict["matches"] else f'<span class="bad">expected {_e(verdict["expected"])}</span>')
+            if row.get("raised"):
+                mark = f'<span class="bad">{_e(row["raised"])}</span>'
+            outputs = "raised" if row.get("raised") else ", ".join(row["output_dtypes"])
             node = f" ({_e(row['node'])})" if row.get("node") else ""
             out.append(
                 f"<tr><td class=\"mono\">{_e(row['op'])}{node}</td><td>{_e(row['phase'])}</td>"
                 f"<td>{_e(ac['device'] + '/' + ac['dtype']) if ac else '-'}</td><td>{_e(', '.join(row['input_dtypes']))}</td>"
-                f"<td>{_e(', '.join(row['output_dtypes']))}</td><td>{_e(row['count'])}</td><td>{mark}</td></tr>"
+                f"<td>{_e(outputs)}</td><td>{_e(row['count'])}</td><td>{mark}</td></tr>"
             )
     out.append("</table>")
 

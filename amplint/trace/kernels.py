@@ -118,13 +118,15 @@ def _op_name(func) -> str:
 _NATIVE_WARNING = re.compile(rb"\[W[\d ][^\]]*\] Warning: ")
 
 
-def probe_kernels(templates: dict, dtypes: tuple[str, ...], device: str) -> list[dict]:
+def probe_kernels(templates: dict, dtypes: tuple[str, ...], device: str, raised: frozenset = frozenset()) -> list[dict]:
+    """`raised`: the (op, input dtypes) signatures whose calls raised in the run; their baseline is
+    the same call in float32, since their own dtypes are known to fail."""
     with warnings.catch_warnings(), native_stderr_without(lambda line: _NATIVE_WARNING.match(line) is not None):
         warnings.simplefilter("ignore")
-        return _probe_all(templates, dtypes, device)
+        return _probe_all(templates, dtypes, device, raised)
 
 
-def _probe_all(templates: dict, dtypes: tuple[str, ...], device: str) -> list[dict]:
+def _probe_all(templates: dict, dtypes: tuple[str, ...], device: str, raised: frozenset) -> list[dict]:
     results: dict[tuple, dict] = {}
     available = _device_available(device)
     cpu_rng = torch.random.get_rng_state()
@@ -165,7 +167,8 @@ def _probe_all(templates: dict, dtypes: tuple[str, ...], device: str) -> list[di
                     continue
                 if entry["status"] == "available":
                     continue  # one signature that runs in the dtype is enough
-                verdict, error = _probe_one(func, args, kwargs, getattr(torch, dtype_name), device, keep_float32=mixed)
+                baseline = torch.float32 if (func, in_dtypes) in raised else None
+                verdict, error = _probe_one(func, args, kwargs, getattr(torch, dtype_name), device, keep_float32=mixed, baseline=baseline)
                 if verdict == "available":
                     entry.update(available=True, status="available", error=None)
                 elif verdict == "missing":
@@ -179,7 +182,7 @@ def _probe_all(templates: dict, dtypes: tuple[str, ...], device: str) -> list[di
     return sorted(results.values(), key=lambda e: (e["available"] is not False, e["op"], e["dtype"]))
 
 
-def _probe_one(func, args, kwargs, dtype, device, keep_float32=False) -> tuple[str, str | None]:
+def _probe_one(func, args, kwargs, dtype, device, keep_float32=False, baseline=None) -> tuple[str, str | None]:
     if not torch._C._dispatch_has_kernel(_registered_name(func)):
         # A torch.library op whose library was destroyed during the run (a scoped library, or
         # one freed with the script's objects): calling it would use a freed registration.
@@ -193,7 +196,7 @@ def _probe_one(func, args, kwargs, dtype, device, keep_float32=False) -> tuple[s
         )
 
     try:
-        base_args, base_kwargs = rebuild(None)
+        base_args, base_kwargs = rebuild(baseline)
     except _Unrebuildable as exc:
         return "inconclusive", f"cannot rebuild the arguments ({exc})"
     try:

@@ -134,9 +134,11 @@ class DispatchRecorder(TracerDispatchMode):
             info = self._infos[func] = OpInfo(func)
         try:
             out = _run_as_plain(func, info, state.mirror.active, args, kwargs)
-        except Exception:
+        except Exception as exc:
             if not state.paused and state.mirror.suppressed:
                 self._raised_in_disabled_region(info, args)
+            if not state.paused and not (info.skip or info.uninitialised):
+                self._record_raise(func, info, args, kwargs, exc)
             raise
         if state.paused:
             return out
@@ -157,27 +159,8 @@ class DispatchRecorder(TracerDispatchMode):
 
         mirror = state.mirror
         if self.record and phase != "optimizer":
-            active = mirror.active
-            autocast = None
-            if active:
-                device = _first_device(args) or _factory_device(kwargs)
-                for entry in active:
-                    if entry[0] == device:
-                        autocast = entry
-                        break
-            in_dtypes = _dtypes(args)
             out_dtypes = _dtypes((out,)) if not isinstance(out, (list, tuple)) else _dtypes(out)
-            key = (info.name, in_dtypes, out_dtypes, autocast, phase, site, node)
-            ops = state.ops
-            ops[key] = ops.get(key, 0) + 1
-            if site is not None:
-                state.lines_seen.add(site)
-                if active:
-                    state.lines_under_autocast.add(site)
-            if self.keep_templates:
-                template_key = (func, in_dtypes)
-                if template_key not in state.op_templates:
-                    state.op_templates[template_key] = _template(func, args, kwargs)
+            self._count(func, info, args, kwargs, out_dtypes, phase, site, node)
 
         suppressed = mirror.suppressed
         if suppressed and phase == "forward" and not info.passive and not state.inspecting and not _only_bool(out):
@@ -191,6 +174,45 @@ class DispatchRecorder(TracerDispatchMode):
             self.monitor.check_op(info, args, kwargs, out, site, phase, node)
         return out
 
+
+    def _count(self, func, info: OpInfo, args, kwargs, out_dtypes: tuple, phase: str, site, node) -> tuple:
+        """One more call of the op in the table, under the autocast region of its device; its
+        signature kept for the kernel probe. Returns the table's key."""
+        state = self.state
+        active = state.mirror.active
+        autocast = None
+        if active:
+            device = _first_device(args) or _factory_device(kwargs)
+            autocast = next((entry for entry in active if entry[0] == device), None)
+        in_dtypes = _dtypes(args)
+        key = (info.name, in_dtypes, out_dtypes, autocast, phase, site, node)
+        state.ops[key] = state.ops.get(key, 0) + 1
+        if site is not None:
+            state.lines_seen.add(site)
+            if active:
+                state.lines_under_autocast.add(site)
+        if self.keep_templates and (func, in_dtypes) not in state.op_templates:
+            state.op_templates[(func, in_dtypes)] = _template(func, args, kwargs)
+        return key
+
+    def _record_raise(self, func, info: OpInfo, args, kwargs, exc: Exception) -> None:
+        """An op that raised (no kernel for its dtype, `"zeta_cpu" not implemented for 'Half'`): a
+        row with no outputs and the error, and its signature for the probe, which replays it
+        against a float32 baseline, since its own dtypes are known to fail."""
+        if not self.record:
+            return
+        in_backward = _graph_task_id() != -1
+        phase = "backward" if in_backward else ("optimizer" if self.state.in_optimizer else "forward")
+        if phase == "optimizer":
+            return
+        site = self._user_callsite(1)
+        if site is None and in_backward:
+            site = self.state.backward_callsite
+        current = _current_node() if in_backward else None
+        key = self._count(func, info, args, kwargs, (), phase, site, current.name() if current is not None else None)
+        lines = str(exc).strip().splitlines()
+        self.state.raised_ops.setdefault(key, f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300])
+        self.state.raised_signatures.add((func, _dtypes(args)))
 
     def _raised_in_disabled_region(self, info: OpInfo, args) -> None:
         """An op that raised on its inputs (`mat1 and mat2 must have the same dtype`) in a region

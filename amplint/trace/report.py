@@ -28,7 +28,8 @@ def _dtype(dtype) -> str:
 
 def op_rows(state, display) -> list[dict]:
     rows = []
-    for (op, in_dtypes, out_dtypes, autocast, phase, site, node), count in state.ops.items():
+    for key, count in state.ops.items():
+        op, in_dtypes, out_dtypes, autocast, phase, site, node = key
         name = op[: -len(".default")] if op.endswith(".default") else op
         inputs = [_dtype(d) for d in in_dtypes]
         outputs = [_dtype(d) for d in out_dtypes]
@@ -45,6 +46,10 @@ def op_rows(state, display) -> list[dict]:
         }
         if node:
             row["node"] = node
+        if key in state.raised_ops:
+            row["raised"] = state.raised_ops[key]  # no outputs: the call failed
+            rows.append(row)
+            continue
         verdict = policy.check(name, autocast_json, inputs, outputs) if phase == "forward" else None
         if verdict:
             row["policy"] = verdict

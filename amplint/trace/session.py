@@ -459,7 +459,7 @@ class TraceSession:
             from amplint.trace.kernels import probe_kernels
 
             target = self.options.probe_device or device
-            kernels = probe_kernels(state.op_templates, self.options.probe_dtypes, target)
+            kernels = probe_kernels(state.op_templates, self.options.probe_dtypes, target, frozenset(state.raised_signatures))
 
         rank, world = rpt.rank_info()
         typed = ["-m", self.module_name] if self.module_name else [self.options.target]

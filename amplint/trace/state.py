@@ -277,6 +277,8 @@ class TraceState:
         # ops: (op, in dtypes, out dtypes, autocast (device, dtype) | None, phase, callsite, node) -> count
         self.ops: Counter = Counter()
         self.op_templates: dict = {}  # (op, in dtypes) -> (func, args template, kwargs template)
+        self.raised_ops: dict = {}  # op table key -> the error of a call that raised
+        self.raised_signatures: set = set()  # (op, in dtypes) of the calls that raised
         self.op_devices: dict = {}  # op name -> device type seen
 
         # backward / step calls: callsite -> [with autocast, without]

@@ -187,6 +187,9 @@ def _ops_table(report: dict, cwd: str) -> Table | None:
             mark = ""
             if verdict:
                 mark = Text("ok", style="green") if verdict["matches"] else Text(f"expected {verdict['expected']}", style="bold red")
+            if row.get("raised"):
+                raised = row["raised"]
+                mark = Text(raised if len(raised) <= 100 else raised[:99] + "…", style="bold red")
             name = row["op"].replace("aten::", "")
             if row.get("node"):
                 name += f" ({row['node']})"
@@ -194,7 +197,7 @@ def _ops_table(report: dict, cwd: str) -> Table | None:
                 "  " + name,
                 {"forward": "fwd", "backward": "bwd"}.get(row["phase"], row["phase"]),
                 f"{ac['device']}/{_SHORT.get(ac['dtype'], ac['dtype'])}" if ac else "-",
-                f"{_short(row['input_dtypes'])} -> {_short(row['output_dtypes'])}",
+                f"{_short(row['input_dtypes'])} -> {'raised' if row.get('raised') else _short(row['output_dtypes'])}",
                 str(row["count"]),
                 mark,
             )
@@ -226,6 +229,8 @@ def op_interest(row: dict) -> tuple:
     bookkeeping = row["op"].replace("aten::", "").split(".")[0] in _BOOKKEEPING
     autocast = row.get("autocast")
     float32_in_region = bool(autocast) and autocast["dtype"] in _LOW_PRECISION and "float32" in row["output_dtypes"]
+    if row.get("raised"):
+        return -1, -row["count"]  # the call that failed: what the run died of, perhaps
     rank = 0 if verdict and not verdict["matches"] else 3 if bookkeeping else 1 if float32_in_region else 2
     return rank, -row["count"]
 
