@@ -58,6 +58,15 @@ def op_rows(state, display) -> list[dict]:
     return rows
 
 
+def needed_missing(kernels: list[dict]) -> list[dict]:
+    """The missing kernels the script needs: in a run that computed in float16/bfloat16, those of
+    the ops it ran in low precision; in a float32 run (asking whether it could switch), all."""
+    missing = [k for k in kernels if k.get("available") is False]
+    if any(k.get("ran_in_low_precision") for k in kernels):
+        return [k for k in missing if k.get("ran_in_low_precision")]
+    return missing
+
+
 def policy_departures(rows: list[dict]) -> list[dict]:
     found = []
     for row in rows:

@@ -550,10 +550,12 @@ class TraceSession:
     def strict_failures(report: dict) -> list[str]:
         """What makes `--strict` fail the run, in words: confirmed findings, missing kernels, a
         non-finite value the GradScaler did not handle."""
+        from amplint.trace.report import needed_missing
+
         reasons = [
             f"{f['code']} confirmed at {f['path']}:{f['line']}" for f in report["findings"] if f["status"] == "confirmed"
         ]
-        reasons += [f"no {k['dtype']} kernel for {k['op']} on {k['device']}" for k in report["kernels"] if k.get("available") is False]
+        reasons += [f"no {k['dtype']} kernel for {k['op']} on {k['device']}" for k in needed_missing(report["kernels"])]
         nonfinite = report["nonfinite"]
         # An overflow the GradScaler handled (step skipped, scale backed off) is fp16 working as
         # designed, not a failure.

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from amplint.trace.report import CHEAP_COVERAGE_NOTE_START, found_in, none_seen
+from amplint.trace.report import CHEAP_COVERAGE_NOTE_START, found_in, needed_missing, none_seen
 
 STATUS_STYLE = {"confirmed": "bold red", "refuted": "green", "not-reached": "yellow"}
 MAX_OP_LINES = 30
@@ -409,8 +409,16 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
         console.print(
             f"{len(ok)} available, {len(missing)} missing, {len(inconclusive)} inconclusive, {len(unverified)} unverified"
         )
-        for k in missing[:20]:
-            console.print(Text(f"missing: {k['op']} {k['dtype']} on {k['device']}: {k['error']}", style="red"))
+        needed = {id(k) for k in needed_missing(kernels)}
+        for k in sorted(missing, key=lambda k: id(k) not in needed)[:20]:
+            if id(k) in needed:
+                console.print(Text(f"missing: {k['op']} {k['dtype']} on {k['device']}: {k['error']}", style="red"))
+            else:
+                console.print(Text(
+                    f"missing: {k['op']} {k['dtype']} on {k['device']}: {k['error']} (the run computed it in float32 only: "
+                    "autocast keeps it there, not needed unless the model is converted)",
+                    style="yellow",
+                ))
         for line in _per_op(inconclusive)[:20]:
             console.print(Text(f"inconclusive: {line}", style="yellow"))
         if unverified:
