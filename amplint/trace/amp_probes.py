@@ -184,7 +184,10 @@ class RuleProbes:
 
     def _record_save(self, obj) -> None:
         """One `torch.save`. A checkpoint written as several files in one step (the Hugging Face
-        Trainer's `optimizer.pt`, then `scaler.pt`) holds the scaler's state if any of them does."""
+        Trainer's `optimizer.pt`, then `scaler.pt`) holds the scaler's state if one of them holds
+        it without an optimizer's: a file that holds both is a whole checkpoint of its own
+        (`last.pt`), and another saved beside it without the scaler (`best.pt`) resumes with a
+        fresh scale."""
         state = self.state
         site = self.probes._callsite(2)
         optimizer, scaler = checkpoint_contents(obj)
@@ -195,7 +198,7 @@ class RuleProbes:
         record["saves"] += 1
         record["with_optimizer_state"] += optimizer
         record["with_scaler_state"] += scaler
-        if scaler:
+        if scaler and not optimizer:
             state.scaler_state_saved_at.add(state.step)
             for earlier in state.saves_missing_the_scaler.pop(state.step, ()):
                 earlier["missing_scaler_state"] -= 1
@@ -203,7 +206,7 @@ class RuleProbes:
                 if not earlier["missing_scaler_state"]:
                     earlier.pop("first_step", None)
                     earlier.pop("live_scaler", None)
-        elif optimizer and live is not None:
+        elif optimizer and not scaler and live is not None:
             if state.step in state.scaler_state_saved_at:
                 record["scaler_state_in_another_save"] = record.get("scaler_state_in_another_save", 0) + 1
             else:

@@ -350,7 +350,8 @@ class TraceState:
         self.fp16_loss_sources: dict = {}
         self.zero_grad_pending: list = []  # AMP009: records waiting for the next optimizer step's zero-gradient share
         self.saves: dict = {}  # AMP012: torch.save callsite -> record
-        # AMP012: the steps at which a save held a GradScaler's state, and the saves of an optimizer
+        # AMP012: the steps at which a save held a GradScaler's state without an optimizer's (a part of a
+        # checkpoint written in files), and the saves of an optimizer
         # state alone at a step none did yet (a checkpoint written as separate files, the scaler's
         # last, clears them).
         self.scaler_state_saved_at: set[int] = set()
