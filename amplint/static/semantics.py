@@ -1620,30 +1620,32 @@ class AmpFacts:
         return next((region for order, region in reversed(entered) if order < where.order), None)
 
     @cached_property
-    def _entered_by_hand(self) -> dict[int, list[tuple[CallSite, Autocast]]]:
+    def _entered_by_hand(self) -> dict[int, list[tuple[CallSite, Autocast, list[int]]]]:
         """id(function) -> each autocast it enters by calling `__enter__()` itself (`ctx =
-        torch.autocast(...)`, `ctx.__enter__()`, ..., `ctx.__exit__(None, None, None)`)."""
-        table: dict[int, list[tuple[CallSite, Autocast]]] = {}
+        torch.autocast(...)`, `ctx.__enter__()`, ..., `ctx.__exit__(None, None, None)`), with the
+        order of every `__exit__()` the function calls on the same name."""
+        table: dict[int, list[tuple[CallSite, Autocast, list[int]]]] = {}
         for call in self.calls:
             if call.method == "__enter__" and call.receiver is not None:
                 region = self.autocast_of(call.receiver, call.scope)
                 if region is not None:
-                    table.setdefault(id(call.scope.function_scope), []).append((call, region))
+                    function = call.scope.function_scope
+                    exits = [
+                        c.where.order for c in self.calls
+                        if c.method == "__exit__" and call.receiver_key is not None and c.receiver_key == call.receiver_key
+                        and c.scope.function_scope is function
+                    ]
+                    table.setdefault(id(function), []).append((call, region, exits))
         return table
 
     def entered_by_hand(self, where: Context) -> tuple[CallSite, Autocast] | None:
         """The `__enter__()` call and region of the last autocast entered by hand before `where` in
         its function and not exited by `__exit__()` on the same name in between: the region runs
         from one call to the other."""
-        function = where.scope.function_scope
-        for enter, region in reversed(self._entered_by_hand.get(id(function), ())):
+        for enter, region, exits in reversed(self._entered_by_hand.get(id(where.scope.function_scope), ())):
             if enter.where.order >= where.order:
                 continue
-            exited = enter.receiver_key is not None and any(
-                call.method == "__exit__" and call.receiver_key == enter.receiver_key
-                and call.scope.function_scope is function and enter.where.order < call.where.order < where.order
-                for call in self.calls
-            )
+            exited = any(enter.where.order < order < where.order for order in exits)
             return None if exited else (enter, region)
         return None
 
