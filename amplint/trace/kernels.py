@@ -25,12 +25,11 @@ import warnings
 import torch
 
 from amplint.native_stderr import native_stderr_without
-from amplint.trace.recorder import TensorSpec, mixes_low_precision_with_float32
+from amplint.trace.recorder import LOW_PRECISION, TensorSpec, mixes_low_precision_with_float32
 
 # Same values in the baseline and the target call, so that only the dtype differs between them.
 _VALUES_SEED = 0
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 # Never replayed: collectives would wait for other ranks; profiler markers hold no kernel.
 _SKIP_NAMESPACES = ("c10d", "_c10d_functional", "profiler", "_dtensor")
 
@@ -161,7 +160,7 @@ def _probe_all(templates: dict, dtypes: tuple[str, ...], device: str, raised: fr
                 entry["signatures"] += 1
                 # Whether the script needs the op's low-precision kernel at all: autocast keeps its
                 # float32-list ops (cdist) and everything outside its regions in float32.
-                entry["ran_in_low_precision"] |= any(d in _LOW_PRECISION for d in in_dtypes)
+                entry["ran_in_low_precision"] |= any(d in LOW_PRECISION for d in in_dtypes)
                 if complex_only:
                     if entry["status"] is None:
                         entry.update(status="inconclusive", error=_COMPLEX_ONLY)

@@ -147,16 +147,7 @@ class DispatchRecorder(TracerDispatchMode):
         if info.skip or info.uninitialised:
             return out
 
-        in_backward = _graph_task_id() != -1
-        phase = "backward" if in_backward else ("optimizer" if state.in_optimizer else "forward")
-        site = self._user_callsite(1)
-        if site is None and in_backward:
-            site = state.backward_callsite  # backward on a device thread: no Python frames
-        node = None
-        if in_backward:
-            current = _current_node()
-            node = current.name() if current is not None else None
-
+        phase, site, node = self._place()
         mirror = state.mirror
         if self.record and phase != "optimizer":
             out_dtypes = _dtypes((out,)) if not isinstance(out, (list, tuple)) else _dtypes(out)
@@ -201,18 +192,23 @@ class DispatchRecorder(TracerDispatchMode):
         against a float32 baseline, since its own dtypes are known to fail."""
         if not self.record:
             return
-        in_backward = _graph_task_id() != -1
-        phase = "backward" if in_backward else ("optimizer" if self.state.in_optimizer else "forward")
+        phase, site, node = self._place()
         if phase == "optimizer":
             return
-        site = self._user_callsite(1)
-        if site is None and in_backward:
-            site = self.state.backward_callsite
-        current = _current_node() if in_backward else None
-        key = self._count(func, info, args, kwargs, (), phase, site, current.name() if current is not None else None)
+        key = self._count(func, info, args, kwargs, (), phase, site, node)
         lines = str(exc).strip().splitlines()
         self.state.raised_ops.setdefault(key, f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300])
-        self.state.raised_signatures.add((func, _dtypes(args)))
+        self.state.raised_signatures.add((func, key[1]))  # the op and its input dtypes
+
+    def _place(self) -> tuple[str, tuple | None, str | None]:
+        """Where the op runs: its phase, the user line, and in backward the autograd node."""
+        if _graph_task_id() == -1:
+            return ("optimizer" if self.state.in_optimizer else "forward"), self._user_callsite(2), None
+        site = self._user_callsite(2)
+        if site is None:
+            site = self.state.backward_callsite  # backward on a device thread: no Python frames
+        current = _current_node()
+        return "backward", site, current.name() if current is not None else None
 
     def _raised_in_disabled_region(self, info: OpInfo, args) -> None:
         """An op that raised on its inputs (`mat1 and mat2 must have the same dtype`) in a region
