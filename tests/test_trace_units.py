@@ -713,3 +713,32 @@ def test_report_paths_climb_out_of_the_folder_started_in_only_within_the_project
     cwd = str(project / "scripts")
     assert display_path(str(project / "src" / "m.py"), cwd, (str(project),)) == os.path.join("..", "src", "m.py")
     assert display_path(str(outside), cwd, (str(project),)) == str(outside)
+
+
+def _loss() -> torch.Tensor:
+    weight = torch.ones(3, requires_grad=True)
+    return (weight * 2).sum()
+
+
+@pytest.mark.parametrize(
+    "scaled, expected",
+    [
+        (lambda loss: loss * 1024.0, 1024.0),  # a Python number, saved as the product's other operand
+        (lambda loss: torch.mul(torch.tensor(512.0), loss), 512.0),  # a constant tensor as its first operand
+        (lambda loss: loss * 0.25, None),  # gradient accumulation's fraction lifts nothing
+        (lambda loss: loss * 4, None),  # a loss weight, not a loss scale
+        (lambda loss: loss * _loss(), None),  # a product of two losses is no constant scale
+        (lambda loss: loss / 1024.0, None),
+    ],
+)
+def test_hand_loss_scale_reads_the_constant_a_loss_was_multiplied_by(scaled, expected) -> None:
+    from amplint.trace.probes import hand_loss_scale
+
+    assert hand_loss_scale(scaled(_loss()), None) == expected
+
+
+def test_hand_loss_scale_reads_the_seed_gradient_of_backward() -> None:
+    from amplint.trace.probes import hand_loss_scale
+
+    assert hand_loss_scale(_loss(), torch.tensor(4096.0)) == 4096.0
+    assert hand_loss_scale([_loss(), _loss()], None) is None  # several roots: no one loss to read

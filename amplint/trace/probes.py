@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import re
 import sys
@@ -49,6 +50,36 @@ _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 # activation checkpointing recomputes its block and backpropagates through it; a custom
 # Function's backward may take gradients): the engine's work inside the script's own backward.
 _current_autograd_node = getattr(torch._C, "_current_autograd_node", lambda: None)
+
+
+# A loss multiplied by at least this much before backward is scaled by hand (static loss scales
+# run from 8 to 2^16): gradient-accumulation weights are fractions, and a loss weight of 2 or 5
+# lifts no gradient out of float16's underflow.
+_HAND_SCALE_MIN = 8.0
+
+
+def hand_loss_scale(tensors, seed) -> float | None:
+    """AMP009: the constant a loss was scaled by for its backward, without a GradScaler:
+    `(loss * 1024).backward()` (the last op of its graph multiplies by a constant, which autograd
+    saved) or `loss.backward(torch.tensor(1024.))` (the seed gradient). None for anything else."""
+    roots = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+    seeds = seed if isinstance(seed, (list, tuple)) else [seed]
+    if len(roots) != 1 or len(seeds) != 1:
+        return None
+    node = getattr(roots[0], "grad_fn", None)
+    candidates = [seeds[0]]
+    if node is not None and type(node).__name__.startswith("MulBackward"):
+        candidates += [getattr(node, "_saved_other", None), getattr(node, "_saved_self", None)]
+    for value in candidates:
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.requires_grad:
+            try:  # past the recorder: a saved Python number is a wrapped-number tensor it would unwrap
+                with torch._C._DisableTorchDispatch():
+                    number = float(value)
+            except Exception:  # noqa: BLE001 - a tensor subclass that cannot be read here scales nothing we know of
+                continue
+            if abs(number) >= _HAND_SCALE_MIN and math.isfinite(number):
+                return number
+    return None
 
 
 def _inside_a_backward() -> bool:
@@ -392,7 +423,7 @@ class Probes:
                 if evidence and site not in state.backward_autocast:
                     state.backward_autocast[site] = dict(evidence, step=state.step)
                 monitor.backward_begins(tensors, site)
-                probes._backward_events(site, evidence, tensors)
+                probes._backward_events(site, evidence, tensors, args[0] if args else kwargs.get("grad_tensors"))
                 state.scaled_since_backward = False
                 state.disabled_scaler_since_backward = None
                 outer = state.backward_callsite
@@ -430,20 +461,27 @@ class Probes:
         self._patch(torch.autograd, "backward", wrap_backward)
         self._patch(torch.autograd, "grad", wrap_grad)
 
-    def _backward_events(self, site, evidence, tensors) -> None:
+    def _backward_events(self, site, evidence, tensors, seed) -> None:
         state = self.state
         # AMP009: the loss may come from any float16 region of this training step (an encoder and
         # a decoder in two regions), not only from the last one entered.
         regions = state.end_fp16_window()
-        if not state.scaled_since_backward:
+        by_hand = None
+        if regions and not state.scaled_since_backward:
             regions = self._loss_sources(site, tensors, regions)
+            with state.pause():
+                by_hand = hand_loss_scale(tensors, seed)
         for region in regions:
             key = (region.entered_at, region.created_at)
             record = state.fp16_backwards.get(key)
             if record is None:
-                record = state.fp16_backwards[key] = {"region": region, "unscaled": 0, "scaled": 0}
+                record = state.fp16_backwards[key] = {"region": region, "unscaled": 0, "scaled": 0, "scaled_by_hand": 0}
             if state.scaled_since_backward:
                 record["scaled"] += 1
+                continue
+            if by_hand is not None:
+                record["scaled_by_hand"] += 1
+                record.setdefault("hand_scale", by_hand)
                 continue
             if not record["unscaled"]:
                 record.update(first_step=state.step, backward_at=site)

@@ -150,6 +150,7 @@ def _amp009(facts) -> list[RuleEvent]:
         evidence = {
             "backward_calls_unscaled": record["unscaled"],
             "backward_calls_scaled": record["scaled"],
+            "backward_calls_scaled_by_hand": record["scaled_by_hand"],
             "autocast": {"device": region.device, "dtype": "float16"},
             "autocast_entered_at": facts.where(region.entered_at),
             "autocast_created_at": facts.where(region.created_at),
@@ -157,6 +158,13 @@ def _amp009(facts) -> list[RuleEvent]:
         if record["unscaled"]:
             evidence["first_step"] = record["first_step"]
             evidence["backward_at"] = facts.where(record["backward_at"])
+        if record["scaled_by_hand"]:
+            evidence["hand_scale"] = record["hand_scale"]
+            evidence["note"] = (
+                f"backward() took the loss scaled by {record['hand_scale']:g} by hand: a constant loss scale lifts small "
+                "gradients as a GradScaler does, but neither skips a step whose gradients overflowed to inf/NaN nor "
+                "adapts the scale; a GradScaler does both"
+            )
         for key in ("zero_grad_fraction", "subnormal_grad_fraction"):
             if key in record:
                 evidence[key] = record[key]

@@ -103,6 +103,8 @@ def _evidence_text_amp007_017(code: str, count: int, ev: dict) -> str:
         return f"{count} unscale_ call(s) with no step before update()"
     if code == "AMP009":
         if not count:
+            if ev.get("hand_scale") is not None:
+                return f"every float16 loss was scaled by hand (x{ev['hand_scale']:g} before backward), not by a GradScaler"
             return "every float16 loss was scaled"  # refuted only once a backward took a loss from the region
         text = f"{count} backward() on unscaled float16 loss(es)"
         if ev.get("disabled_scaler"):
