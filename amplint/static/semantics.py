@@ -1388,6 +1388,8 @@ class AmpFacts:
         """"scaler", "optimizer", "scheduler", "model" or "autocast" for what an expression holds."""
         if expr is None or depth > 3:
             return None
+        if isinstance(expr, cst.IfExp):  # `GradScaler() if args.amp else None` holds a scaler when it is on
+            return next(filter(None, (self.value_kind(arm, scope, depth + 1) for arm in arms_of(expr))), None)
         if isinstance(expr, cst.Call):
             qualified = self.qualname(expr.func, scope)
             if qualified in names.GRAD_SCALER:
