@@ -102,8 +102,12 @@ def test_fixture_facts(case: Path, tmp_path: Path) -> None:
         assert len(report["simulation"]["not_simulated"]) == expected["simulation_not_simulated"], report["simulation"]["not_simulated"]
     if "notes_include" in expected:
         assert any(expected["notes_include"] in note for note in report["notes"]), report["notes"]
+    if "notes_in_scaler_include" in expected:
+        assert any(expected["notes_in_scaler_include"] in note for note in report["scaler"]["notes"]), report["scaler"]["notes"]
     for noise in expected.get("stderr_excludes", []):
         assert noise not in proc.stderr, proc.stderr
+    for said in expected.get("stderr_includes", []):
+        assert said in proc.stderr, proc.stderr
     for want in expected.get("ops_include", []):
         assert any(
             all(row.get(k) == v for k, v in want.items()) for row in report["ops"]

@@ -9,7 +9,7 @@ import math
 import os
 from collections import defaultdict
 
-from amplint.trace.report import found_in, none_seen
+from amplint.trace.report import found_in, never_applied, none_seen, skipped_by_scaler
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222;max-width:1200px}
@@ -128,9 +128,9 @@ def render(report: dict, cwd: str) -> str:
         said = none_seen(report)
         out.append(f"<p>{_e(said[0].upper() + said[1:])}.</p>")
     else:
-        handled = " &mdash; handled by GradScaler (step skipped)" if nf.get("handled_by_scaler") else ""
+        handled = f" &mdash; {_e(skipped_by_scaler(report))}" if nf.get("handled_by_scaler") else ""
         out.append(
-            f'<p class="{"note" if nf.get("handled_by_scaler") else "bad"}"><code>{_e(nf["op"])}</code>'
+            f'<p class="{"note" if nf.get("handled_by_scaler") and not never_applied(report) else "bad"}"><code>{_e(nf["op"])}</code>'
             f"{_e(found_in(nf))} at <span class=\"mono\">{_e(nf['path'])}:{_e(nf['line'])}</span>, "
             f"{_e(nf['phase'])}, step {_e(nf['step'])}, {_e(nf['dtype'])}{handled}</p>"
         )

@@ -189,14 +189,17 @@ def scaler_section(state, facts, display) -> dict:
         )
     for (path, line, sibling), entry in sorted(constructions.items()):
         lowest = min((scale for scale in entry["scale_history"] if scale is not None), default=None)
+        label = _scaler_label(path, line, sibling)
         if lowest is not None and lowest < 1.0 and entry["steps_skipped"]:
             # Below 1 the gradients held inf/NaN however small the scale: not float16's range,
             # which loss scaling is for, but a diverged learning rate or bad data.
             notes.append(
-                f"the GradScaler built at {_scaler_label(path, line, sibling)} skipped {entry['steps_skipped']} of {entry['steps_attempted']} "
+                f"the GradScaler built at {label} skipped {entry['steps_skipped']} of {entry['steps_attempted']} "
                 f"steps and its scale fell to {lowest:g}: its gradients held inf/NaN at any scale, which loss scaling "
                 "cannot fix, so the run stopped training (look at the learning rate and the data; `--nan op` finds the first op)"
             )
+        elif _skipped_every_step(entry):
+            notes.append(f"{_never_applied_note(label, entry)} (`--nan op` finds the first op)")
     return {
         "constructions": [
             {"path": path, "line": line, **({"nth_on_line": sibling + 1} if (path, line, 1) in constructions else {}), **entry}
@@ -225,6 +228,40 @@ def scaler_section(state, facts, display) -> dict:
 # everything (an inference run, a script that stops on a NaN loss before backward()). The
 # summaries show it in place of "none seen" and find it by this start.
 CHEAP_COVERAGE_NOTE_START = "--nan cheap checked"
+
+
+def _skipped_every_step(construction: dict) -> bool:
+    return construction["steps_attempted"] > 0 and construction["steps_skipped"] == construction["steps_attempted"]
+
+
+def _never_applied_note(label: str, construction: dict) -> str:
+    lowest = min((scale for scale in construction["scale_history"] if scale is not None), default=None)
+    return (
+        f"the GradScaler built at {label} skipped all {construction['steps_attempted']} of its steps"
+        + (f" (its scale fell to {lowest:g})" if lowest is not None else "")
+        + ": the model was never updated in this run. A GradScaler skips steps while it calibrates its scale, each skip "
+        "halving it; if a longer run applies none either, its gradients hold inf/NaN at any scale"
+    )
+
+
+def never_applied(report: dict) -> list[str]:
+    """What `--strict` and the non-finite summary say of each GradScaler that skipped every step it
+    was given: a run that never updated the model checked no training, whatever the cause."""
+    scaler = report.get("scaler") or {}
+    return [
+        f"the GradScaler built at {_scaler_label(c['path'], c['line'], c.get('nth_on_line', 1) - 1)} applied none of its "
+        f"{c['steps_attempted']} steps (each skipped for inf/NaN gradients): the model never trained"
+        for c in scaler.get("constructions", [])
+        if _skipped_every_step(c)
+    ]
+
+
+def skipped_by_scaler(report: dict) -> str:
+    """How the summaries describe a non-finite value whose step the GradScaler skipped: handled,
+    unless no step of the run was ever applied."""
+    if never_applied(report):
+        return "step skipped by the GradScaler, which applied none of its steps in this run"
+    return "handled by GradScaler (step skipped)"
 
 
 def cheap_coverage_note(losses: int, gradient_checks: int) -> str:

@@ -549,8 +549,8 @@ class TraceSession:
     @staticmethod
     def strict_failures(report: dict) -> list[str]:
         """What makes `--strict` fail the run, in words: confirmed findings, missing kernels, a
-        non-finite value the GradScaler did not handle."""
-        from amplint.trace.report import needed_missing
+        non-finite value the GradScaler did not handle, a GradScaler that skipped every step."""
+        from amplint.trace.report import needed_missing, never_applied
 
         reasons = [
             f"{f['code']} confirmed at {f['path']}:{f['line']}" for f in report["findings"] if f["status"] == "confirmed"
@@ -561,4 +561,4 @@ class TraceSession:
         # designed, not a failure.
         if nonfinite is not None and not nonfinite.get("handled_by_scaler"):
             reasons.append(f"a non-finite {nonfinite['op']} at {nonfinite.get('path')}:{nonfinite.get('line')}")
-        return reasons
+        return reasons + never_applied(report)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from amplint.trace.report import CHEAP_COVERAGE_NOTE_START, found_in, needed_missing, none_seen
+from amplint.trace.report import CHEAP_COVERAGE_NOTE_START, found_in, needed_missing, never_applied, none_seen, skipped_by_scaler
 
 STATUS_STYLE = {"confirmed": "bold red", "refuted": "green", "not-reached": "yellow"}
 MAX_OP_LINES = 30
@@ -379,7 +379,7 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
     elif nf is None:
         console.print(none_seen(report))
     else:
-        handled = " - handled by GradScaler (step skipped)" if nf.get("handled_by_scaler") else _forward_overflow_skipped(report, nf)
+        handled = f" - {skipped_by_scaler(report)}" if nf.get("handled_by_scaler") else _forward_overflow_skipped(report, nf)
         node = found_in(nf)
         # Gradients are checked where they are used (the step), not where backward made them.
         where = (
@@ -392,7 +392,7 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
                 f"first: {where}, step {nf['step']}, {nf['dtype']}"
                 + (", inputs finite" if nf.get("inputs_finite") else "")
                 + handled,
-                style="bold red" if not nf.get("handled_by_scaler") else "yellow",
+                style="bold red" if not nf.get("handled_by_scaler") or never_applied(report) else "yellow",
             )
         )
         # A cheap find's rerun hint, or why this run's op check did not find it; an op find's cause.
