@@ -90,11 +90,15 @@ class Facts:
 
 
 class _Site:
-    """A static finding's place: its file and line range."""
+    """A static finding's place: its file and line range, and what its span calls: `backward` of
+    `loss.backward()`, "" for a span that is no single call (a statement reading `.grad`), None
+    where the source cannot say. Two findings of a rule on one line (`loss.backward(); opt.step()`)
+    are told apart by it."""
 
-    def __init__(self, filename: str, line: int, end_line: int):
+    def __init__(self, filename: str, line: int, end_line: int, called: str | None = None):
         self.filename = os.path.normcase(os.path.abspath(filename))
         self.lines = range(line, max(line, end_line) + 1)
+        self.called = called
 
     def matches(self, site: Callsite | None) -> bool:
         return site is not None and site[1] in self.lines and os.path.normcase(os.path.abspath(site[0])) == self.filename
@@ -149,15 +153,20 @@ def _not_judged(site: _Site, facts: Facts, evidence: dict, what_did_not_run: str
 
 
 # -- one function per rule: (static site or None) -> (count, reached, evidence) ---------------------
+# The calls an AMP003 finding's span may make, by the name it calls: a backward (`torch.autograd.grad`
+# is counted with them) or a step; a helper's call may make both.
+_AMP003_CALLS = {"backward": ("backward",), "grad": ("backward",), "step": ("step",)}
+
+
 def _amp003(site: _Site, facts: Facts):
     state = facts.state
-    in_autocast = _sum_where(site, state.backward_calls, 0) + _sum_where(site, state.step_calls, 0)
-    total = in_autocast + _sum_where(site, state.backward_calls, 1) + _sum_where(site, state.step_calls, 1)
+    kinds = _AMP003_CALLS.get(site.called or "", ("backward", "step"))
+    calls = [table for kind, table in (("backward", state.backward_calls), ("step", state.step_calls)) if kind in kinds]
+    in_autocast = sum(_sum_where(site, table, 0) for table in calls)
+    total = in_autocast + sum(_sum_where(site, table, 1) for table in calls)
     evidence: dict = {"calls": total, "calls_with_autocast": in_autocast}
-    first = next(
-        (ev for table in (state.backward_autocast, state.step_autocast) for s, ev in table.items() if site.matches(s)),
-        None,
-    )
+    firsts = [table for kind, table in (("backward", state.backward_autocast), ("step", state.step_autocast)) if kind in kinds]
+    first = next((ev for table in firsts for s, ev in table.items() if site.matches(s)), None)
     if first:
         evidence["autocast"] = {"device": first["device"], "dtype": first["dtype"]}
         evidence["autocast_entered_at"] = facts.where(first.get("entered_at"))
@@ -165,6 +174,8 @@ def _amp003(site: _Site, facts: Facts):
         evidence["first_step"] = first["step"]
         if "function" in first:
             evidence["call"] = first["function"]
+        elif kinds == ("backward",):
+            evidence["call"] = "backward()"
     if not total:
         return _not_judged(site, facts, evidence, "the line ran, but no backward() or optimizer step was called there")
     off = _sum_where(site, state.calls_in_off_region)
@@ -282,7 +293,8 @@ def _clip_evidence(clips, facts: Facts) -> dict:
 
 
 def _amp005(site: _Site, facts: Facts):
-    clips = [c for c in facts.state.clips if site.reaches(c.callsite, facts)]
+    # A finding on a statement that reads `.grad` is judged by the reads, not by a clip beside it.
+    clips = [c for c in facts.state.clips if site.reaches(c.callsite, facts)] if site.called != "" else []
     evidence = _clip_evidence(clips, facts)
     in_callees = sorted({facts.where(c.callsite) for c in clips if not site.matches(c.callsite)})
     if in_callees:
@@ -660,6 +672,31 @@ def _source_line(filename: str, line: int, cache: dict) -> str:
     return lines[line - 1] if 0 < line <= len(lines) else ""
 
 
+def _span(filename: str, finding, cache: dict) -> str:
+    """The source text a finding points at (columns are 1-based, the end exclusive)."""
+    lines = _source_lines(filename, cache)
+    first, last = finding.line, finding.end_line or finding.line
+    if not 0 < first <= last <= len(lines) or not finding.column or not finding.end_column:
+        return ""
+    if first == last:
+        return lines[first - 1][finding.column - 1 : finding.end_column - 1]
+    return "\n".join([lines[first - 1][finding.column - 1 :], *lines[first : last - 1], lines[last - 1][: finding.end_column - 1]])
+
+
+def _called_in(text: str) -> str | None:
+    """The name the span calls (`step` of `scaler.step(opt)`), "" when it is no single call."""
+    if not text.strip():
+        return None
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return ""  # a statement (`g = p.grad.abs()`), or several on one line
+    if not isinstance(node, ast.Call):
+        return ""
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+
+
 def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> tuple[list[dict], list[dict]]:
     """(report findings, static findings the tracer cannot check)."""
     from amplint.static.checks.amp012_checkpoint_without_scaler_state import NEVER_RESTORES
@@ -672,7 +709,7 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
         facts.events = rule_events(facts)
     for finding in static_findings:
         filename = absolute_of.get(finding.path, finding.path)
-        site = _Site(filename, finding.line, finding.end_line or finding.line)
+        site = _Site(filename, finding.line, finding.end_line or finding.line, _called_in(_span(filename, finding, sources)))
         check = _CHECKS.get(finding.code)
         if check is None:
             unchecked.append(_unchecked(finding, "the rule has no runtime check"))
@@ -710,6 +747,7 @@ def confirm_findings(static_findings: list, absolute_of: dict, facts: Facts) -> 
                 "name": finding.name,
                 "path": finding.path,
                 "line": finding.line,
+                "column": finding.column,  # tells apart two findings of a rule on one line
                 "source": "static",
                 "status": _status(count, reached),
                 "count": count,

@@ -46,7 +46,8 @@ def _evidence_text(finding: dict) -> str:
         if finding["count"]:
             ac = ev.get("autocast") or {}
             where = f", autocast entered at {ev['autocast_entered_at']}" if ev.get("autocast_entered_at") else ""
-            return f"{finding['count']} call(s) with autocast({ac.get('device')}, {ac.get('dtype')}) on{where}"
+            calls = f"{ev['call']} call(s)" if ev.get("call") else "call(s)"
+            return f"{finding['count']} {calls} with autocast({ac.get('device')}, {ac.get('dtype')}) on{where}"
         return f"{ev.get('calls', 0)} call(s), autocast off each time"
     if code == "AMP004":
         return (
