@@ -1,8 +1,10 @@
 """What a project declares about the torch it runs on: the requirements in its metadata.
 
 A project folder declares its requirements in a pyproject.toml's `[project]` table, a setup.cfg,
-a setup.py or a requirements.txt; what those files in one folder list is read together (a setup.py
-often reads its requirements.txt). The nearest folder above a file whose requirements name torch
+a setup.py or its requirements files (`requirements.txt`, `requirements-ci.txt`,
+`requirements/*.txt`); what those files in one folder list is read together (a setup.py often
+reads its requirements.txt, and a CI pin such as icefall's `torch==1.13.1+cpu` is a torch the
+project runs on). The nearest folder above a file whose requirements name torch
 decides, and the oldest torch they admit bounds what `--fix` may write, as ruff's target version
 follows `requires-python`. A folder whose requirements leave torch out (`docs/requirements.txt`)
 says nothing about it.
@@ -31,8 +33,9 @@ def declared_torch(folder: Path, pyproject: dict) -> list[str]:
         extras = project.get("optional-dependencies")
         for listed in extras.values() if isinstance(extras, dict) else ():
             requirements += _listed(listed)
-    for name, read in (("setup.cfg", _setup_cfg), ("setup.py", _setup_py), ("requirements.txt", _requirements_txt)):
-        path = folder / name
+    files = [(folder / "setup.cfg", _setup_cfg), (folder / "setup.py", _setup_py)]
+    files += [(path, _requirements_txt) for path in _requirements_files(folder)]
+    for path, read in files:
         if path.is_file():
             try:
                 text = path.read_text(encoding="utf-8", errors="replace")
@@ -50,9 +53,20 @@ def _listed(value: object) -> list[str]:
     return [str(item) for item in value] if isinstance(value, list) else []
 
 
+def _requirements_files(folder: Path) -> list[Path]:
+    """`requirements.txt` and its siblings (`requirements-ci.txt`, `requirements_dev.txt`), and the
+    files of a `requirements/` folder."""
+    return sorted(folder.glob("requirements*.txt")) + sorted((folder / "requirements").glob("*.txt"))
+
+
+# An option that takes a URL or path, written before a requirement on its line (`-f URL torch==1.13.1`).
+_LEADING_OPTION = re.compile(r"(?:-f|--find-links|-i|--index-url|--extra-index-url)(?:\s*=\s*|\s+)\S+\s+")
+
+
 def _requirements_txt(text: str) -> list[str]:
-    """Requirement lines: not comments, options (`-r other.txt`, `--index-url`) or blank lines."""
-    lines = (line.split(" #", 1)[0].strip() for line in text.splitlines())
+    """Requirement lines: not comments, other options (`-r other.txt`, `--index-url URL` alone) or
+    blank lines."""
+    lines = (_LEADING_OPTION.sub("", line.split(" #", 1)[0].strip(), count=1) for line in text.splitlines())
     return [line for line in lines if line and not line.startswith(("#", "-"))]
 
 
@@ -93,7 +107,8 @@ def _setup_py(text: str) -> list[str]:
 
 def oldest_torch(torch: list[str]) -> tuple[int, ...] | None:
     """The oldest torch the version specifiers of torch requirements admit: their lowest lower
-    bound (`>=`, `==`, `~=`, `>`); None when one has no lower bound (`torch`, `torch<3`, a URL)."""
+    bound (`>=`, `==`, `~=`, `>`); None when none has one (`torch`, `torch<3`, a URL). A
+    requirement without a bound admits any torch, so it lowers no floor the others state."""
     if not torch:
         return None
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -107,8 +122,7 @@ def oldest_torch(torch: list[str]) -> tuple[int, ...] | None:
                 if spec.operator in (">=", "==", "~=", ">", "==="):
                     lower.append(Version(spec.version.removesuffix(".*")).release)
         except (InvalidSpecifier, InvalidVersion):
-            return None  # `torch @ https://...`, or a version torch's own tags never take
-        if not lower:
-            return None  # any torch will do
-        bounds.append(max(lower))
-    return min(bounds)
+            continue  # `torch @ https://...`, or a version torch's own tags never take
+        if lower:
+            bounds.append(max(lower))
+    return min(bounds, default=None)

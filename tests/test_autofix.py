@@ -90,6 +90,19 @@ def test_min_torch_withholds_replacements_that_do_not_exist_yet(tmp_path: Path) 
     assert "T.get_autocast_cpu_dtype()" in fixed  # get_autocast_dtype needs 2.4
 
 
+def test_a_ci_requirements_pin_withholds_replacements_its_torch_lacks(tmp_path: Path) -> None:
+    """icefall pins torch 1.13.1 for its CI in requirements-ci.txt: `torch.amp.custom_fwd` (2.4)
+    would break the module on that torch, so the finding keeps no fix."""
+    (tmp_path / "requirements.txt").write_text("lhotse\n")
+    (tmp_path / "requirements-ci.txt").write_text("-f https://download.pytorch.org/whl/cpu/torch_stable.html torch==1.13.1+cpu\n")
+    source = "import torch\nfrom torch.cuda.amp import custom_fwd\n\n\n@custom_fwd\ndef forward(ctx, x):\n    return x\n"
+    target = tmp_path / "scaling.py"
+    target.write_text(source)
+    done = amplint("--fix", "--no-cache", target.name, cwd=tmp_path)
+    assert target.read_text() == source
+    assert b"AMP001" in done.stdout
+
+
 def test_fix_keeps_bom_crlf_and_latin1_bytes_outside_the_edit(tmp_path: Path) -> None:
     bom_crlf = b"\xef\xbb\xbfimport torch\r\n# caf\xc3\xa9\r\nwith torch.cuda.amp.autocast():\r\n    pass\r\n"
     latin1 = b"# -*- coding: latin-1 -*-\nimport torch\n# caf\xe9\nctx = torch.cpu.amp.autocast(True)\n"

@@ -521,6 +521,26 @@ def test_the_oldest_torch_setup_files_and_requirements_declare(name: str, text: 
     assert oldest_torch(declared_torch(tmp_path, {})) == oldest
 
 
+def test_a_ci_requirements_file_pinned_behind_a_find_links_option_bounds_the_torch(tmp_path: Path) -> None:
+    """icefall: requirements.txt names no torch; requirements-ci.txt pins the CPU wheel of 1.13.1."""
+    write(tmp_path / "requirements.txt", "kaldialign\nlhotse\n")
+    write(tmp_path / "requirements-ci.txt", "-f https://download.pytorch.org/whl/cpu/torch_stable.html torch==1.13.1+cpu\n")
+    assert oldest_torch(declared_torch(tmp_path, {})) == (1, 13, 1)
+
+
+def test_the_files_of_a_requirements_folder_are_read(tmp_path: Path) -> None:
+    write(tmp_path / "requirements" / "base.txt", "numpy\n")
+    write(tmp_path / "requirements" / "train.txt", "-r base.txt\ntorch>=2.0\n")
+    assert oldest_torch(declared_torch(tmp_path, {})) == (2, 0)
+
+
+def test_a_bare_torch_requirement_leaves_the_floor_to_the_pinned_ones(tmp_path: Path) -> None:
+    """A bare `torch` admits any torch; the CI's pin says which old one the project runs on."""
+    write(tmp_path / "requirements.txt", "torch\n")
+    write(tmp_path / "requirements_test.txt", "torch==1.12.0\n")
+    assert oldest_torch(declared_torch(tmp_path, {})) == (1, 12, 0)
+
+
 def test_a_setup_py_that_reads_its_requirements_txt_is_bounded_by_that_file(tmp_path: Path) -> None:
     """audiocraft: setup.py reads requirements.txt, which pins `torch==2.1.0`."""
     write(tmp_path / "setup.py", "setup(install_requires=[l for l in open('requirements.txt')])\n")
