@@ -23,7 +23,8 @@ _NO_SPACE = cst.SimpleWhitespace("")
 _ONE_SPACE = cst.SimpleWhitespace(" ")
 
 
-def _supported(kind: str, facts: AmpFacts) -> bool:
+def replacement_available(kind: str, facts: AmpFacts) -> bool:
+    """Whether the oldest torch the project runs on has the replacement of a deprecated `kind`."""
     return facts.min_torch is None or facts.min_torch >= _REPLACEMENT_SINCE[kind]
 
 
@@ -147,7 +148,7 @@ def deprecated_call(call: CallSite, facts: AmpFacts) -> FixPlan | None:
     if head is None:
         return _alias_fix(call.node.func, call.scope, facts)
     device, kind = names.DEPRECATED_AMP[qualname]
-    if not _supported(kind, facts):
+    if not replacement_available(kind, facts):
         return None
     args = migrated_arguments(call.node, kind, device, head)
     if args is None:
@@ -177,7 +178,7 @@ def deprecated_reference(ref: Reference, qualname: str, facts: AmpFacts) -> FixP
     if head is None:
         return _alias_fix(ref.node, ref.where.scope, facts)
     device, kind = names.DEPRECATED_AMP[qualname]
-    if not _supported(kind, facts):
+    if not replacement_available(kind, facts):
         return None
     if kind in ("autocast", "GradScaler") and _in_a_type_test(ref.node, facts):
         return FixPlan(Applicability.SAFE, (Replacement(ref.node, f"{head}.amp.{kind}"),))
@@ -246,7 +247,7 @@ def _module_import_fix(alias: cst.ImportAlias, scope: Scope, facts: AmpFacts) ->
     if module not in ("torch.cuda.amp", "torch.cpu.amp"):
         return None
     uses = _module_alias_uses(_bound_name(alias), scope, facts)
-    if uses is None or not all(_supported(kind, facts) for kind in ("autocast", "GradScaler")):
+    if uses is None or not all(replacement_available(kind, facts) for kind in ("autocast", "GradScaler")):
         return None
     return _together([*uses, _safe(Replacement(alias.name, "torch.amp"))])
 
@@ -288,7 +289,7 @@ def _from_import_fix(node: cst.ImportFrom, scope: Scope, facts: AmpFacts, concer
     if module in ("torch.cuda", "torch.cpu"):
         if any(dotted_name(alias.name) != "amp" for alias in _aliases(node)):
             return None  # `from torch.cuda import amp, Stream`: leave mixed imports alone
-        if not all(_supported(kind, facts) for kind in ("autocast", "GradScaler")):
+        if not all(replacement_available(kind, facts) for kind in ("autocast", "GradScaler")):
             return None  # any use of the module may be either
         uses = [_module_alias_uses(_bound_name(alias), scope, facts) for alias in _aliases(node)]
         if any(u is None for u in uses):
@@ -297,7 +298,7 @@ def _from_import_fix(node: cst.ImportFrom, scope: Scope, facts: AmpFacts, concer
     kinds = {id(a): names.DEPRECATED_AMP.get(f"{module}.{dotted_name(a.name)}", (None, None))[1] for a in _aliases(node)}
     if None in kinds.values():
         return None
-    moving = {id(a): _name_uses(_bound_name(a), kinds[id(a)], scope, facts) if _supported(kinds[id(a)], facts) else None for a in _aliases(node)}
+    moving = {id(a): _name_uses(_bound_name(a), kinds[id(a)], scope, facts) if replacement_available(kinds[id(a)], facts) else None for a in _aliases(node)}
     if all(uses is not None for uses in moving.values()):
         return _together([*(plan for uses in moving.values() for plan in uses), _safe(Replacement(node.module, new_module))])
     movable = {key for key, uses in moving.items() if uses is not None}

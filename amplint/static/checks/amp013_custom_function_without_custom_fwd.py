@@ -9,6 +9,7 @@ import libcst as cst
 
 from amplint.model import Applicability
 from amplint.static import names
+from amplint.static.autofix import replacement_available
 from amplint.static.checks import FixPlan, Hit, Replacement
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
@@ -145,11 +146,11 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             # No fix: custom_bwd does not cast the incoming gradients as `cast_inputs` did.
             yield Hit(
                 misplaced,
-                f"`{scope.name}.backward` is decorated with `custom_fwd`, forward's decorator: it sets "
-                f"up a fresh autocast state (and with `cast_inputs` casts the incoming gradients) instead "
-                f"of running backward with the state forward ran with; replace it with "
-                f"`@{_bwd_spelling(facts, fwd, scope) or 'torch.amp.custom_bwd(device_type=...)'}` and "
-                f"check the dtype backward expects of its gradients",
+                f"`{scope.name}.backward` is decorated with `custom_fwd`, forward's decorator: backward "
+                f"then does not run with the autocast state forward ran with (`custom_bwd` restores it), "
+                f"and as autocast is off while backward runs (after the autocast block), `cast_inputs` "
+                f"casts none of the incoming gradients; replace it with `@{_advised_bwd(facts, fwd, scope)}` "
+                f"and cast the gradients by hand where backward needs a dtype",
                 misplaced,
             )
         elif backward is not None and bwd is None:
@@ -683,6 +684,19 @@ def _bwd_spelling(facts: AmpFacts, fwd: cst.Decorator, scope: Scope) -> str | No
     if device is None:
         return None
     return f"{spelling}(device_type={facts.module.code_for_node(device)})"
+
+
+def _advised_bwd(facts: AmpFacts, fwd: cst.Decorator, scope: Scope) -> str:
+    """The `custom_bwd` a message advises: spelled like the file's `custom_fwd`, but not through
+    the deprecated `torch.cuda.amp` (AMP001 would flag the advice) where the oldest torch the
+    project runs on has `torch.amp.custom_bwd`."""
+    spelling = _bwd_spelling(facts, fwd, scope)
+    modern = 'torch.amp.custom_bwd(device_type="cuda")'
+    if spelling is None:
+        return "torch.amp.custom_bwd(device_type=...)"
+    if _decorator_name(facts, fwd, scope).startswith("torch.cuda.amp") and replacement_available("custom_bwd", facts):
+        return modern
+    return spelling
 
 
 def _imported_as(facts: AmpFacts, qualified: str) -> str | None:
