@@ -1418,3 +1418,31 @@ def test_amp012_a_dataclass_snapshot_is_told_to_take_a_field_not_a_dict_key() ->
     (finding,) = fixture_findings("AMP012/bad_dataclass_snapshot_saved_through_asdict.py", "AMP012")
     assert "add a field to `Snapshot`, `scaler_state` filled with `" in finding.message
     assert '"scaler":' not in finding.message and finding.fix is None
+
+
+BACKWARD_WITH_FORWARDS_DECORATOR = """
+import torch
+
+
+class Gather(torch.autograd.Function):
+    @staticmethod
+    @torch.cuda.amp.custom_fwd(cast_inputs=torch.float32)
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    @torch.cuda.amp.custom_fwd(cast_inputs=torch.float32)
+    def backward(ctx, grad):
+        return grad * 2
+"""
+
+
+@pytest.mark.parametrize(
+    ("min_torch", "advised"),
+    [(None, '@torch.amp.custom_bwd(device_type="cuda")'), ((2, 2), "@torch.cuda.amp.custom_bwd")],
+)
+def test_amp013_advises_custom_bwd_spelled_for_the_projects_oldest_torch(min_torch, advised) -> None:
+    """Not the deprecated spelling AMP001 flags, unless the project's torch predates its replacement."""
+    (finding,) = [f for f in lint_source(textwrap.dedent(BACKWARD_WITH_FORWARDS_DECORATOR), "t.py", min_torch=min_torch) if f.code == "AMP013"]
+    assert f"replace it with `{advised}`" in finding.message
+    assert "casts none of the incoming gradients" in finding.message
