@@ -122,7 +122,6 @@ def early_stop_note(outcome: RunOutcome, step: int) -> str | None:
     if outcome.status == "exit":
         if not outcome.code or outcome.code == 128 + signal.SIGTERM:
             return None
-        how = f"exit status {outcome.code}"
     elif outcome.status == "exception":
         exc = outcome.exception
         message = str(exc)
@@ -136,11 +135,11 @@ def early_stop_note(outcome: RunOutcome, step: int) -> str | None:
             return None
         if not (isinstance(exc, (AssertionError, FloatingPointError)) or _NONFINITE_WORDS.search(message)):
             return None
-        how = "an exception"
     else:
         return None
+    stopped = f"the script exited with status {outcome.code}" if outcome.status == "exit" else "the run stopped on an exception"
     return (
-        f"the run stopped early ({how}) with no unhandled inf/NaN seen: --nan cheap "
+        f"{stopped} and no unhandled inf/NaN was seen; if it stopped on a non-finite value: --nan cheap "
         "checks only the losses that reached backward() and the gradients at optimizer steps, so a value that went "
         "non-finite before that (a loss the script tests and stops on) is not seen; `--nan op` finds the first op "
         "that produced one"
