@@ -354,6 +354,7 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
         console.print(
             f"steps: {_attempted(scaler)}, {scaler['steps_applied']} applied, "
             f"[bold]{scaler['steps_skipped']} skipped[/bold]; scheduler steps right after a skip: {scaler['scheduler_steps_after_skip']}"
+            + (" (harmless for a scheduler stepped per epoch; AMP011 reports per-batch ones)" if scaler["scheduler_steps_after_skip"] else "")
         )
         if len(scaler["constructions"]) > 1:  # the run's one history would interleave their scales
             for c in scaler["constructions"]:
