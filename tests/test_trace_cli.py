@@ -382,7 +382,7 @@ def test_the_summary_says_why_a_forward_overflow_whose_step_was_skipped_is_unhan
         "handled_by_scaler": False,
     }
     summary = " ".join(_terminal_summary(report, tmp_path, 200).split())
-    assert "step 7, float32 - the GradScaler skipped this step, but the forward had already overflowed" in summary
+    assert "step 7, float32 - the GradScaler skipped this step, but the forward was already inf/NaN (an overflow, or an inf/NaN in the inputs or weights)" in summary
 
 
 def test_the_summary_tells_inconclusive_kernel_probes_from_unverified_ones(tmp_path: Path) -> None:
@@ -1745,7 +1745,7 @@ def test_a_run_stopped_by_something_no_value_explains_gets_no_early_stop_note(tm
 )
 def test_a_run_stopped_by_a_test_of_its_values_is_told_what_the_cheap_check_misses(tmp_path: Path, ending: str) -> None:
     [note] = _early_stop_notes(tmp_path, ending)
-    assert "no unhandled inf/NaN seen" in note and "`--nan op`" in note
+    assert "no unhandled inf/NaN was seen" in note and "`--nan op`" in note
 
 
 def test_a_run_stopped_by_anomaly_mode_is_told_where_the_nan_was_and_how_to_find_its_op(tmp_path: Path) -> None:

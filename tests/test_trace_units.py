@@ -518,8 +518,25 @@ def test_a_loss_comes_from_the_regions_whose_autograd_nodes_its_graph_holds() ->
     hidden = hidden.float().relu()
     decoder, out = in_region(3, lambda: layer(hidden))
     loss = out.float().sum()
-    assert Probes._regions_in_graph(loss, [encoder, evaluation, decoder]) == (0, 2)
-    assert Probes._regions_in_graph((loss,), [evaluation]) == ()
+    now = torch.autograd._get_sequence_nr()
+    ranges = [region.ranges_so_far(now) for region in (encoder, evaluation, decoder)]
+    assert Probes._regions_in_graph(loss, ranges) == (0, 2)
+    assert Probes._regions_in_graph((loss,), ranges[1:2]) == ()
+
+
+def test_an_open_region_is_a_source_of_a_loss_only_through_the_nodes_it_has_built() -> None:
+    """A loop body inside one region builds the loss there; a block that holds only the
+    backward call builds none of it."""
+    from amplint.trace.probes import Probes
+    from amplint.trace.state import Float16Region
+
+    layer = torch.nn.Linear(4, 4)
+    around_the_forward = Float16Region("cpu", (FILE, 1), (FILE, 1), open_since=[torch.autograd._get_sequence_nr()])
+    loss = layer(torch.randn(2, 4)).sum()
+    around_the_backward = Float16Region("cpu", (FILE, 2), (FILE, 2), open_since=[torch.autograd._get_sequence_nr()])
+    now = torch.autograd._get_sequence_nr()
+    ranges = [region.ranges_so_far(now) for region in (around_the_forward, around_the_backward)]
+    assert Probes._regions_in_graph(loss, ranges) == (0,)
 
 
 # -- a finding is refuted only where the run did what the rule judges -------------------------------

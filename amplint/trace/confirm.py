@@ -871,8 +871,16 @@ def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
         if _claimed(claimed, "AMP005", site, facts):
             continue
         evidence = _clip_evidence(clips, facts)
+        callers = sorted(filter(None, {facts.where(caller) for caller in facts.callers.get(site, ())}))
+        if callers:  # a clip in a helper: the lines that called it, where the unscale_ belongs
+            evidence["called_from"] = callers
         found.append(
-            _runtime("AMP005", site, facts, len(clips), evidence, "gradients were clipped while still multiplied by the GradScaler scale; call scaler.unscale_(optimizer) first")
+            _runtime(
+                "AMP005", site, facts, len(clips), evidence,
+                "gradients were clipped while still multiplied by the GradScaler scale"
+                + (f" (here, called from {', '.join(callers)})" if callers else "")
+                + "; call scaler.unscale_(optimizer) first",
+            )
         )
 
     # AMP002: a converted module ran forward under autocast with low-precision parameters, in a

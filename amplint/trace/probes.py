@@ -335,12 +335,13 @@ class Probes:
         region = self.state.fp16_regions.get(key)
         if region is None:
             region = self.state.fp16_regions[key] = Float16Region(device, site, created)
-        region.open += 1
-        return region, torch.autograd._get_sequence_nr()
+        nodes_at_entry = torch.autograd._get_sequence_nr()
+        region.open_since.append(nodes_at_entry)
+        return region, nodes_at_entry
 
     @staticmethod
     def _exit_fp16_region(region: Float16Region, nodes_at_entry: int) -> None:
-        region.open -= 1
+        region.open_since.remove(nodes_at_entry)
         nodes_at_exit = torch.autograd._get_sequence_nr()  # per thread: a region exits where it entered
         if nodes_at_exit > nodes_at_entry:
             region.node_ranges.append((nodes_at_entry, nodes_at_exit))
@@ -507,22 +508,25 @@ class Probes:
                 record["setting"] = setting if isinstance(setting, str) else repr(setting)
 
     def _loss_sources(self, site, tensors, regions: list[Float16Region]) -> list[Float16Region]:
-        """AMP009: the regions whose autograd nodes the graph of `tensors` holds, and those still
-        open (backward runs inside them). A region of the step whose output the loss does not use
-        (an evaluation under no_grad, a metric) is no source of the loss."""
-        ended = [region for region in regions if not region.open]
-        pattern = (site, tuple((region.entered_at, region.created_at) for region in ended))
+        """AMP009: the regions whose autograd nodes the graph of `tensors` holds, those still open
+        included (a loop body in one region). A region of the step whose output the loss does not
+        use (an evaluation under no_grad, a metric, a block that holds only the backward call) is
+        no source of the loss."""
+        pattern = (site, tuple((region.entered_at, region.created_at, bool(region.open)) for region in regions))
         sources = self.state.fp16_loss_sources.get(pattern)
         if sources is None:
-            sources = self.state.fp16_loss_sources[pattern] = self._regions_in_graph(tensors, ended)
-        return [region for region in regions if region.open] + [ended[i] for i in sources]
+            now = torch.autograd._get_sequence_nr()
+            ranges = [region.ranges_so_far(now) for region in regions]
+            sources = self.state.fp16_loss_sources[pattern] = self._regions_in_graph(tensors, ranges)
+        return [regions[i] for i in sources]
 
     @staticmethod
-    def _regions_in_graph(tensors, regions: list[Float16Region]) -> tuple[int, ...]:
-        """Indices of the regions that built a node of the graph backward() starts from `tensors`."""
+    def _regions_in_graph(tensors, ranges: list[list[tuple[int, int]]]) -> tuple[int, ...]:
+        """Indices of the regions (by the node numbers each built) that built a node of the graph
+        backward() starts from `tensors`."""
         roots = tensors if isinstance(tensors, (list, tuple)) else [tensors]
         stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor)]
-        missing = set(range(len(regions)))
+        missing = set(range(len(ranges)))
         seen = set()
         while stack and missing:
             node = stack.pop()
@@ -530,9 +534,9 @@ class Probes:
                 continue
             seen.add(node)
             number = node._sequence_nr()
-            missing -= {i for i in missing if any(first <= number < end for first, end in regions[i].node_ranges)}
+            missing -= {i for i in missing if any(first <= number < end for first, end in ranges[i])}
             stack.extend(child for child, _index in node.next_functions)
-        return tuple(i for i in range(len(regions)) if i not in missing)
+        return tuple(i for i in range(len(ranges)) if i not in missing)
 
     # -- optimizers ----------------------------------------------------------------------------
     def _install_optimizer(self) -> None:

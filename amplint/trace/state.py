@@ -215,11 +215,21 @@ class Float16Region:
     device: str | None
     entered_at: Callsite | None
     created_at: Callsite | None
-    open: int = 0  # entries not exited yet
     # [first, end) of the autograd node numbers each exited entry built (autograd numbers the
     # nodes it makes, per thread): a loss comes from the region when its graph holds one of them.
     # The latest entries only: a run that never steps (inference) enters its regions forever.
     node_ranges: deque = field(default_factory=lambda: deque(maxlen=64))
+    # The first node number of each entry not exited yet: the nodes it has built so far follow it.
+    open_since: list = field(default_factory=list)
+
+    @property
+    def open(self) -> int:
+        """Entries not exited yet."""
+        return len(self.open_since)
+
+    def ranges_so_far(self, now: int) -> list[tuple[int, int]]:
+        """The node numbers its exited entries built, and those its open entries have built until `now`."""
+        return [*self.node_ranges, *((first, now) for first in self.open_since)]
 
 
 class AutocastMirror(threading.local):

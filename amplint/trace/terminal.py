@@ -298,7 +298,10 @@ def _forward_overflow_skipped(report: dict, nf: dict) -> str:
     skipped = {entry["step"] for entry in (report.get("scaler") or {}).get("timeline", ()) if not entry.get("applied")}
     if nf.get("phase") != "forward" or nf.get("step") not in skipped:
         return ""
-    return " - the GradScaler skipped this step, but the forward had already overflowed: no loss scale fixes that"
+    return (
+        " - the GradScaler skipped this step, but the forward was already inf/NaN (an overflow, or an inf/NaN in the "
+        "inputs or weights): no loss scale fixes that"
+    )
 
 
 def print_summary(report: dict, cwd: str, console: Console | None = None) -> None:
