@@ -364,3 +364,16 @@ def test_a_slice_parses_as_it_is(path: Path, monkeypatch: pytest.MonkeyPatch) ->
     if sliced is None:
         pytest.skip("not sliced")
     libcst.parse_module(sliced)
+
+
+def test_a_large_files_slice_keeps_a_loss_scaled_by_hand_beside_another_backward() -> None:
+    """AMP009's witness of a backward is one function; a loss scaled by hand in another one
+    exempts the module, so the slice keeps every backward of a product."""
+    source = _large(
+        "\n\ndef evaluate_gradients(model, x):\n    model(x).sum().backward()\n"
+        "\n\nLOSS_SCALE = 1024.0\n"
+        "\n\ndef forward_loss(model, x):\n    with torch.autocast('cuda', dtype=torch.float16):\n"
+        "        return model(x).sum()\n"
+        "\n\ndef apply(loss, optimizer):\n    (loss * LOSS_SCALE).backward()\n    optimizer.step()\n"
+    )
+    assert not [f for f in _sliced_equals_whole(source) if f[0] == "AMP009"]

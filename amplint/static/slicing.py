@@ -133,6 +133,9 @@ _CALLED_IN_REGIONS: dict[str, frozenset[str]] = {
 _REGION_RULES = frozenset({*_CALLED_IN_REGIONS, "AMP017"})
 # Rules that ask whether the module calls backward anywhere (AMP002, AMP016: does it train at all).
 _ASK_FOR_A_BACKWARD = frozenset({"AMP002", "AMP009", "AMP016"})
+# A unit that calls backward and multiplies (`(loss * scale).backward()`, `scaled = loss.mul(s)`):
+# where AMP009 reads a loss scaled by hand. Both lookaheads run once, from the unit's start.
+_BACKWARD_OF_A_PRODUCT = r"\A(?=[\s\S]*backward)(?=[\s\S]*(?:(?<!\*)\*(?![*=])|\.mul_?\())"
 # Rules that read every method of a class that may subclass autograd.Function.
 _FUNCTION_CLASS_RULES = frozenset({"AMP013"})
 # A class statement nested in a function, and its bases.
@@ -476,6 +479,8 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
         kept |= _amp002_reads(graph)
     if not codes.isdisjoint(_ASK_FOR_A_BACKWARD):
         kept |= _backward_witness(graph, kept, screen)
+    if "AMP009" in codes:  # any backward of a loss scaled by hand exempts the module: keep every one on a product
+        kept |= graph.reach(_BACKWARD_OF_A_PRODUCT, follow_calls=False, function_classes=False)
     triggers = [TRIGGERS[code] for code in sorted(codes - {"AMP000"})]
     if not codes.isdisjoint(_OPTIMIZER_RULES):
         triggers.append(_BUILDS_OPTIMIZERS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import libcst as cst
@@ -10,7 +11,7 @@ from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
 from amplint.static import names
-from amplint.static.semantics import AmpFacts, CallSite, argument, built_disabled, constructor_of, dotted_name
+from amplint.static.semantics import AmpFacts, CallSite, Scope, argument, built_disabled, constructor_of, dotted_name
 
 CODE = "AMP009"
 
@@ -21,7 +22,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     if ts.framework_owned(facts):
         return
     disabled = _every_scaler_disabled(facts)
-    if ts.mentions_a_scaler(facts) and not disabled:
+    if (ts.mentions_a_scaler(facts) and not disabled) or _scales_a_loss_by_hand(facts):
         return
     for call, region in rg.autocasts(facts):
         if not rg.enabled(region) or rg.inference_only(facts, call) or facts.returned_to_another_module(call):
@@ -43,6 +44,69 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             f"`torch.amp.GradScaler(\"{_scaler_device(region.device)}\")` or use `dtype=torch.bfloat16` where supported",
             call.where.statement,
         )
+
+
+# A constant a loss is multiplied by before backward that scales it (static loss scales run from 8
+# to 2^16; a loss weight of 2 or 5 lifts no gradient out of float16's underflow), as the tracer reads it.
+_SMALLEST_LOSS_SCALE = 8
+_LOSS_SCALE_NAME = re.compile(r"loss_?scal", re.IGNORECASE)
+
+
+def _scales_a_loss_by_hand(facts: AmpFacts) -> bool:
+    """A backward takes a loss scaled by hand, without a GradScaler: multiplied by a constant loss
+    scale (`(loss * 1024).backward()`, `scaled = loss * self.loss_scale` then `scaled.backward()`,
+    improved-diffusion's `2 ** self.lg_loss_scale`) or seeded with one (`loss.backward(scale)`)."""
+    return any(_scaled_by_hand(facts, call) for call in rg.backwards(facts))
+
+
+def _scaled_by_hand(facts: AmpFacts, call: CallSite) -> bool:
+    if call.method == "backward":
+        loss, seed = call.receiver, call.arg(0, "gradient")
+    else:
+        loss, seed = call.arg(0, "tensors"), call.arg(1, "grad_tensors")
+    if seed is not None and _is_a_loss_scale(facts, seed, call.scope):
+        return True
+    key = dotted_name(loss)
+    values = [loss] if key is None else [a.value for a in _bound_nearby(facts, key, call.scope)]
+    return any(_times_a_loss_scale(facts, value, call.scope) for value in values)
+
+
+def _bound_nearby(facts: AmpFacts, key: str, scope: Scope) -> list:
+    """The assignments to `key` in the function `scope` is in, at module level, or to a `self`
+    attribute anywhere in the file: what the facts can read of a loss or a scale there."""
+    function = scope.function_scope
+    return [
+        a for a in facts.assignments
+        if a.key == key and (key.startswith("self.") or a.where.scope.function_scope in (function, facts.module_scope))
+    ]
+
+
+def _times_a_loss_scale(facts: AmpFacts, value: cst.BaseExpression, scope: Scope) -> bool:
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
+        return _is_a_loss_scale(facts, value.left, scope) or _is_a_loss_scale(facts, value.right, scope)
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("mul", "mul_"):
+        return _is_a_loss_scale(facts, argument(value, 0, "other"), scope)
+    return False
+
+
+def _is_a_loss_scale(facts: AmpFacts, expr: cst.BaseExpression | None, scope: Scope, depth: int = 0) -> bool:
+    """A constant of at least 8, a power of two (`2 ** k`), or a name so bound or, bound nowhere in
+    reach (a parameter, `args.loss_scale`), named for a loss scale."""
+    if expr is None or depth > 3:
+        return False
+    if isinstance(expr, (cst.Integer, cst.Float)):
+        return expr.evaluated_value >= _SMALLEST_LOSS_SCALE
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Power):
+        return isinstance(expr.left, (cst.Integer, cst.Float)) and expr.left.evaluated_value == 2
+    if isinstance(expr, cst.Call) and (dotted_name(expr.func) in ("float", "int") or facts.qualname(expr.func, scope) == "torch.tensor"):
+        return _is_a_loss_scale(facts, argument(expr, 0, None), scope, depth + 1)
+    key = dotted_name(expr)
+    if key is None:
+        return False
+    bound = _bound_nearby(facts, key, scope)
+    if bound:
+        return all(_is_a_loss_scale(facts, a.value, a.where.scope, depth + 1) for a in bound)
+    return bool(_LOSS_SCALE_NAME.search(key.rsplit(".", 1)[-1]))
 
 
 def _every_scaler_disabled(facts: AmpFacts) -> bool:
