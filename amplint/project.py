@@ -1,8 +1,8 @@
 """What a project declares about the torch it runs on: the requirements in its metadata.
 
 A project folder declares its requirements in a pyproject.toml's `[project]` table, a setup.cfg,
-a setup.py or its requirements files (`requirements.txt`, `requirements-ci.txt`,
-`requirements/*.txt`); what those files in one folder list is read together (a setup.py often
+a setup.py, its requirements files (`requirements.txt`, `requirements-ci.txt`,
+`requirements/*.txt`) or a conda `environment.yml`; what those files in one folder list is read together (a setup.py often
 reads its requirements.txt, and a CI pin such as icefall's `torch==1.13.1+cpu` is a torch the
 project runs on). The nearest folder above a file whose requirements name torch
 decides, and the oldest torch they admit bounds what `--fix` may write, as ruff's target version
@@ -34,6 +34,7 @@ def declared_torch(folder: Path, pyproject: dict) -> list[str]:
         for listed in extras.values() if isinstance(extras, dict) else ():
             requirements += _listed(listed)
     files = [(folder / "setup.cfg", _setup_cfg), (folder / "setup.py", _setup_py)]
+    files += [(folder / name, _conda_environment) for name in ("environment.yml", "environment.yaml")]
     files += [(path, _requirements_txt) for path in _requirements_files(folder)]
     for path, read in files:
         if path.is_file():
@@ -68,6 +69,21 @@ def _requirements_txt(text: str) -> list[str]:
     blank lines."""
     lines = (_LEADING_OPTION.sub("", line.split(" #", 1)[0].strip(), count=1) for line in text.splitlines())
     return [line for line in lines if line and not line.startswith(("#", "-"))]
+
+
+# A conda environment's torch, in its dependencies or their `pip:` list: `- pytorch=1.12.1`,
+# `- pytorch::pytorch>=2.0`, `- pytorch=1.12.1=py3.8_cuda11.3_0` (a build string), `- torch==1.13.1`.
+_CONDA_TORCH = re.compile(r"^\s*-\s*(?:[\w.-]+::)?(?:py)?torch(?![\w.-])\s*(=?=|>=|~=|>|<=?|!=)?\s*([^=\s#]*)", re.MULTILINE)
+
+
+def _conda_environment(text: str) -> list[str]:
+    """The torch requirements of an environment.yml (LDM, ControlNet and Stable Diffusion pin
+    theirs there). conda's `pytorch=1.12.1` means any 1.12.1 build: pip's `==1.12.1`."""
+    found = []
+    for match in _CONDA_TORCH.finditer(text):
+        operator, version = match.group(1), match.group(2)
+        found.append(f"torch{'==' if operator == '=' else operator or ''}{version if operator else ''}")
+    return found
 
 
 def _setup_cfg(text: str) -> list[str]:

@@ -103,6 +103,21 @@ def test_a_ci_requirements_pin_withholds_replacements_its_torch_lacks(tmp_path: 
     assert b"AMP001" in done.stdout
 
 
+def test_a_sub_projects_requirements_bound_its_files_in_a_walk_from_the_root(tmp_path: Path) -> None:
+    """A monorepo of examples: the root names no torch, `app/requirements.txt` pins 1.13.1. Checked
+    from the root, app's files get only the fixes that torch runs (autocast's spelling of torch
+    2.1 and older; no `torch.amp.GradScaler`, which needs 2.3)."""
+    (tmp_path / "requirements.txt").write_text("numpy\n")
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "requirements.txt").write_text("torch==1.13.1\n")
+    target = tmp_path / "app" / "train.py"
+    target.write_text("import torch\n\nscaler = torch.cuda.amp.GradScaler()\nwith torch.cuda.amp.autocast():\n    pass\n")
+    amplint("--fix", "--no-cache", ".", cwd=tmp_path)
+    assert target.read_text() == (
+        'import torch\n\nscaler = torch.cuda.amp.GradScaler()\nwith torch.autocast("cuda", dtype=torch.float16):\n    pass\n'
+    )
+
+
 def test_fix_keeps_bom_crlf_and_latin1_bytes_outside_the_edit(tmp_path: Path) -> None:
     bom_crlf = b"\xef\xbb\xbfimport torch\r\n# caf\xc3\xa9\r\nwith torch.cuda.amp.autocast():\r\n    pass\r\n"
     latin1 = b"# -*- coding: latin-1 -*-\nimport torch\n# caf\xe9\nctx = torch.cpu.amp.autocast(True)\n"

@@ -528,6 +528,17 @@ def test_a_ci_requirements_file_pinned_behind_a_find_links_option_bounds_the_tor
     assert oldest_torch(declared_torch(tmp_path, {})) == (1, 13, 1)
 
 
+def test_a_conda_environment_pins_the_torch_of_a_project_without_other_requirements(tmp_path: Path) -> None:
+    """ControlNet: `pytorch=1.12.1` with its build string; other torch* packages say nothing."""
+    write(
+        tmp_path / "environment.yaml",
+        "name: control\nchannels:\n  - pytorch\ndependencies:\n  - python=3.8.5\n"
+        "  - pytorch=1.12.1=py3.8_cuda11.3_cudnn8.3.2_0\n  - torchvision=0.13.1\n"
+        "  - pip:\n      - pytorch-lightning==1.5.0\n      - torchmetrics==0.6.0\n",
+    )
+    assert oldest_torch(declared_torch(tmp_path, {})) == (1, 12, 1)
+
+
 def test_the_files_of_a_requirements_folder_are_read(tmp_path: Path) -> None:
     write(tmp_path / "requirements" / "base.txt", "numpy\n")
     write(tmp_path / "requirements" / "train.txt", "-r base.txt\ntorch>=2.0\n")

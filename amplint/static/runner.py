@@ -7,7 +7,7 @@ import gc
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from amplint.config import Settings
@@ -26,7 +26,8 @@ class RunResult:
     files_checked: int = 0
     errors: list[str] = field(default_factory=list)  # paths that could not be read
     sources: dict[str, SourceFile] = field(default_factory=dict)  # display path -> file, for fixes
-    # display path -> the settings of a project nested below a walked folder, for its files only
+    # display path -> the settings of a project nested below a walked folder, or the walked ones
+    # with the oldest torch of a sub-project's requirements, for its files only
     nested: dict[str, Settings] = field(default_factory=dict)
 
     def settings_for(self, display: str, default: Settings) -> Settings:
@@ -140,6 +141,9 @@ def check_paths(
     caches: dict[tuple[Path, str], ResultCache] = {}
     excluders: dict[Path | None, Excluder] = {}  # a nested project's `exclude`, from its folder
     enabled: dict[int, frozenset[str]] = {}  # id(settings) -> its rules: 0.1 s a tree if asked per file
+    # The walked settings with a sub-project's oldest torch: a folder of examples whose own
+    # requirements pin an older torch than the root's (`app/requirements.txt: torch==1.13.1`).
+    bounded: dict[tuple[int, ...] | None, Settings] = {settings.min_torch: settings}
     tasks: list[_Task] = []
     stats: list[os.stat_result] = []
     entries: list[tuple[ResultCache | None, str]] = []  # each task's cache and key in it
@@ -152,7 +156,11 @@ def check_paths(
                 continue
             result.nested[source_file.display] = own
         else:
-            own = settings
+            if own.min_torch not in bounded:
+                bounded[own.min_torch] = replace(settings, min_torch=own.min_torch)
+            own = bounded[own.min_torch]
+            if own is not settings:
+                result.nested[source_file.display] = own  # what its fixes are written for
         result.files_checked += 1
         result.sources[source_file.display] = source_file
         try:
