@@ -700,3 +700,19 @@ def test_an_enum_decision_is_a_value_not_an_identity(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     [trial] = json.loads((tmp_path / "r.json").read_text())["trials"]
     assert [case["decision"] for case in trial["cases"]] == ["<Action.PASS: 0>", "<Action.PASS: 0>"]
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_run_quietly(tmp_path: pathlib.Path) -> None:
+    """`amplint compare spec.py | head -1`: no error blaming the spec for a sys.exit it never
+    made; the run ends as a process stopped by SIGPIPE does."""
+    spec = tmp_path / "spec.py"
+    spec.write_text(ACCEPTANCE_SPEC)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "amplint", "compare", str(spec), "--no-gains"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert proc.stdout.readline().startswith(b"amplint compare")
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert "error" not in stderr

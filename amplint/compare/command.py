@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import traceback
 import warnings
 
 import click
@@ -12,6 +13,14 @@ import click
 from amplint.compare.errors import CompareError, describe_exception, one_line
 
 EXIT_PASSED, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+# Whoever read the report closed the pipe (`| head -1`): end as a process SIGPIPE stops, quietly.
+EXIT_OUTPUT_CLOSED = 128 + 13
+
+
+def _raised_by_the_terminal(exc: SystemExit) -> bool:
+    """rich's console raises SystemExit(1) when it finds its output pipe closed."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and f"{os.sep}rich{os.sep}" in frames[-1].filename
 
 
 class _OneLineErrors(click.Command):
@@ -89,7 +98,10 @@ def run_compare_command(
         return _error(f"{spec_path}: {exc}")
     except OSError as exc:
         return _error(f"{spec_path}: {describe_exception(exc)}")
-    except SystemExit as exc:  # the spec's code called sys.exit(): never a silent pass
+    except SystemExit as exc:
+        if _raised_by_the_terminal(exc):  # rich ends the run so when the reader went away (`| head -1`)
+            return EXIT_OUTPUT_CLOSED
+        # The spec's code called sys.exit(): never a silent pass.
         return _error(f"{spec_path}: the spec's code called sys.exit({exc.code!r}); a spec returns, it does not exit")
     except KeyboardInterrupt:
         print("amplint compare: interrupted", file=sys.stderr)
