@@ -205,3 +205,14 @@ def test_an_object_compared_by_identity_only_needs_the_same_type():
 
 def test_a_label_must_be_equal():
     assert not out.same_value("dog", "cat")
+
+
+def test_an_integer_leaf_is_compared_exactly_whatever_its_tolerance():
+    """A detector's class ids: a change from 1 to 0 is no difference of 1 within `"*": 2.0`."""
+    criteria = parse_criteria({"atol": {"scores": 5e-3, "*": 2.0}, "rtol": 0.0})
+    base = {"scores": torch.tensor([0.9, 0.1]), "labels": torch.tensor([1]), "boxes": torch.tensor([10.0, 20.0])}
+    trial = {"scores": torch.tensor([0.9, 0.1]), "labels": torch.tensor([0]), "boxes": torch.tensor([11.0, 20.0])}
+    result = compare_outputs(base, trial, criteria)
+    assert not result["within_tolerance"]
+    assert result["worst"]["output"] == "labels"
+    assert compare_outputs(base, {**trial, "labels": torch.tensor([1])}, criteria)["within_tolerance"]  # boxes: 1.0 within 2.0

@@ -47,6 +47,14 @@ def is_numeric(leaf: Any) -> bool:
     return isinstance(leaf, torch.Tensor) or _is_number(leaf)
 
 
+def is_exact(leaf: Any) -> bool:
+    """An integer or bool tensor (argmax labels, indices, masks), or a Python int: compared exactly,
+    since a tolerance meant for scores would let a class id change from 1 to 0 pass."""
+    if isinstance(leaf, torch.Tensor):
+        return not (leaf.is_floating_point() or leaf.is_complex())
+    return isinstance(leaf, int)
+
+
 def same_value(base: Any, trial: Any) -> bool:
     """Equality of two non-numeric leaves. A value (a label, a bool, None, an Enum, any type with
     its own `==`) must be equal; an object compared by identity only (Hugging Face's
