@@ -716,3 +716,56 @@ def test_a_reader_that_closes_the_pipe_ends_the_run_quietly(tmp_path: pathlib.Pa
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141
     assert "error" not in stderr
+
+
+NOISY_SPEC = """
+import random
+import torch
+CRITERIA = {"atol": 1e-3}
+TRIALS = ["bfloat16"]
+_noise = random.Random()  # a private generator: the seeds amplint resets leave it alone
+class Noisy(torch.nn.Module):
+    def forward(self, x):
+        return x + _noise.gauss(0.0, 0.1)
+def model():
+    return Noisy()
+def cases():
+    yield "c0", torch.ones(3)
+"""
+
+
+def test_a_model_that_is_not_repeatable_in_fp32_is_an_error_not_a_precision_loss(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "spec.py").write_text(NOISY_SPEC)
+    proc = amplint("spec.py", "--no-gains", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "the FP32 model is not repeatable: two FP32 runs of case 'c0' differ" in proc.stderr
+
+
+SCALED_SPEC = """
+import torch
+CRITERIA = {"atol": 0.05}
+TRIALS = ["bfloat16"]
+TEMPERATURE = 1.0  # a setting, not a weight: the baseline's hashes do not see it
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+    def forward(self, x):
+        return self.linear(x) / TEMPERATURE
+def model():
+    torch.manual_seed(0)
+    return Scaled()
+def cases():
+    yield "c0", torch.ones(3)
+"""
+
+
+def test_a_stored_baseline_the_model_moved_away_from_is_refused(tmp_path: pathlib.Path) -> None:
+    """The rollback workflow: a baseline saved, then a setting of the model changed. The gap is
+    the change's, not precision's."""
+    (tmp_path / "spec.py").write_text(SCALED_SPEC)
+    assert amplint("spec.py", "--no-gains", "--save-baseline", "base.pt", cwd=tmp_path).returncode == 0
+    (tmp_path / "spec.py").write_text(SCALED_SPEC.replace("TEMPERATURE = 1.0", "TEMPERATURE = 0.25"))
+    proc = amplint("spec.py", "--no-gains", "--baseline", "base.pt", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "base.pt no longer matches the spec's FP32 outputs: case 'c0' differs beyond the tolerance" in proc.stderr

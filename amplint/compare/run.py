@@ -274,11 +274,13 @@ def run_compare(
         report["baseline"] = bad.summary
         raise CompareError(str(bad), report=report) from None
     baseline_cases = report["baseline"]["cases"]
+    _check_repeatable(prepared, baseline, report)
     after_baseline()
     infinite = sum(not case["finite"] for case in baseline_cases)
     progress(
         f"Baseline float32 ({baseline.source}): {len(ids)} cases, "
         + (f"no NaN; ±inf in {infinite} case(s), which every trial must reproduce exactly" if infinite else "all finite")
+        + ", repeated within tolerance by a second FP32 pass"
         + (f", quality {_fmt(report['baseline']['quality'])}" if report["baseline"]["quality"] is not None else "")
     )
     if report["baseline"].get("criteria_changes"):
@@ -298,6 +300,35 @@ def run_compare(
             progress(f"Gains {trial['dtype']}: timing {warmup} warm-up + {repeats} timed passes, then peak memory")
             trial["timing"], trial["memory"] = measure(prepared, trial["dtype"], warmup=warmup, repeats=repeats)
     return report
+
+
+def _check_repeatable(prepared: Prepared, baseline: Baseline, report: dict) -> None:
+    """A second FP32 pass must give the baseline's outputs within the criteria's tolerance, or no
+    difference a trial shows can be put down to precision (SEED.md §1): a model that samples or
+    keeps dropout on, or a stored baseline the model has moved away from in ways the weight and
+    input hashes do not see (a setting, forward's code, preprocessing)."""
+    again = compute_baseline(prepared).outputs
+    for (case_id, _), first, second in zip(prepared.cases, baseline.outputs, again):
+        result = compare_outputs(first, second, prepared.spec.criteria)
+        if result["within_tolerance"]:
+            continue
+        worst = result["worst"]
+        detail = result["note"] or (
+            f"{worst['baseline']} → {worst['trial']} at {worst['output']}{worst['index']}" if worst else f"max |diff| {_fmt(result['max_abs_diff'])}"
+        )
+        if baseline.source == "computed":
+            message = (
+                f"the FP32 model is not repeatable: two FP32 runs of case {case_id!r} differ beyond the tolerance "
+                f"({detail}), so a trial's difference could not be put down to precision; make the model "
+                "deterministic (no sampling, no dropout, seeds the spec does not reset)"
+            )
+        else:
+            message = (
+                f"baseline file {baseline.source} no longer matches the spec's FP32 outputs: case {case_id!r} differs "
+                f"beyond the tolerance ({detail}) though the weights and inputs hash the same, so the model changed in a "
+                "way the hashes do not see (a setting, forward's code, preprocessing); save a new baseline with --save-baseline"
+            )
+        raise CompareError(message, report=report)
 
 
 def _judge_baseline(prepared: Prepared, baseline: Baseline, decide, spec_file: str) -> dict:
