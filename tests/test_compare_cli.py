@@ -769,3 +769,14 @@ def test_a_stored_baseline_the_model_moved_away_from_is_refused(tmp_path: pathli
     proc = amplint("spec.py", "--no-gains", "--baseline", "base.pt", cwd=tmp_path)
     assert proc.returncode == 2
     assert "base.pt no longer matches the spec's FP32 outputs: case 'c0' differs beyond the tolerance" in proc.stderr
+
+
+def test_a_report_is_never_written_over_a_saved_baseline(tmp_path: pathlib.Path) -> None:
+    """`--json keep.pt` where `--baseline keep.pt` was meant: the FP32 reference stays."""
+    (tmp_path / "spec.py").write_text(SCALED_SPEC)
+    amplint("spec.py", "--no-gains", "--save-baseline", "keep.pt", cwd=tmp_path)
+    kept = (tmp_path / "keep.pt").read_bytes()
+    proc = amplint("spec.py", "--no-gains", "--json", "keep.pt", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "--json: keep.pt holds a baseline saved by --save-baseline" in proc.stderr
+    assert (tmp_path / "keep.pt").read_bytes() == kept

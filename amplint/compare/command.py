@@ -80,6 +80,8 @@ def run_compare_command(
         problem = _unwritable_output(path, spec_path) if path and path != "-" else None
         if problem:
             return _error(f"{flag}: {problem}")
+    if json_path and json_path != "-" and _holds_a_baseline(json_path):
+        return _error(f"--json: {json_path} holds a baseline saved by --save-baseline; the report would overwrite it")
     # The JSON on stdout must stay parseable, so `--json -` sends the human report, and whatever
     # the spec's own code prints, to stderr.
     stdout = sys.stdout
@@ -170,6 +172,19 @@ def _write_partial(report: dict, json_path: str, stdout) -> None:
         write_json(report, json_path, stdout)
     except OSError:
         pass  # the error line that follows matters more than the partial report
+
+
+# What every baseline file holds near its start, in the pickle of its payload (store.FORMAT).
+_BASELINE_MARK = b"amplint-compare-baseline"
+
+
+def _holds_a_baseline(path: str) -> bool:
+    """A file --save-baseline wrote: the FP32 reference a mistyped --json must not destroy."""
+    try:
+        with open(path, "rb") as handle:
+            return _BASELINE_MARK in handle.read(1 << 20)
+    except OSError:
+        return False
 
 
 def _unwritable_output(path: str, spec_path: str) -> str | None:
