@@ -780,3 +780,9 @@ def test_a_report_is_never_written_over_a_saved_baseline(tmp_path: pathlib.Path)
     assert proc.returncode == 2
     assert "--json: keep.pt holds a baseline saved by --save-baseline" in proc.stderr
     assert (tmp_path / "keep.pt").read_bytes() == kept
+
+
+def test_criteria_the_spec_never_set_are_called_amplints_defaults(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "spec.py").write_text(NOISY_SPEC.replace('CRITERIA = {"atol": 1e-3}\n', "").replace("_noise.gauss(0.0, 0.1)", "0.0"))
+    proc = amplint("spec.py", "--no-gains", cwd=tmp_path)
+    assert "(amplint's defaults: the spec sets no CRITERIA" in " ".join(proc.stdout.split())

@@ -140,7 +140,10 @@ def _run(
         console.print(message, markup=False)  # ids and paths may hold [brackets]
 
     say(f"amplint compare {spec.path}: device {spec.device}, trials {', '.join(spec.trials)}")
-    say(f"Criteria fixed before any trial: {spec.criteria.describe()}")
+    say(
+        f"Criteria fixed before any trial: {spec.criteria.describe()}"
+        + (" (amplint's defaults: the spec sets no CRITERIA; set the ones your use needs)" if spec.criteria_by_default else "")
+    )
 
     prepared = run.prepare(spec)
     baseline = store.load_baseline(baseline_path, prepared) if baseline_path else run.compute_baseline(prepared)

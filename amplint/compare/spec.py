@@ -45,6 +45,7 @@ class Spec:
     criteria: Criteria
     trials: tuple[str, ...]
     device: str
+    criteria_by_default: bool = False  # the spec sets no CRITERIA: amplint's defaults stand
 
     @property
     def device_type(self) -> str:
@@ -79,6 +80,7 @@ def load_spec(path: str, device: str | None = None, trials: tuple[str, ...] | No
         criteria=criteria,
         trials=parse_trials(trials if trials is not None else names.get("TRIALS", DEFAULT_TRIALS)),
         device=parse_device(device if device is not None else names.get("DEVICE", DEFAULT_DEVICE)),
+        criteria_by_default="CRITERIA" not in names,
     )
 
 
