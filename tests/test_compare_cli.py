@@ -786,3 +786,13 @@ def test_criteria_the_spec_never_set_are_called_amplints_defaults(tmp_path: path
     (tmp_path / "spec.py").write_text(NOISY_SPEC.replace('CRITERIA = {"atol": 1e-3}\n', "").replace("_noise.gauss(0.0, 0.1)", "0.0"))
     proc = amplint("spec.py", "--no-gains", cwd=tmp_path)
     assert "(amplint's defaults: the spec sets no CRITERIA" in " ".join(proc.stdout.split())
+
+
+def test_a_run_whose_every_output_is_empty_compares_nothing_and_is_refused(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "spec.py").write_text(
+        "import torch\nCRITERIA = {'atol': 1e-2}\ndef model():\n    return torch.nn.Linear(4, 3)\n"
+        "def cases():\n    return [('a', torch.ones(0, 4))]\n"
+    )
+    proc = amplint("spec.py", "--no-gains", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "every case's FP32 output is empty" in proc.stderr

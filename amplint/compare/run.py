@@ -331,6 +331,11 @@ def _check_repeatable(prepared: Prepared, baseline: Baseline, report: dict) -> N
         raise CompareError(message, report=report)
 
 
+def _holds_nothing(output: Any) -> bool:
+    leaves = [leaf for _, leaf in out.all_leaves(output)]
+    return bool(leaves) and all(isinstance(leaf, torch.Tensor) and leaf.numel() == 0 for leaf in leaves)
+
+
 def _judge_baseline(prepared: Prepared, baseline: Baseline, decide, spec_file: str) -> dict:
     spec = prepared.spec
     criteria = spec.criteria
@@ -341,6 +346,10 @@ def _judge_baseline(prepared: Prepared, baseline: Baseline, decide, spec_file: s
 
     cases = []
     with_nan = []
+    # A case with empty outputs (a detector that finds nothing in a black image) still compares its
+    # shapes; a run where every case is empty (a filter that kept no row) would pass unseen.
+    if all(_holds_nothing(output) for output in baseline.outputs):
+        raise CompareError("every case's FP32 output is empty (tensors with no element), so the run would compare nothing")
     for (case_id, _), output in zip(prepared.cases, baseline.outputs):
         # ±inf is a value a trial can reproduce exactly (masked logits); NaN equals nothing.
         decision = margin = None
