@@ -796,3 +796,14 @@ def test_a_run_whose_every_output_is_empty_compares_nothing_and_is_refused(tmp_p
     proc = amplint("spec.py", "--no-gains", cwd=tmp_path)
     assert proc.returncode == 2
     assert "every case's FP32 output is empty" in proc.stderr
+
+
+def test_a_trial_identical_to_fp32_bit_for_bit_is_said_to_have_tested_nothing(tmp_path: pathlib.Path) -> None:
+    """CPU autocast keeps softmax in float32: a model of softmax alone never computes in bfloat16."""
+    (tmp_path / "spec.py").write_text(
+        "import torch\nTRIALS = ['bfloat16']\nclass Soft(torch.nn.Module):\n    def forward(self, x):\n"
+        "        return x.softmax(-1)\ndef model():\n    return Soft()\ndef cases():\n    yield 'c0', torch.tensor([1.0, 1.0001, 0.5])\n"
+    )
+    proc = amplint("spec.py", "--no-gains", "--json", "r.json", cwd=tmp_path)
+    assert "this trial tested nothing in bfloat16" in (trial := json.loads((tmp_path / "r.json").read_text())["trials"][0])["note"]
+    assert trial["passed"] and "tested nothing" in " ".join(proc.stdout.split())

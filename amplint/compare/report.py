@@ -66,6 +66,8 @@ def render(report: dict, console: Console, *, all_cases: bool = False) -> None:
         rest = _unremarkable_count(baseline, trial, all_cases)
         if rest:
             console.print(f"  {rest} other case(s): {_unremarkable_means(baseline)}", markup=False)
+        if trial.get("note"):
+            console.print(Text(f"  note: {trial['note']}", style="yellow"))
         for warning in trial.get("warnings", []):
             console.print(Text(f"  warning during the trial: {warning}", style="yellow"))
     console.print()

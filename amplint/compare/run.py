@@ -465,6 +465,12 @@ def _run_trial(prepared: Prepared, baseline: Baseline, baseline_cases: list[dict
         if not math.isnan(case["max_abs_diff"]):  # outputs of another structure or shape have no gap to rank
             worst = max(worst or 0.0, case["max_abs_diff"])
     trial["max_abs_diff"] = _finite_or_none(worst) if worst is not None else None
+    if worst == 0.0 and not trial["nonfinite_cases"] and not any("note" in case for case in trial["cases"]):
+        trial["note"] = (
+            f"every output equals FP32's bit for bit: nothing the model computes ran in {dtype} under "
+            f"{spec.device_type} autocast's policy (it keeps ops such as layer_norm and softmax in float32), "
+            f"so this trial tested nothing in {dtype}; its near ties were never at risk"
+        )
 
     failed = []
     if trial["nonfinite_cases"]:
