@@ -92,6 +92,13 @@ def summary_line(report: dict) -> Text:
     return Text(f"{len(failed)} of {len(trials)} trial(s) failed: {names}. No gains are reported for a failed trial.{caveat}", style="bold red")
 
 
+def _changed_positions(base, trial, path: tuple = ()) -> list[tuple[tuple, object, object]]:
+    """Where two decisions of the same nested-list shape differ: (index path, fp32, trial)."""
+    if isinstance(base, list) and isinstance(trial, list) and len(base) == len(trial):
+        return [found for index, (b, t) in enumerate(zip(base, trial)) for found in _changed_positions(b, t, (*path, index))]
+    return [] if base == trial or not path else [(path, base, trial)]
+
+
 def _trial_table(report: dict, baseline: dict, trial: dict) -> Table:
     criteria = report["criteria"]
     verdict = Text("PASSED", style="bold green") if trial["passed"] else Text("FAILED", style="bold red")
@@ -232,6 +239,10 @@ def _cases_table(baseline: dict, trial: dict, *, all_cases: bool) -> Table:
         if case["decision_changed"]:
             units = base["decision_count"]
             decision.append(f"  CHANGED ({case['decisions_changed']} of {units} decisions)" if units > 1 else "  CHANGED", style="bold red")
+            changed = _changed_positions(base["decision"], case["decision"])
+            if changed and units > 1:  # a long list is cut short above: say which entries changed
+                shown = ", ".join(f"[{','.join(map(str, path))}] {_short(b)} → {_short(t)}" for path, b, t in changed[:3])
+                decision.append(f": {shown}" + (" ..." if len(changed) > 3 else ""))
         margin = Text(_num(base["margin"]))
         if case["near_tie"]:
             margin.append("  near tie", style="yellow")
