@@ -226,21 +226,28 @@ def _takes_tensors(facts: AmpFacts, forward: cst.FunctionDef) -> int:
 
 
 def _kept_on_ctx(facts: AmpFacts, forward: cst.FunctionDef) -> set[str]:
-    """Arguments forward stores as attributes of ctx (`ctx.temperature = temperature`) and never
-    hands to `save_for_backward`: settings for backward, since tensors go through save_for_backward."""
+    """Arguments forward stores as attributes of ctx (`ctx.temperature = temperature`, or several
+    in one: dgl's `ctx.backward_cache = gidxA, gidxB`) and never hands to `save_for_backward`:
+    settings for backward, since tensors go through save_for_backward."""
     function = facts.scope_of_function(forward)
     if function is None:
         return set()
     ctx = _first_argument(forward)
     kept = {
-        a.value.value for a in facts.assignments
-        if a.where.scope is function and a.key.startswith(f"{ctx}.") and isinstance(a.value, cst.Name)
+        name.value for a in facts.assignments
+        if a.where.scope is function and a.key.startswith(f"{ctx}.")
+        for name in _kept_names(a.value)
     }
     saved = {
         name for c in function.calls if c.receiver_key == ctx and c.method == "save_for_backward"
         for arg in c.node.args for name in identifiers(arg.value).split()
     }
     return kept - saved - _operands(forward)
+
+
+def _kept_names(value: cst.BaseExpression) -> list[cst.Name]:
+    elements = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+    return [e for e in elements if isinstance(e, cst.Name)]
 
 
 def _operands(function: cst.FunctionDef) -> set[str]:
