@@ -1446,3 +1446,9 @@ def test_amp013_advises_custom_bwd_spelled_for_the_projects_oldest_torch(min_tor
     (finding,) = [f for f in lint_source(textwrap.dedent(BACKWARD_WITH_FORWARDS_DECORATOR), "t.py", min_torch=min_torch) if f.code == "AMP013"]
     assert f"replace it with `{advised}`" in finding.message
     assert "casts none of the incoming gradients" in finding.message
+
+
+def test_amp005_advice_names_an_optimizer_stepped_directly_but_offers_no_fix() -> None:
+    (finding,) = fixture_findings("AMP005/bad_clip_before_stepping_the_optimizer_directly.py", "AMP005")
+    assert "call `self.scaler.unscale_(self.opt)` before it" in finding.message
+    assert finding.fix is None  # unscale_ without scaler.step() and update() raises on the next iteration

@@ -281,14 +281,17 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 advised = next((o for o in later_steps if o not in unscaled), owner)
                 # An `unscale_` on some passes only: another before the read would unscale twice.
                 sometimes = next((e for e in partial if e.kind == "unscale"), None)
+                # Named in the message even when stepped directly (AMP006's case): not a fix's target,
+                # since an unscale_ with no scaler.step() and update() after it raises the next time.
+                named = advised or next((e.optimizer for e in events[index + 1 :] if e.kind == "optimizer_step"), None)
                 if scale.framework is not None:
                     yield _framework_hit(event, scale)
                 elif sometimes is not None:
                     yield _sometimes_unscaled_hit(event, sometimes)
                 elif _in_a_micro_batch_loop(event, scale, events[index + 1 :]):
-                    yield _hit(event, scale.scaler, advised, None, micro_batches=True)
+                    yield _hit(event, scale.scaler, named, None, micro_batches=True)
                 else:
-                    yield _hit(event, scale.scaler, advised, autofix.unscale_before(event, scale.scaler, advised, events, facts))
+                    yield _hit(event, scale.scaler, named, autofix.unscale_before(event, scale.scaler, advised, events, facts))
 
 
 def _scaled_on_entry(events: list[_Event]) -> list[_Event]:
