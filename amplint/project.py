@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import ast
 import configparser
+import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 # A PEP 508 requirement's name and extras, and what follows up to its markers: enough to find the
@@ -33,16 +35,12 @@ def declared_torch(folder: Path, pyproject: dict) -> list[str]:
         extras = project.get("optional-dependencies")
         for listed in extras.values() if isinstance(extras, dict) else ():
             requirements += _listed(listed)
-    files = [(folder / "setup.cfg", _setup_cfg), (folder / "setup.py", _setup_py)]
-    files += [(folder / name, _conda_environment) for name in ("environment.yml", "environment.yaml")]
-    files += [(path, _requirements_txt) for path in _requirements_files(folder)]
-    for path, read in files:
-        if path.is_file():
-            try:
-                text = path.read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                continue
-            requirements += read(text)
+    for path, read in _project_files(folder):
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        requirements += read(text)
     return [
         match.group(2).strip()
         for text in requirements
@@ -54,10 +52,24 @@ def _listed(value: object) -> list[str]:
     return [str(item) for item in value] if isinstance(value, list) else []
 
 
-def _requirements_files(folder: Path) -> list[Path]:
-    """`requirements.txt` and its siblings (`requirements-ci.txt`, `requirements_dev.txt`), and the
-    files of a `requirements/` folder."""
-    return sorted(folder.glob("requirements*.txt")) + sorted((folder / "requirements").glob("*.txt"))
+def _project_files(folder: Path) -> list[tuple[Path, Callable[[str], list[str]]]]:
+    """The files of `folder` that may list requirements, each with its reader: setup files, a
+    conda environment, `requirements.txt` and its siblings (`requirements-ci.txt`), and the files of
+    a `requirements/` folder. One listing of the folder: a walk asks this of every folder."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except OSError:
+        return []
+    found: list[tuple[Path, Callable[[str], list[str]]]] = []
+    for entry in entries:
+        name = entry.name
+        if name in _READERS:
+            found.append((Path(entry.path), _READERS[name]))
+        elif name.startswith("requirements") and name.endswith(".txt"):
+            found.append((Path(entry.path), _requirements_txt))
+        elif name == "requirements" and entry.is_dir():
+            found += [(path, _requirements_txt) for path in sorted(Path(entry.path).glob("*.txt"))]
+    return [(path, read) for path, read in found if path.is_file()]
 
 
 # An option that takes a URL or path, written before a requirement on its line (`-f URL torch==1.13.1`).
@@ -119,6 +131,15 @@ def _setup_py(text: str) -> list[str]:
                 if isinstance(listed, (ast.List, ast.Tuple)):
                     found += [e.value for e in listed.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
     return found
+
+
+# The files that list requirements under a fixed name, and how each is read.
+_READERS: dict[str, Callable[[str], list[str]]] = {
+    "setup.cfg": _setup_cfg,
+    "setup.py": _setup_py,
+    "environment.yml": _conda_environment,
+    "environment.yaml": _conda_environment,
+}
 
 
 def oldest_torch(torch: list[str]) -> tuple[int, ...] | None:
