@@ -807,3 +807,34 @@ def test_a_trial_identical_to_fp32_bit_for_bit_is_said_to_have_tested_nothing(tm
     proc = amplint("spec.py", "--no-gains", "--json", "r.json", cwd=tmp_path)
     assert "this trial tested nothing in bfloat16" in (trial := json.loads((tmp_path / "r.json").read_text())["trials"][0])["note"]
     assert trial["passed"] and "tested nothing" in " ".join(proc.stdout.split())
+
+
+INTERRUPTED_SPEC = """
+import os
+import signal
+import torch
+TRIALS = ["bfloat16"]
+CRITERIA = {"atol": 0.1}
+calls = 0
+class Doubler(torch.nn.Module):
+    def forward(self, x):
+        global calls
+        calls += 1
+        if calls == 6:  # the baseline, its repeat and the trial took three: this is the gains pass
+            os.kill(os.getpid(), signal.SIGINT)
+        return x * 2
+def model():
+    return Doubler()
+def cases():
+    yield "c0", torch.ones(3)
+"""
+
+
+def test_ctrl_c_while_measuring_the_gains_keeps_the_trials_verdicts_in_the_json(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "spec.py").write_text(INTERRUPTED_SPEC)
+    proc = amplint("spec.py", "--json", "r.json", "--warmup", "1", "--repeats", "3", cwd=tmp_path)
+    assert proc.returncode == 130
+    assert "interrupted while measuring the gains" in proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["interrupted"] == "gains"
+    assert report["trials"][0]["passed"] and report["trials"][0]["timing"] is None

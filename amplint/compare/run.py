@@ -296,9 +296,15 @@ def run_compare(
     if measure_gains and passing:
         from amplint.compare.gains import measure
 
-        for trial in passing:
-            progress(f"Gains {trial['dtype']}: timing {warmup} warm-up + {repeats} timed passes, then peak memory")
-            trial["timing"], trial["memory"] = measure(prepared, trial["dtype"], warmup=warmup, repeats=repeats)
+        try:
+            for trial in passing:
+                progress(f"Gains {trial['dtype']}: timing {warmup} warm-up + {repeats} timed passes, then peak memory")
+                trial["timing"], trial["memory"] = measure(prepared, trial["dtype"], warmup=warmup, repeats=repeats)
+        except KeyboardInterrupt as interrupt:
+            # Ctrl-C during the timing, which can take long: the verdicts are in, keep them.
+            report["interrupted"] = "gains"
+            interrupt.report = report
+            raise
     return report
 
 
