@@ -2,12 +2,12 @@
 
 A project folder declares its requirements in a pyproject.toml's `[project]` table, a setup.cfg,
 a setup.py, its requirements files (`requirements.txt`, `requirements-ci.txt`,
-`requirements/*.txt`) or a conda `environment.yml`; what those files in one folder list is read together (a setup.py often
-reads its requirements.txt, and a CI pin such as icefall's `torch==1.13.1+cpu` is a torch the
-project runs on). The nearest folder above a file whose requirements name torch
-decides, and the oldest torch they admit bounds what `--fix` may write, as ruff's target version
-follows `requires-python`. A folder whose requirements leave torch out (`docs/requirements.txt`)
-says nothing about it.
+`requirements/*.txt`) or a conda `environment.yml`; what those files in one folder list is read
+together (a setup.py often reads its requirements.txt, and a CI pin such as icefall's
+`torch==1.13.1+cpu` is a torch the project runs on). The nearest folder above a file whose
+requirements name torch decides, and the oldest torch they admit bounds what `--fix` may write,
+as ruff's target version follows `requires-python`. A folder whose requirements leave torch out
+(`docs/requirements.txt`) says nothing about it.
 """
 
 from __future__ import annotations

@@ -106,10 +106,11 @@ def run_compare_command(
         # The spec's code called sys.exit(): never a silent pass.
         return _error(f"{spec_path}: the spec's code called sys.exit({exc.code!r}); a spec returns, it does not exit")
     except KeyboardInterrupt as interrupt:
-        report = getattr(interrupt, "report", None)
-        if report is not None and json_path:  # stopped while timing: the trials' verdicts stand
+        report = getattr(interrupt, "report", None)  # stopped while timing: the trials' verdicts stand
+        kept = report is not None and bool(json_path)
+        if kept:
             _write_partial(report, json_path, stdout)
-        print("amplint compare: interrupted" + (" while measuring the gains; the report holds the verdicts" if report is not None and json_path else ""), file=sys.stderr)
+        print("amplint compare: interrupted" + (" while measuring the gains; the report holds the verdicts" if kept else ""), file=sys.stderr)
         return 130
     except Exception as exc:  # a bug in amplint or an unexpected failure: still one line, exit 2  # noqa: BLE001 - user code or torch internals may raise anything
         return _error(f"{spec_path}: internal error: {describe_exception(exc)}")

@@ -470,8 +470,9 @@ class Probes:
         by_hand = None
         if regions and not state.scaled_since_backward:
             regions = self._loss_sources(site, tensors, regions)
-            with state.pause():
-                by_hand = hand_loss_scale(tensors, seed)
+            if regions:  # read only for a loss from a float16 region: once per such backward
+                with state.pause():
+                    by_hand = hand_loss_scale(tensors, seed)
         for region in regions:
             key = (region.entered_at, region.created_at)
             record = state.fp16_backwards.get(key)

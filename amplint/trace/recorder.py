@@ -165,7 +165,6 @@ class DispatchRecorder(TracerDispatchMode):
             self.monitor.check_op(info, args, kwargs, out, site, phase, node)
         return out
 
-
     def _count(self, func, info: OpInfo, args, kwargs, out_dtypes: tuple, phase: str, site, node) -> tuple:
         """One more call of the op in the table, under the autocast region of its device; its
         signature kept for the kernel probe. Returns the table's key."""

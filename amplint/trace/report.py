@@ -199,7 +199,7 @@ def scaler_section(state, facts, display) -> dict:
                 "cannot fix, so the run stopped training (look at the learning rate and the data; `--nan op` finds the first op)"
             )
         elif _skipped_every_step(entry):
-            notes.append(f"{_never_applied_note(label, entry)} (`--nan op` finds the first op)")
+            notes.append(f"{_never_applied_note(label, entry, lowest)} (`--nan op` finds the first op)")
     return {
         "constructions": [
             {"path": path, "line": line, **({"nth_on_line": sibling + 1} if (path, line, 1) in constructions else {}), **entry}
@@ -234,8 +234,7 @@ def _skipped_every_step(construction: dict) -> bool:
     return construction["steps_attempted"] > 0 and construction["steps_skipped"] == construction["steps_attempted"]
 
 
-def _never_applied_note(label: str, construction: dict) -> str:
-    lowest = min((scale for scale in construction["scale_history"] if scale is not None), default=None)
+def _never_applied_note(label: str, construction: dict, lowest: float | None) -> str:
     return (
         f"the GradScaler built at {label} skipped all {construction['steps_attempted']} of its steps"
         + (f" (its scale fell to {lowest:g})" if lowest is not None else "")
