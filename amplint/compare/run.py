@@ -320,7 +320,9 @@ def _check_repeatable(prepared: Prepared, baseline: Baseline, report: dict) -> N
             continue
         worst = result["worst"]
         detail = result["note"] or (
-            f"{worst['baseline']} → {worst['trial']} at {worst['output']}{worst['index']}" if worst else f"max |diff| {_fmt(result['max_abs_diff'])}"
+            f"{_fmt(worst['baseline'])} → {_fmt(worst['trial'])} at {worst['output']}[{','.join(map(str, worst['index']))}]"
+            if worst
+            else f"max |diff| {_fmt(result['max_abs_diff'])}"
         )
         if baseline.source == "computed":
             message = (
@@ -638,5 +640,6 @@ def _dtype(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.6g}"
+def _fmt(value: float | str | None) -> str:
+    """A number as the report shows it; a value already in words ("inf", "nan") as it is."""
+    return "n/a" if value is None else value if isinstance(value, str) else f"{value:.6g}"
