@@ -838,3 +838,21 @@ def test_ctrl_c_while_measuring_the_gains_keeps_the_trials_verdicts_in_the_json(
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["interrupted"] == "gains"
     assert report["trials"][0]["passed"] and report["trials"][0]["timing"] is None
+
+
+def test_a_custom_decide_without_margin_says_near_ties_are_not_judged(tmp_path):
+    """The top-two gap measures the default argmax, not a threshold the spec's decide() applies."""
+    spec = write(tmp_path, """
+        import torch
+        TRIALS = ["bfloat16"]
+        CRITERIA = {"atol": 0.1}
+        def model():
+            return torch.nn.Linear(3, 3)
+        def cases():
+            return [("close scores", torch.tensor([[0.5, 0.5001, -3.0]]))]
+        def decide(output):
+            return bool(output[0, 2] > 100)
+    """)
+    result = amplint(spec, "--no-gains")
+    assert result.returncode == 0, result.stderr
+    assert "1 decision(s); near ties not judged: no margin" in result.stdout

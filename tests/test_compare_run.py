@@ -505,6 +505,22 @@ def cases():
     assert report["baseline"]["cases"][0]["margin"] is None
 
 
+def test_a_custom_decide_without_margin_has_no_margin(tmp_path):
+    """Scores two apart by 1e-4 are no near tie for a decide() that thresholds another entry."""
+    body = """
+import torch
+def model():
+    return torch.nn.Identity()
+def cases():
+    return [("close scores", torch.tensor([[0.5, 0.5001, -3.0]]))]
+def decide(output):
+    return bool(output[0, 2] > 0)
+"""
+    report = compare(_spec(tmp_path, body), trials=("bfloat16",))
+    assert report["baseline"]["cases"][0]["margin"] is None
+    assert report["trials"][0]["cases"][0]["near_tie"] is False
+
+
 def test_the_worst_element_is_the_one_farthest_outside_its_own_output_tolerance(tmp_path):
     body = """
 import torch

@@ -138,7 +138,7 @@ def _trial_table(report: dict, baseline: dict, trial: dict) -> Table:
         changed_cases = sum(case["decision_changed"] for case in trial["cases"])
         table.add_row(
             "application decision",
-            f"{_in_cases(decisions, 'decision(s)', decided_cases)}; {near} case(s) near a tie (margin < {_num(criteria['near_tie_margin'])})",
+            f"{_in_cases(decisions, 'decision(s)', decided_cases)}; {_near_ties(baseline, near, criteria)}",
             f"{_in_cases(trial['decision_changes'], 'changed', changed_cases)} (allowed {criteria['max_decision_changes']})",
             _fail("review the changed decisions") if FAILED_DECISIONS in failed else PASS,
         )
@@ -190,6 +190,12 @@ def _no_gap(trial: dict) -> str:
 def _in_cases(count: int, what: str, cases: int) -> str:
     """"14 changed in 12 cases": the cases are named only when they are not one decision each."""
     return f"{count} {what}" + (f" in {cases} case(s)" if cases != count else "")
+
+
+def _near_ties(baseline: dict, near: int, criteria: dict) -> str:
+    if not any(case["margin"] is not None for case in baseline["cases"]):
+        return "near ties not judged: no margin (define margin(output))"
+    return f"{near} case(s) near a tie (margin < {_num(criteria['near_tie_margin'])})"
 
 
 def _unremarkable_means(baseline: dict) -> str:

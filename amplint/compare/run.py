@@ -588,7 +588,9 @@ def _shape(leaf: Any) -> tuple[int, ...]:
 
 def _margin(spec: Spec, output: Any, spec_file: str, case_id: str) -> float | None:
     if spec.margin is None:
-        return out.default_margin(output)
+        # The top-two gap measures how close the default argmax is to flipping; a custom decide
+        # (a threshold, a top-k, another output) has its own boundary, which that gap does not see.
+        return out.default_margin(output) if spec.decide is None else None
     value = out.python_scalar(_call(lambda: spec.margin(output), spec_file, f"margin() on the baseline of case {case_id!r}"))
     if value is None:
         return None
