@@ -919,8 +919,17 @@ class AmpFacts:
         if position is not None and function.class_name is not None and not _is_static(function):
             position -= 1  # `self` (or `cls`) is the receiver, not an argument
         keyword = param if all(p.name.value != param for p in node.params.posonly_params) else None
-        for caller in self.callers(function):
+        for caller in (*self.callers(function), *self._constructions(function)):
             yield caller, caller.arg(position if position is None or position >= 0 else None, keyword)
+
+    def _constructions(self, function: Scope) -> list[CallSite]:
+        """`Trainer(model, amp_dtype=...)` in this file, for `Trainer.__init__`: what it passes."""
+        if function.name != "__init__" or function.class_name is None:
+            return []
+        return [
+            call for call in self.calls
+            if call.method is None and call.callee == function.class_name and call.scope.resolve_head(call.callee) is None
+        ]
 
     def reaching_assignment(self, key: str, where: Context, unpacked: bool = False) -> Assignment | None:
         """The assignment to a name that every path to `where` in its function passes last

@@ -69,6 +69,21 @@ def literal_dtype(facts: AmpFacts, region: Autocast, call: CallSite) -> str | No
     return None
 
 
+def dtype_is_a_parameter_default(facts: AmpFacts, region: Autocast, call: CallSite) -> bool:
+    """The region's dtype is bound from a parameter that no call in this file passes
+    (`def __init__(self, amp_dtype=torch.bfloat16)`, later `autocast(dtype=self.amp_dtype)`): its
+    default is only what callers elsewhere get when they choose nothing."""
+    if region.dtype is not None:
+        return False
+    key = dotted_name(_dtype_argument(region, call))
+    for value, scope in facts.bindings(key, call.scope):
+        function = scope.function_scope
+        name = value.value if isinstance(value, cst.Name) else None
+        if name in function.params and not facts.bindings(name, scope):
+            return all(passed is None for _, passed in facts.passed_for(function, name))
+    return False
+
+
 def possible_dtypes(facts: AmpFacts, region: Autocast, call: CallSite) -> set[str] | None:
     """The dtypes a region may compute in: its literal one, or each arm of a conditional it is
     given, written there or bound once to a name (`torch.bfloat16 if args.bf16 else torch.float32`);

@@ -33,7 +33,10 @@ _NEEDS_BF16_HARDWARE = ("transformer_engine", "msamp", "torchao.float8")
 # Attention implementations (transformers' `attn_implementation=`) with no kernels before Ampere.
 _AMPERE_ATTENTION = {"flash_attention_2", "flash_attention_3"}
 # A model built with FlashAttention switched on by a literal `True` (OLMo's `flash_attention=True`).
-_FLASH_ATTENTION_SWITCHES = ("flash_attention", "use_flash_attn", "use_flash_attention", "flash_attn")
+_FLASH_ATTENTION_SWITCHES = {"flash_attention", "use_flash_attn", "use_flash_attention", "flash_attn"}
+# Settings that name the attention kernels (transformers' `attn_implementation`, MPT's `attn_impl`).
+_ATTENTION_IMPLEMENTATIONS = {"attn_implementation", "attn_impl"}
+_AMPERE_ATTENTION_NAMES = _AMPERE_ATTENTION | {"flash"}
 # A setting that asks for bfloat16 by name (`use_bfloat16`, `args.bf16`, `precision == "bf16"`).
 _NAMES_BFLOAT16 = re.compile(r"bf16|bfloat16", re.IGNORECASE)
 
@@ -78,6 +81,7 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
             # `autocast = get_autocast(args.precision)` ... `with autocast():` is built in the factory
             and not _chosen_by_a_bfloat16_setting(facts, region.node)
             and not _named_for_bfloat16(call)
+            and not rg.dtype_is_a_parameter_default(facts, region, call)
         ):
             if guarded is None:
                 guarded = bool(rg.BF16_SUPPORT_CHECK.search(code_only(facts.text))) or _needs_bf16_hardware(facts)
@@ -112,19 +116,48 @@ def _possible_devices(facts: AmpFacts, region: Autocast, call: CallSite) -> set[
 def _needs_bf16_hardware(facts: AmpFacts) -> bool:
     """The module imports a library that runs only on GPUs with bfloat16 (see _NEEDS_BF16_HARDWARE),
     and not as an option (`try: import transformer_engine` / `except ImportError:`), which says
-    nothing of the GPU the rest of the module runs on; or it asks for FlashAttention 2 by name
-    (`attn_implementation="flash_attention_2"`), whose kernels need an Ampere GPU or newer."""
+    nothing of the GPU the rest of the module runs on; or it switches FlashAttention on, whose
+    kernels need an Ampere GPU or newer: by name (`attn_implementation="flash_attention_2"`,
+    `{"attn_impl": "flash"}`) or by a literal `True` in a keyword, an attribute or a dict entry."""
     if any(
         (ref.qualname == library or ref.qualname.startswith(library + ".")) and not _optional(facts, ref.statement)
         for ref in facts.imports
         for library in _NEEDS_BF16_HARDWARE
     ):
         return True
-    return any(
-        string_literal(call.arg(None, "attn_implementation")) in _AMPERE_ATTENTION
-        or any(is_true(call.arg(None, keyword)) for keyword in _FLASH_ATTENTION_SWITCHES)
-        for call in facts.calls
-    )
+    return "flash" in facts.text and any(_asks_for_flash_attention(name, value) for name, value in _settings(facts))
+
+
+def _asks_for_flash_attention(name: str, value: cst.BaseExpression) -> bool:
+    if name in _ATTENTION_IMPLEMENTATIONS:
+        return string_literal(value) in _AMPERE_ATTENTION_NAMES
+    return name in _FLASH_ATTENTION_SWITCHES and is_true(value)
+
+
+def _settings(facts: AmpFacts) -> Iterator[tuple[str, cst.BaseExpression]]:
+    """Each named value the module sets: keyword arguments (`Model(flash_attention=True)`),
+    attributes and names (`cfg.flash_attention = True`) and dict entries (`{"attn_impl": "flash"}`)."""
+    for call in facts.calls:
+        for arg in call.node.args:
+            if arg.keyword is not None:
+                yield arg.keyword.value, arg.value
+    for assignment in facts.assignments:
+        yield assignment.key.rsplit(".", 1)[-1], assignment.value
+    entries = _DictEntries()
+    facts.module.visit(entries)  # a pass over the tree, only for a module that mentions flash
+    yield from entries.found
+
+
+class _DictEntries(cst.CSTVisitor):
+    """Dict entries under a string key (not libcst.matchers, whose import alone takes 0.4 s)."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[str, cst.BaseExpression]] = []
+
+    def visit_DictElement(self, node: cst.DictElement) -> None:
+        key = string_literal(node.key)
+        if key is not None:
+            self.found.append((key, node.value))
 
 
 def _optional(facts: AmpFacts, statement: cst.CSTNode) -> bool:
