@@ -968,6 +968,11 @@ def test_amp017_backward_inside_autocast_is_not_a_mismatch() -> None:
     assert lines(src, "AMP017") == []
 
 
+def test_amp017_cites_the_scalers_backward_not_the_fallback_for_a_run_without_amp() -> None:
+    (finding,) = fixture_findings("AMP017/bad_compiled_model_with_timm_scaler_and_plain_fallback.py", "AMP017")
+    assert "backward runs outside it (line 15)" in finding.message  # `loss_scaler(loss, optimizer, ...)`
+
+
 def test_amp011_config_flag_named_skip_is_not_a_skip_check() -> None:
     src = SCHED.replace("    scheduler.step()\n", "    if not args.skip_lr:\n        scheduler.step()\n")
     assert lines(src, "AMP011") == [7]

@@ -10,7 +10,7 @@ from amplint.static.checks import Hit
 from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
 from amplint.static import names
-from amplint.static.semantics import AmpFacts, CallSite, argument, constructor_of, dotted_name, is_true
+from amplint.static.semantics import AmpFacts, CallSite, argument, constructor_of, dotted_name, is_true, mutually_exclusive
 
 CODE = "AMP017"
 
@@ -204,8 +204,25 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             "`torch._functorch.config.backward_pass_autocast = \"off\"` (after `import torch._functorch.config`) "
             "to match eager",
             statement or call_node,
-            related=(_nearest(outside, node, _named_exactly(forwards, name) or forwards).node,),
+            related=(_cited_backward(facts, _nearest(outside, node, _named_exactly(forwards, name) or forwards)).node,),
         )
+
+
+def _cited_backward(facts: AmpFacts, backward: CallSite) -> CallSite:
+    """timm's `if loss_scaler is not None: loss_scaler(loss, optimizer) else: loss.backward()`:
+    the plain backward is the fallback for a run without AMP, and the scaler's call runs the AMP
+    run's backward (outside the region too), so that call is the one to cite."""
+    for call in facts.calls:
+        if (
+            call.method is None
+            and call.node.args
+            and names.SCALER_WORD.search(call.callee or "")
+            and call.scope.function_scope is backward.scope.function_scope
+            and mutually_exclusive(call.where, backward.where)
+            and facts.region_of(call.where) is None
+        ):
+            return call
+    return backward
 
 
 def _named_exactly(forwards: list[CallSite], name: str | None) -> list[CallSite]:
