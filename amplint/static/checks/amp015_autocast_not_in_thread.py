@@ -84,7 +84,7 @@ def _target_does_no_tensor_work(facts: AmpFacts, target: cst.BaseExpression | No
         return True  # `Thread(target=torch.save, args=(state, path))`: a checkpoint written in the background
     function = facts._function_named(target, call.scope)
     if function is None:
-        return False
+        return _named_for_data_work(target)
     text = code_only(facts.module.code_for_node(function.node))
     if _MODEL_WORK.search(text) or any(_torch_compute(c) or _model_codec(c) for c in function.calls):
         return False
@@ -94,6 +94,26 @@ def _target_does_no_tensor_work(facts: AmpFacts, target: cst.BaseExpression | No
         for c in function.calls
     )
     return bookkeeping or bool(_IO_WORK.search(text))
+
+
+# Words of a worker's name that say it moves data (`env.prefetch`, `self.loader.start_prefetch`,
+# `writer.flush_queue`); split on underscores and case changes, so `compute_logits` says nothing.
+_DATA_WORK_WORDS = frozenset({
+    "prefetch", "preload", "fetch", "load", "loader", "download", "upload", "save", "saver", "write", "writer",
+    "dump", "log", "logger", "flush", "read", "reader", "produce", "producer", "feed", "fill", "enqueue",
+    "queue", "poll", "monitor", "watch", "heartbeat", "copy", "transfer", "send", "recv", "receive", "checkpoint",
+})
+_NAME_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+
+
+def _named_for_data_work(target: cst.BaseExpression) -> bool:
+    """A worker defined in another module, which this file cannot read, by what its name says:
+    lerobot's `Thread(target=env.prefetch)` loads observations; `Thread(target=model.generate)`
+    and `Thread(target=self.run)` say nothing of the sort."""
+    name = dotted_name(target)
+    if name is None:
+        return False
+    return any(word.lower() in _DATA_WORK_WORDS for word in _NAME_WORDS.findall(name.rsplit(".", 1)[-1]))
 
 
 def _model_codec(call: CallSite) -> bool:
