@@ -156,6 +156,24 @@ def test_fixed_cpu_autocast_still_runs_in_the_same_dtype(tmp_path: Path) -> None
     assert run.stdout.decode().strip() == "True", run.stderr.decode()
 
 
+def test_fixed_checkpoint_of_a_scaler_built_under_a_constructor_argument_saves_without_amp(tmp_path: Path) -> None:
+    """Without AMP the attribute never exists: the added entry must not raise on those runs."""
+    pytest.importorskip("torch")
+    case = "unsafe_scaler_built_under_a_constructor_argument"
+    shutil.copy(FIXTURES / f"{case}.py", tmp_path / "trainer.py")
+    amplint("--fix", "--unsafe-fixes", "--no-cache", "trainer.py", cwd=tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-c",
+         "import types, torch, trainer\n"
+         "t = trainer.Trainer(types.SimpleNamespace(enable_amp=False), torch.nn.Linear(2, 1))\n"
+         "t.train_step(torch.ones(3, 2))\n"
+         "t.save_checkpoint('ckpt.pt')\n"
+         "print(sorted(torch.load('ckpt.pt')))\n"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert run.stdout.strip() == "['model', 'optimizer', 'scaler']", run.stderr
+
+
 def test_fixed_autocast_keeps_its_dtype_inside_an_enclosing_region(tmp_path: Path) -> None:
     """`torch.cpu.amp.autocast()` computes in bfloat16 even inside a float16 region; the fixed call
     must too, where `torch.amp.autocast("cpu")` alone would take the enclosing float16."""
