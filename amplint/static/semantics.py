@@ -1881,6 +1881,8 @@ def _kind_of_constructor(qualified: str) -> str | None:
     last = qualified.rsplit(".", 1)[-1]
     if qualified.startswith(names.SCHEDULER_PREFIXES) or "get_" in last and "schedule" in last:
         return "scheduler"
+    if qualified.startswith("torch.optim.swa_utils."):  # lives under torch.optim, optimizes nothing
+        return {"AveragedModel": "model", "SWALR": "scheduler"}.get(last)
     if qualified.startswith(names.TORCH_OPTIMIZER_PREFIXES) and last[:1].isupper():
         return "optimizer"
     if qualified in names.THIRD_PARTY_OPTIMIZERS:
