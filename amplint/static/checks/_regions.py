@@ -172,12 +172,36 @@ def in_eval_function(call: CallSite, facts: AmpFacts) -> bool:
 
 def has_backward(facts: AmpFacts) -> bool:
     """The module back-propagates as a training step does: not only inside a method named
-    `backward` (an autograd.Function recomputing a checkpointed forward calls backward there)."""
-    return any(
-        e.kind in ("backward", "scale_backward") and not _in_a_backward_method(e.call)
-        for events in ts.own_events(facts).values()
-        for e in events
-    ) or any(c.method == "backward" and not _in_a_backward_method(c) for c in facts.calls)
+    `backward` (an autograd.Function recomputing a checkpointed forward calls backward there),
+    nor only to time it (see `times_a_backward`)."""
+
+    def build() -> bool:
+        found = any(
+            e.kind in ("backward", "scale_backward") and not _in_a_backward_method(e.call)
+            for events in ts.own_events(facts).values()
+            for e in events
+        ) or any(c.method == "backward" and not _in_a_backward_method(c) for c in facts.calls)
+        return found and not times_a_backward(facts)
+
+    return ts.cached(facts, "has_backward", build)
+
+
+# Clocks a benchmark reads around the work it times.
+_CLOCKS = frozenset({
+    "time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic", "time.process_time",
+    "timeit.timeit", "timeit.repeat", "timeit.default_timer", "torch.utils.benchmark.Timer",
+})
+
+
+def times_a_backward(facts: AmpFacts) -> bool:
+    """A module that reads a clock and has no optimizer and no scaler anywhere (torch-ngp's
+    `test_ffmlp.py` times a fused MLP's backward with CUDA events; torchsparse's kernel tuner
+    with `time.time()`): its gradients are measured, never applied, so nothing trains."""
+    if facts.has_scaler or any(e.kind in ("opt_step", "step") for events in ts.own_events(facts).values() for e in events):
+        return False
+    if any(c.method in ("zero_grad", "step") or facts.value_kind(c.node, c.scope) == "optimizer" for c in facts.calls):
+        return False
+    return any(c.qualname in _CLOCKS or c.method == "elapsed_time" for c in facts.calls)
 
 
 def _in_a_backward_method(call: CallSite) -> bool:
