@@ -113,7 +113,18 @@ def _amp_aware(facts: AmpFacts) -> bool:
         return True
     named = [r.qualname for r in facts.imports] + [c.qualname for c in facts.calls if c.qualname]
     named += [r.dotted for r in facts.references]  # `functools.partial(torch.amp.custom_fwd, ...)`
-    return any(_CUSTOM_FWD.search(name) or _CUSTOM_BWD.search(name) for name in named)
+    return any(_CUSTOM_FWD.search(name) or _CUSTOM_BWD.search(name) for name in named) or _decorates_with_an_alias(facts)
+
+
+def _decorates_with_an_alias(facts: AmpFacts) -> bool:
+    """A function of the file decorated with a project's alias (`@autocast_custom_fwd` from
+    `fla.utils`): the Functions beside it are written to run under autocast too."""
+    return any(
+        (_FWD_DECORATOR.search(name) or _BWD_DECORATOR.search(name)) and not _defined_here(facts, decorator)
+        for function in facts.functions
+        for decorator in function.decorators
+        for name in [_decorator_name(facts, decorator, function.parent or function)]
+    )
 
 
 def check(facts: AmpFacts) -> Iterator[Hit]:
