@@ -208,3 +208,13 @@ def test_min_torch_moves_autocast_out_of_an_import_it_shares_with_a_gradscaler_t
     )
     remaining = amplint("--no-cache", "--format", "concise", target.name, cwd=tmp_path).stdout.decode()
     assert "GradScaler" in remaining and "[*]" not in remaining
+
+
+def test_min_torch_below_2_1_imports_autocast_from_torch_itself(tmp_path: Path) -> None:
+    """`from torch.amp import autocast` is not known before torch 2.1; `torch.autocast` is there
+    from 1.10, so a project on `torch>=1.10` (LAVIS) gets `from torch import autocast`."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "demo"\nversion = "0"\ndependencies = ["torch>=1.10.0"]\n')
+    target = tmp_path / "blip2.py"
+    target.write_text("import torch\nfrom torch.cuda.amp import autocast\n\nwith autocast():\n    pass\n")
+    amplint("--fix", "--no-cache", target.name, cwd=tmp_path)
+    assert target.read_text() == 'import torch\nfrom torch import autocast\n\nwith autocast("cuda", dtype=torch.float16):\n    pass\n'

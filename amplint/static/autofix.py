@@ -300,6 +300,8 @@ def _from_import_fix(node: cst.ImportFrom, scope: Scope, facts: AmpFacts, concer
         return None
     moving = {id(a): _name_uses(_bound_name(a), kinds[id(a)], scope, facts) if replacement_available(kinds[id(a)], facts) else None for a in _aliases(node)}
     if all(uses is not None for uses in moving.values()):
+        if set(kinds.values()) == {"autocast"} and _new_callee("torch", "autocast", facts) == "torch.autocast":
+            new_module = "torch"  # `from torch import autocast`: torch.amp's is not known before 2.1
         return _together([*(plan for uses in moving.values() for plan in uses), _safe(Replacement(node.module, new_module))])
     movable = {key for key, uses in moving.items() if uses is not None}
     return _split_import_fix(node, kinds, movable, scope, facts) if id(concerning) in movable else None
