@@ -131,6 +131,10 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
         step,
     )
     mine = ts.guards_inside(facts, unscale.anchor, loop)
+    if unscale.anchor is not unscale.call.where:
+        # In a helper the step's function calls (neosr's `closure`), the helper's own `if`s guard
+        # it too: `if self.n % self.accum == 0: unscale_` there, the same test around the step here.
+        mine = [*mine, *unscale.call.where.ifs]
     for guard in ts.guards_inside(facts, commit.anchor, loop):
         if ts.implied_by(facts, guard, mine):
             continue  # whenever `unscale_` runs, so does the step (`if a and b: unscale_` then `if b: step`)
