@@ -646,6 +646,19 @@ def test_a_script_whose_import_of_torch_fails_gets_one_error_line_and_its_status
     )
 
 
+def test_a_local_module_that_breaks_torchs_import_part_way_gets_one_error_line_not_an_abort(tmp_path: Path) -> None:
+    """A `contextvars.py` beside the script shadows the one torch imports after its C extension
+    registered its types: a second import of torch would abort the process (SIGABRT)."""
+    write(tmp_path, "contextvars.py", "x = 1\n")
+    script = write(tmp_path, "train.py", "import torch\nprint('ok')\n")
+    result = trace(tmp_path, "--json", "r.json", str(script))
+    assert result.returncode == 1
+    assert "cannot import name 'ContextVar'" in result.stderr and "terminate called" not in result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        "amplint trace: error: no report: the script's `import torch` failed (its traceback is above), so nothing could be traced"
+    )
+
+
 def test_a_training_loop_in_a_thread_says_its_ops_are_not_in_the_op_table(tmp_path: Path) -> None:
     """The op recorder is a dispatch mode of the script's thread: a loop run in another thread
     leaves no op rows, and the report says why instead of an empty table."""
