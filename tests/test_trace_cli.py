@@ -659,6 +659,40 @@ def test_a_local_module_that_breaks_torchs_import_part_way_gets_one_error_line_n
     )
 
 
+def test_a_sigterm_handler_that_chains_to_the_previous_one_sees_the_default_as_under_python(tmp_path: Path) -> None:
+    """Lightning's and submitit's idiom: remember the previous handler, call it if callable. The
+    tracer's own handler (SIGTERM to SystemExit, for torchrun) must not be what they find."""
+    script = write(tmp_path, "preempt.py", """
+        import os, signal, sys
+        import torch
+        print("before:", signal.getsignal(signal.SIGTERM))
+        stop = False
+        previous = signal.getsignal(signal.SIGTERM)
+        def on_term(signum, frame):
+            global stop
+            stop = True
+            if callable(previous):
+                previous(signum, frame)
+        returned = signal.signal(signal.SIGTERM, on_term)
+        print("replaced:", returned)
+        model = torch.nn.Linear(4, 1)
+        for step in range(50):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(torch.randn(2, 4)).float().pow(2).mean()
+            loss.backward()
+            if step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+            if stop:
+                print("checkpoint saved at step", step)
+                sys.exit(0)
+    """)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    result = trace(tmp_path, "--json", "r.json", str(script))
+    assert result.returncode == plain.returncode == 0, result.stderr
+    assert plain.stdout.splitlines()[2] == "checkpoint saved at step 3"
+    assert result.stdout.splitlines()[:3] == plain.stdout.splitlines()
+
+
 def test_a_training_loop_in_a_thread_says_its_ops_are_not_in_the_op_table(tmp_path: Path) -> None:
     """The op recorder is a dispatch mode of the script's thread: a loop run in another thread
     leaves no op rows, and the report says why instead of an empty table."""

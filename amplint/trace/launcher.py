@@ -207,7 +207,7 @@ def run_target(
     finally:
         os._exit = real_os_exit
         if previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, previous_sigterm)
+            _restore_sigterm(previous_sigterm)
         sys.argv = saved_argv
         sys.path[:] = saved_path
 
@@ -424,15 +424,41 @@ def _os_exit_that_says_so(real_os_exit, strict: bool):
 
 def _raise_on_sigterm():
     """torchrun stops the other ranks with SIGTERM when one fails: turn it into SystemExit so the
-    `finally` that writes the report runs. Only the main thread may install handlers."""
+    `finally` that writes the report runs. Only the main thread may install handlers. The script
+    still sees Python's default where it asks (`signal.getsignal`, or what `signal.signal` returns):
+    a handler that chains to the previous one (Lightning's, submitit's) calls it only if callable."""
     try:
         previous = signal.getsignal(signal.SIGTERM)
         if previous not in (signal.SIG_DFL, None):
             return None  # the script or a launcher already handles it
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        signal.getsignal, signal.signal = _hiding_ours(_REAL_GETSIGNAL), _hiding_ours(_REAL_SIGNAL)
         return previous
     except (ValueError, OSError):  # not the main thread
         return None
+
+
+_REAL_GETSIGNAL, _REAL_SIGNAL = signal.getsignal, signal.signal
+
+
+def _restore_sigterm(previous) -> None:
+    signal.getsignal, signal.signal = _REAL_GETSIGNAL, _REAL_SIGNAL
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum, frame):
+    sys.exit(128 + signum)
+
+
+def _hiding_ours(function):
+    """`signal.getsignal` / `signal.signal` answering SIG_DFL where they would return our handler."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        handler = function(*args, **kwargs)
+        return signal.SIG_DFL if handler is _exit_on_sigterm else handler
+
+    return wrapper
 
 
 def _is_launcher_frame(filename: str) -> bool:
