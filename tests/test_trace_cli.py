@@ -693,6 +693,23 @@ def test_a_sigterm_handler_that_chains_to_the_previous_one_sees_the_default_as_u
     assert result.stdout.splitlines()[:3] == plain.stdout.splitlines()
 
 
+def test_a_module_of_the_scripts_folder_named_like_one_amplint_imported_is_the_one_the_script_gets(tmp_path: Path) -> None:
+    """Under `python train.py`, `import uuid` finds `uuid.py` beside the script first; amplint has
+    imported the standard library's by then, and must not hand the script that one."""
+    write(tmp_path, "project/uuid.py", "def make_run_id():\n    return 'run-0001'\n")
+    script = write(tmp_path, "project/train.py", """
+        import torch
+        from uuid import make_run_id
+        print(make_run_id())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.nn.Linear(2, 2)(torch.ones(1, 2))
+    """)
+    result = trace(tmp_path, "--json", "r.json", str(script))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "run-0001"
+    assert json.loads((tmp_path / "r.json").read_text())["exit"]["code"] == 0
+
+
 def test_a_training_loop_in_a_thread_says_its_ops_are_not_in_the_op_table(tmp_path: Path) -> None:
     """The op recorder is a dispatch mode of the script's thread: a loop run in another thread
     leaves no op rows, and the report says why instead of an empty table."""

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from importlib.machinery import PathFinder, SourceFileLoader
 from types import TracebackType
 
+import amplint
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _AMPLINT_DIR = os.path.dirname(_HERE)
 # torch's frames that only run because amplint's modes sit between the script and torch: the
@@ -189,6 +191,7 @@ def run_target(
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [argv0 or path, *args]
     sys.path[:] = _sys_path_for_main(script_import_folder(path) if module_name is None else os.getcwd())
+    shadowed = _shadowed_by_the_script(sys.path[0]) if not sys.flags.safe_path else {}
     previous_sigterm = _raise_on_sigterm()
     real_os_exit = os._exit
     os._exit = _os_exit_that_says_so(real_os_exit, strict)
@@ -210,6 +213,25 @@ def run_target(
             _restore_sigterm(previous_sigterm)
         sys.argv = saved_argv
         sys.path[:] = saved_path
+        sys.modules.update(shadowed)  # amplint's own later imports find what they imported
+
+
+def _shadowed_by_the_script(folder: str) -> dict[str, types.ModuleType]:
+    """Take out of sys.modules what amplint imported (not the interpreter at its start) and a
+    module of the script's folder shadows, so that the script's `import uuid` finds its own
+    `uuid.py` first, as under `python`; returns them, to put back once the run is over."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return {}
+    local = {entry[:-3] for entry in entries if entry.endswith(".py")}
+    local |= {entry for entry in entries if os.path.isfile(os.path.join(folder, entry, "__init__.py"))}
+    shadowed = (local & sys.modules.keys()) - amplint.MODULES_AT_START - {"amplint"}
+    return {
+        name: sys.modules.pop(name)
+        for name in list(sys.modules)
+        if name.partition(".")[0] in shadowed
+    }
 
 
 def _file_as_python_names_it(path: str, argv0: str | None) -> str:
