@@ -782,6 +782,32 @@ def test_a_scale_that_falls_below_one_says_the_run_stopped_training(tmp_path: Pa
     assert "stopped training" in " ".join(result.stderr.split())
 
 
+def test_a_scale_that_fell_below_one_once_and_recovered_does_not_say_the_run_stopped(tmp_path: Path) -> None:
+    """One bad batch at a scale of 1 sends it to 0.5, then every later step applies."""
+    script = write(tmp_path, "one_bad_batch.py", """
+        import torch
+
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=2)
+        for step in range(6):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(8, 4)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            if step == 0:
+                model.weight.grad[0, 0] = float("inf")
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+    """)
+    result = trace(tmp_path, "--json", "r.json", str(script))
+    assert result.returncode == 0, result.stderr
+    scaler = json.loads((tmp_path / "r.json").read_text())["scaler"]
+    assert (scaler["steps_applied"], scaler["steps_skipped"]) == (5, 1)
+    [note] = [n for n in scaler["notes"] if "fell to 0.5" in n]
+    assert "the steps after the last skip applied" in note and "stopped training" not in note
+
+
 def test_a_script_that_does_not_parse_says_the_static_pass_could_not_read_it(tmp_path: Path) -> None:
     write(tmp_path, "train.py", "import torch\nloss = (\n")
     proc = trace(tmp_path, "--json", "r.json", "train.py")

@@ -190,13 +190,20 @@ def scaler_section(state, facts, display) -> dict:
     for (path, line, sibling), entry in sorted(constructions.items()):
         lowest = min((scale for scale in entry["scale_history"] if scale is not None), default=None)
         label = _scaler_label(path, line, sibling)
-        if lowest is not None and lowest < 1.0 and entry["steps_skipped"]:
+        if lowest is not None and lowest < min(1.0, entry["init_scale"] or 1.0) and entry["steps_skipped"]:
             # Below 1 the gradients held inf/NaN however small the scale: not float16's range,
             # which loss scaling is for, but a diverged learning rate or bad data.
+            last = [s for s in steps if place_of[s.scaler] == (path, line, sibling)][-1]
+            outcome = (
+                "its gradients held inf/NaN at any scale, which loss scaling cannot fix, so the run stopped training"
+                if applied_of.get(id(last)) is False
+                else "on those steps its gradients held inf/NaN at any scale, which loss scaling cannot fix; the "
+                "steps after the last skip applied"
+            )
             notes.append(
                 f"the GradScaler built at {label} skipped {entry['steps_skipped']} of {entry['steps_attempted']} "
-                f"steps and its scale fell to {lowest:g}: its gradients held inf/NaN at any scale, which loss scaling "
-                "cannot fix, so the run stopped training (look at the learning rate and the data; `--nan op` finds the first op)"
+                f"steps and its scale fell to {lowest:g}: {outcome} (look at the learning rate and the data; "
+                "`--nan op` finds the first op)"
             )
         elif _skipped_every_step(entry):
             notes.append(f"{_never_applied_note(label, entry, lowest)} (`--nan op` finds the first op)")
