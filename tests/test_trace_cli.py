@@ -2153,3 +2153,14 @@ def test_a_float64_model_under_autocast_is_said_to_compute_in_float64(tmp_path: 
     trace(tmp_path, "-q", "--json", "r.json", "train.py")
     [note] = [n for n in json.loads((tmp_path / "r.json").read_text())["notes"] if "float64" in n]
     assert note.startswith("1 call(s) of ops autocast runs in bfloat16 got float64 inputs and ran in float64 (first aten::addmm at train.py:5)")
+
+
+def test_the_summary_of_a_frozen_teacher_says_it_ran_forward_frozen(tmp_path: Path) -> None:
+    """AMP002 refuted for a converted teacher run under no_grad: it did run under autocast."""
+    report = _trivial_report(tmp_path)
+    report["findings"] = [{
+        "code": "AMP002", "status": "refuted", "count": 0, "path": "train.py", "line": 6, "source": "static",
+        "evidence": {"module": "Sequential", "converted_to": "bfloat16", "forwards_frozen": 8},
+    }]
+    summary = " ".join(_terminal_summary(report, tmp_path, 250).split())
+    assert "converted module ran forward 8x under autocast, frozen or with gradients off" in summary

@@ -70,6 +70,8 @@ def _evidence_text(finding: dict) -> str:
                 f"{ev.get('module')} with {ev.get('parameter_dtype')} parameters ran forward {finding['count']}x "
                 f"under autocast({ac.get('device')}, {ac.get('dtype')})"
             )
+        if ev.get("forwards_frozen"):
+            return f"converted module ran forward {ev['forwards_frozen']}x under autocast, frozen or with gradients off"
         return "converted module never ran forward under autocast"
     if code == "AMP001":
         if finding["count"]:
