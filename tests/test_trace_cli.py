@@ -2164,3 +2164,17 @@ def test_the_summary_of_a_frozen_teacher_says_it_ran_forward_frozen(tmp_path: Pa
     }]
     summary = " ".join(_terminal_summary(report, tmp_path, 250).split())
     assert "converted module ran forward 8x under autocast, frozen or with gradients off" in summary
+
+
+def test_the_summary_of_a_grad_read_counts_reads_and_a_later_norm_shows_its_own_scale(tmp_path: Path) -> None:
+    report = _trivial_report(tmp_path)
+    report["findings"] = [
+        {"code": "AMP005", "status": "confirmed", "count": 4, "path": "train.py", "line": 12, "source": "static",
+         "evidence": {"executions": 4, "on_scaled_gradients": 4, "first_step": 0, "scale": 256.0}},
+        {"code": "AMP005", "status": "confirmed", "count": 3, "path": "train.py", "line": 20, "source": "static",
+         "evidence": {"clip_calls": 3, "on_scaled_gradients": 3, "scale": 65536.0, "total_norm_seen": 36112.0,
+                      "total_norm_unscaled": 1.102, "norm_step": 1, "norm_scale": 32768.0}},
+    ]
+    summary = " ".join(_terminal_summary(report, tmp_path, 300).split())
+    assert "4 read(s) of still-scaled gradients (scale 256)" in summary
+    assert "3 clip(s) on still-scaled gradients (scale 65536); norm 3.611e+04 seen at step 1 (scale 32768), 1.102 unscaled" in summary

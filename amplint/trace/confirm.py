@@ -287,8 +287,9 @@ def _clip_evidence(clips, facts: Facts) -> dict:
             evidence["total_norm_seen"] = norm
             if scale:
                 evidence["total_norm_unscaled"] = norm / scale
-            if shown is not first:
+            if shown is not first:  # with its own scale: a skip between them halved it
                 evidence["norm_step"] = shown.step
+                evidence["norm_scale"] = scale
     return evidence
 
 

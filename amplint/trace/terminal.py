@@ -55,14 +55,16 @@ def _evidence_text(finding: dict) -> str:
             f"{ev.get('steps_skipped', 0)}/{ev.get('steps', 0)} steps skipped"
         )
     if code == "AMP005":
+        # A finding on a `.grad` read is judged by the reads (`executions`), not by clips.
+        what, when = ("read(s) of", "read") if "executions" in ev else ("clip(s) on", "clipped")
         if finding["count"]:
             scale = ev.get("scale")
             extra = f" (scale {scale:g})" if isinstance(scale, (int, float)) else ""
             if "total_norm_unscaled" in ev:
-                at = f" at step {ev['norm_step']}" if "norm_step" in ev else ""
+                at = f" at step {ev['norm_step']} (scale {ev['norm_scale']:g})" if "norm_step" in ev else ""
                 extra += f"; norm {ev['total_norm_seen']:.4g} seen{at}, {ev['total_norm_unscaled']:.4g} unscaled"
-            return f"{finding['count']} clip(s) on still-scaled gradients{extra}"
-        return "gradients were unscaled (or no enabled scaler) when clipped"
+            return f"{finding['count']} {what} still-scaled gradients{extra}"
+        return f"gradients were unscaled (or no enabled scaler) when {when}"
     if code == "AMP002":
         if finding["count"]:
             ac = ev.get("autocast") or {}
