@@ -204,7 +204,21 @@ def test_amp007_loop_over_optimizers_then_update_is_clean() -> None:
     assert lines(src, "AMP007") == []
 
 
-def test_amp007_update_between_optimizer_steps() -> None:
+def test_amp007_update_between_optimizer_steps_of_gradients_scaled_together() -> None:
+    src = """\
+    def train(loader, scaler, opt_d, opt_g):
+        for x, y in loader:
+            scaler.scale(x).backward()
+            scaler.scale(y).backward()
+            scaler.step(opt_d)
+            scaler.update()
+            scaler.step(opt_g)
+            scaler.update()
+    """
+    assert lines(src, "AMP007") == [6]
+
+
+def test_amp007_update_after_each_round_scaled_on_its_own_is_not_between_two_steps() -> None:
     src = """\
     def train(loader, scaler, opt_d, opt_g):
         for x in loader:
@@ -215,7 +229,7 @@ def test_amp007_update_between_optimizer_steps() -> None:
             scaler.step(opt_g)
             scaler.update()
     """
-    assert lines(src, "AMP007") == [5]
+    assert lines(src, "AMP007") == []
 
 
 def test_amp007_update_outside_the_step_loop() -> None:
@@ -1243,7 +1257,10 @@ def test_amp007_update_before_a_step_under_the_opposite_condition_is_not_between
 
 
 def test_amp007_update_before_a_step_under_an_unrelated_condition_is_between_two_steps() -> None:
+    """Without a scaled backward of its own, the critic's step uses gradients scaled before the update."""
     src = fixture_with(GAN_UNDER_OPPOSITE_FLAGS, "        if not train_critic:\n", "        if it >= 0:\n")
+    src = src.replace("            scaler.scale(critic_loss).backward()\n", "")
+    src = src.replace("            scaler.scale(ae_loss).backward()\n", "            scaler.scale(ae_loss + critic(video)).backward()\n")
     assert lines(src, "AMP007") == [16]
 
 

@@ -736,6 +736,7 @@ class Probes:
             def scale(self_, outputs):
                 started = clock()
                 info = probes.scaler_info(self_)
+                info.scaled_since_update = True
                 if info.enabled:
                     info.scaled = True
                     state.scaled_since_backward = True
@@ -842,6 +843,8 @@ class Probes:
                     raise
                 else:
                     info.stage[id(optimizer)] = "STEPPED"
+                    if not info.window:
+                        info.window_rescaled = info.scaled_since_update
                     info.window.append((id(optimizer), site))
                 finally:
                     state.in_scaler_step = None
@@ -873,7 +876,7 @@ class Probes:
                             state.unscales.append(
                                 {"kind": "unscale-without-step", "site": unscaled.site, "update_at": site, "scaler": info.index, "step": unscaled.step, "enabled": info.enabled}
                             )
-                    info.windows.append((site, tuple(opt for opt, _ in info.window)))
+                    info.windows.append((site, tuple(opt for opt, _ in info.window), info.window_rescaled))
                 try:
                     with _keeping_torch_error(event), state.pause():
                         result = real(self_, new_scale)
@@ -883,7 +886,7 @@ class Probes:
                 finally:
                     info.seconds += clock() - started
                 info.updates += 1
-                info.scaled = False
+                info.scaled = info.scaled_since_update = False
                 info.unscaled.clear()
                 info.stage.clear()
                 info.window.clear()

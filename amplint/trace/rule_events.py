@@ -86,23 +86,25 @@ def _amp007(facts) -> list[RuleEvent]:
         events.append(RuleEvent("AMP007", site, len(group), evidence, message, sites))
 
     # update() between the steps of several optimizers: an update after which the next window
-    # steps other optimizers, before the scaler's first optimizer steps again (a new iteration).
+    # steps other optimizers, before the scaler's first optimizer steps again (a new iteration),
+    # with gradients scaled before that update (a window whose loss was scaled after it is a
+    # round of its own: MONAI's DiNTS, a GAN's generator phase).
     for info in state.scalers:
         windows = info.windows
-        first_optimizer = _first(opts[0] for _site, opts in windows if opts)
+        first_optimizer = _first(opts[0] for _site, opts, _rescaled in windows if opts)
         if first_optimizer is None:
             continue
-        optimizers = {o for _site, opts in windows for o in opts}
+        optimizers = {o for _site, opts, _rescaled in windows for o in opts}
         if len(optimizers) < 2:
             continue
-        last_with_first = max(i for i, (_s, opts) in enumerate(windows) if first_optimizer in opts)
+        last_with_first = max(i for i, (_s, opts, _r) in enumerate(windows) if first_optimizer in opts)
         between: dict = defaultdict(int)
         for i in range(len(windows) - 1):
-            site, opts = windows[i]
-            following = windows[i + 1][1]
+            site, opts, _rescaled = windows[i]
+            _next_site, following, rescaled = windows[i + 1]
             # (the run's last window counts too: its update closed an iteration's second half)
             later = i + 1 < last_with_first or (i + 1 == len(windows) - 1 and last_with_first == i)
-            if opts and following and first_optimizer not in following and later:
+            if opts and following and first_optimizer not in following and later and not rescaled:
                 between[site] += 1
         for site, count in between.items():
             evidence = {"kind": "update-between-optimizers", "updates_between_steps": count, "optimizers": len(optimizers), "scaler_enabled": info.enabled}

@@ -95,7 +95,11 @@ class ScalerInfo:
     # holds are two objects to the scaler, one set of gradients to unscale)
     unscaled_params: dict = field(default_factory=dict)  # id(optimizer) -> frozenset of id(param)
     stepped_through: set = field(default_factory=set)  # unscaled optimizers a step of such a wrapper took
-    windows: list = field(default_factory=list)  # per update(): (callsite, optimizer ids stepped before it)
+    # per update(): (callsite, optimizer ids stepped before it, whether a scale() came before the
+    # first of those steps: a round of its own, scaled after the previous update)
+    windows: list = field(default_factory=list)
+    scaled_since_update: bool = False
+    window_rescaled: bool = False
     # AMP010: where the scaled losses came from, and the time spent in the scaler's own calls
     scale_calls: int = 0
     scale_dtypes: dict = field(default_factory=dict)  # autocast dtype of the last region entered -> count

@@ -19,7 +19,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
     all_updates = [e for events in own.values() for e in events if e.kind == "update"]
     reported: set[int] = set()
     for function in ts.functions_with_events(facts):
-        events = [e for e in ts.iteration_events(facts, function) if e.kind in ("step", "update", "unscale")]
+        events = [e for e in ts.iteration_events(facts, function) if e.kind in ("step", "update", "unscale", "scale_backward")]
         for key in {_canonical(e.scaler) for e in events}:
             mine = [e for e in events if _canonical(e.scaler) == key]
             for hit in _check_scaler(facts, mine, all_updates):
@@ -193,9 +193,12 @@ def _in_the_same_pass(facts: AmpFacts, update: ts.Event, *events: list[ts.Event]
 
 
 def _steps_another_optimizer_after(earlier: list[ts.Event], later: list[ts.Event]) -> bool:
-    """A step after the update of an optimizer the steps before it did not step. The same
-    optimizer stepped and updated twice in a row (two iterations written out, or a step helper
-    called twice) is two iterations, which torch allows."""
+    """A step after the update of an optimizer the steps before it did not step, with gradients
+    scaled before that update. The same optimizer stepped and updated twice in a row (two
+    iterations written out, or a step helper called twice) is two iterations, which torch allows;
+    a step after a scaled backward of its own is a round of its own (MONAI's DiNTS: scale,
+    backward, step and update for the weights, then all four for the architecture; a GAN's
+    generator phase after its discriminator's), computed at the scale that update left."""
     before: list[ts.Event] = []
     for event in reversed(earlier):  # the steps since the previous update
         if event.kind == "update":
@@ -203,8 +206,8 @@ def _steps_another_optimizer_after(earlier: list[ts.Event], later: list[ts.Event
         if event.kind == "step":
             before.append(event)
     after: list[ts.Event] = []
-    for event in later:  # the steps until the next update
-        if event.kind == "update":
+    for event in later:  # the steps until the next update or the next round's scaled backward
+        if event.kind in ("update", "scale_backward"):
             break
         if event.kind == "step":
             after.append(event)
