@@ -108,7 +108,12 @@ def _microbatch(facts: AmpFacts, unscale: ts.Event, events: list[ts.Event]) -> H
     steps = _partners(facts, unscale, events)
     if not steps:
         return None
-    step = steps[-1]
+    # The step the unscale_ is for: one of the same helper call (a `train_step` called from a
+    # training and another loop), else the first after it (minimind steps under its accumulation
+    # guard, then once more after the loop for a last partial batch), else the last before it.
+    same_call = [s for s in steps if s.anchor is unscale.anchor]
+    after = [s for s in same_call or steps if s.order > unscale.order]
+    step = after[0] if after else (same_call or steps)[-1]
     unscale_loops, step_loops = unscale.anchor.statement_loops, step.anchor.statement_loops
     deeper = [loop for loop in unscale_loops if loop not in step_loops and not _over_its_optimizers(loop, unscale)]
     if deeper:
