@@ -1355,6 +1355,27 @@ def test_amp011_scheduler_given_its_position_is_told_to_count_the_applied_steps_
     assert "`applied += scaler.get_scale() >= scale_before`" in finding.message
 
 
+def test_amp011_scheduler_given_its_position_and_the_epoch_keeps_the_epoch() -> None:
+    """OneCycle-style `step(it, epoch)`: only the position becomes the count of applied steps."""
+    src = """\
+    import torch
+    def train(model, optimizer, lr_scheduler, loader, criterion):
+        scaler = torch.amp.GradScaler("cuda")
+        it = 0
+        for epoch in range(10):
+            for x, y in loader:
+                lr_scheduler.step(it, epoch)
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = criterion(model(x), y)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                it += 1
+    """
+    [finding] = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP011"]
+    assert "in place of `it` (after" in finding.message
+
+
 def test_amp002_value_checked_to_be_a_tensor_gets_the_advice_for_inputs() -> None:
     [finding] = fixture_findings("AMP002/bad_tensor_arguments_cast_by_a_decorator.py", "AMP002")
     assert "keep inputs and targets in float32" in finding.message

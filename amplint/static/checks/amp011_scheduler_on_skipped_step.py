@@ -28,6 +28,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         for index, event in enumerate(events):
             if event.kind != "sched_step" or id(event.call.node) in reported or _steps_on_a_metric(facts, event):
                 continue
+            if _handed_the_epoch(event):
+                continue
             scaler_step = _last_scaler_event(facts, events[:index], event)
             scaler_event = scaler_step or _next_scaler_step(facts, function, events[index + 1:], event)
             if scaler_event is None or _gated(facts, event, skip_flags | {scaler_event.scaler.split(".")[-1]}):
@@ -40,6 +42,20 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 event.call.where.statement,
                 related=(scaler_event.call.node, *((repeat.node,) if repeat else ())),
             )
+
+
+def _handed_the_epoch(sched: ts.Event) -> bool:
+    """`scheduler.step(epoch)` in the batch loop (PointNeXt): a schedule of the epoch index,
+    which a skipped step cannot move, handed a variable of a loop around the batch loop."""
+    if sched.target is None or not sched.call.node.args:
+        return False
+    epoch = sched.call.arg(0, "epoch")
+    loop = ts.iteration_loop(sched)
+    if not isinstance(epoch, cst.Name) or loop is None or loop.binds(epoch.value):
+        return False
+    return any(outer.binds(epoch.value) for outer in sched.anchor.statement_loops if outer is not loop) and bool(
+        names.EPOCH.search(epoch.value.lower())
+    )
 
 
 def _repeating_loop(sched: ts.Event) -> Loop | None:
@@ -62,9 +78,9 @@ def _message(facts: AmpFacts, sched: ts.Event, scaler_event: ts.Event, *, after:
     # A scheduler handed its position (`scheduler.step(train_step)`, timm's
     # `step_update(num_updates)`) jumps to it: skipping the call changes nothing while the count
     # still includes the skipped steps.
-    position = ", ".join(
-        (f"{arg.keyword.value}=" if arg.keyword else "") + facts.module.code_for_node(arg.value) for arg in sched.call.node.args
-    )
+    # Only the position is replaced: OneCycle's `step(it, epoch)` keeps its epoch.
+    first = sched.call.node.args[0] if sched.call.node.args else None
+    position = facts.module.code_for_node(first.value) if first is not None and not first.star else ""
     if position:
         # The loop's position cannot be held back: a count of the applied steps replaces it.
         fix = (
