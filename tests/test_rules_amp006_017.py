@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -967,14 +970,25 @@ def test_amp017_advice_runs_as_written_on_the_installed_torch() -> None:
     not loaded by `import torch` alone, so the advice must import it."""
     pytest.importorskip("torch")
     import re
-    import subprocess
-    import sys
 
     message = next(f.message for f in lint_source(COMPILED.encode(), "train.py") if f.code == "AMP017")
     statements = [code for code in re.findall(r"`([^`]+)`", message) if code.startswith(("import ", "torch._functorch."))]
     program = "import torch\n" + "\n".join(sorted(statements, key=lambda code: not code.startswith("import "))) + "\n"
     run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+def test_amp017_advice_on_a_torch_older_than_the_setting_moves_autocast_inside(tmp_path) -> None:
+    """`backward_pass_autocast` arrived in torch 2.8: on an older pin, setting it raises."""
+    (tmp_path / "requirements.txt").write_text("torch==2.1.1\n")
+    (tmp_path / "train.py").write_text(COMPILED)
+    run = subprocess.run(
+        [sys.executable, "-m", "amplint", "check", "--no-cache", "--output-format", "json", "--select", "AMP017", "."],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    [finding] = json.loads(run.stdout)
+    assert "the project's oldest torch, 2.1.1, predates the `backward_pass_autocast` setting of torch 2.8" in finding["message"]
+    assert "torch._functorch.config" not in finding["message"]
 
 
 def test_amp017_backward_inside_autocast_is_not_a_mismatch() -> None:

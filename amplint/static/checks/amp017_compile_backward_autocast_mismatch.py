@@ -200,12 +200,28 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             call_node,
             f"this compiled {compiled} runs under autocast while backward runs outside it (line {{0}}); with "
             "torch.compile's default `backward_pass_autocast=\"same_as_forward\"` the compiled backward "
-            "re-enters autocast, which differs from eager and can overflow (pytorch/pytorch#153044); set "
-            "`torch._functorch.config.backward_pass_autocast = \"off\"` (after `import torch._functorch.config`) "
-            "to match eager",
+            f"re-enters autocast, which differs from eager and can overflow (pytorch/pytorch#153044); {_advice(facts, compiled)}",
             statement or call_node,
             related=(_cited_backward(facts, _nearest(outside, node, _named_exactly(forwards, name) or forwards)).node,),
         )
+
+
+# The torch that first has `torch._functorch.config.backward_pass_autocast` (pytorch/pytorch#156356).
+_SETTING_SINCE = (2, 8)
+
+
+def _advice(facts: AmpFacts, compiled: str) -> str:
+    if facts.min_torch is None or facts.min_torch >= _SETTING_SINCE:
+        return (
+            "set `torch._functorch.config.backward_pass_autocast = \"off\"` (after `import torch._functorch.config`) "
+            "to match eager"
+        )
+    oldest = ".".join(map(str, facts.min_torch))
+    inside = "the compiled function" if compiled == "function" else "the model's `forward`"
+    return (
+        f"the project's oldest torch, {oldest}, predates the `backward_pass_autocast` setting of torch 2.8: "
+        f"open autocast inside {inside} instead, so that no autocast surrounds the compiled call for backward to inherit"
+    )
 
 
 def _cited_backward(facts: AmpFacts, backward: CallSite) -> CallSite:
