@@ -78,9 +78,14 @@ _LEADING_OPTION = re.compile(r"(?:-f|--find-links|-i|--index-url|--extra-index-u
 
 def _requirements_txt(text: str) -> list[str]:
     """Requirement lines: not comments, other options (`-r other.txt`, `--index-url URL` alone) or
-    blank lines."""
+    blank lines. A file `conda list --export` wrote (`pytorch=1.13.1=py3.9_cuda11.7_0`, SimCLR's)
+    pins torch as conda's `=` does."""
     lines = (_LEADING_OPTION.sub("", line.split(" #", 1)[0].strip(), count=1) for line in text.splitlines())
-    return [line for line in lines if line and not line.startswith(("#", "-"))]
+    return [_CONDA_EXPORT.sub(r"torch==\1", line) for line in lines if line and not line.startswith(("#", "-"))]
+
+
+# `pytorch=1.13.1=<build>` or `torch=1.13.1`: one `=`, which no pip requirement writes.
+_CONDA_EXPORT = re.compile(r"^(?:py)?torch=([^=\s]+)(?:=\S*)?$")
 
 
 # A conda environment's torch, in its dependencies or their `pip:` list: `- pytorch=1.12.1`,

@@ -539,6 +539,12 @@ def test_a_conda_environment_pins_the_torch_of_a_project_without_other_requireme
     assert oldest_torch(declared_torch(tmp_path, {})) == (1, 12, 1)
 
 
+def test_a_requirements_file_conda_exported_pins_its_torch(tmp_path: Path) -> None:
+    """SimCLR: `conda list --export` output saved as requirements.txt; torchvision says nothing."""
+    write(tmp_path / "requirements.txt", "# platform: linux-64\npytorch=1.13.1=py3.9_cuda11.6_cudnn8.3.2_0\ntorchvision=0.14.1=py39_cu116\n")
+    assert oldest_torch(declared_torch(tmp_path, {})) == (1, 13, 1)
+
+
 def test_the_files_of_a_requirements_folder_are_read(tmp_path: Path) -> None:
     write(tmp_path / "requirements" / "base.txt", "numpy\n")
     write(tmp_path / "requirements" / "train.txt", "-r base.txt\ntorch>=2.0\n")
