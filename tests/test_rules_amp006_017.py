@@ -1390,6 +1390,11 @@ def test_amp011_scheduler_given_its_position_and_the_epoch_keeps_the_epoch() -> 
     assert "in place of `it` (after" in finding.message
 
 
+def test_amp012_a_save_helper_whose_caller_holds_the_scaler_is_told_to_take_it_in() -> None:
+    [finding] = fixture_findings("AMP012/bad_checkpoint_helper_called_by_the_function_holding_the_scaler.py", "AMP012")
+    assert "`save_checkpoint()`, which builds the checkpoint, does not see the scaler: pass it in" in finding.message
+
+
 def test_amp002_value_checked_to_be_a_tensor_gets_the_advice_for_inputs() -> None:
     [finding] = fixture_findings("AMP002/bad_tensor_arguments_cast_by_a_decorator.py", "AMP002")
     assert "keep inputs and targets in float32" in finding.message

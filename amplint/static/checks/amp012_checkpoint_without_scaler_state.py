@@ -633,7 +633,12 @@ def _save_without_scaler(facts: AmpFacts, call: CallSite, obj, scalers: list[str
     # `checkpoint_state(model, optimizer, ...)`) may not see the scaler of the function that saves.
     builder = facts.function_holding(dict_node)
     chosen = _scalers_for(facts, builder, scalers, text)
-    unseen = not chosen and builder is not call.scope.function_scope and bool(_scalers_for(facts, call.scope, scalers, text))
+    # The scaler is where the save is called from, or where the function that saves is called
+    # from (MONAI's `save_checkpoint(model, epoch, optimizer=optimizer)`), not where the dict is built.
+    callers = [call.scope, *(caller.scope for caller in facts.callers(builder))]
+    unseen = not chosen and any(
+        scope.function_scope is not builder and _scalers_for(facts, scope, scalers, text) for scope in callers
+    )
     # Several scalers (a GAN's generator and discriminator each have one) go in under their own names.
     entries = [
         (scaler.split(".")[-1] if len(chosen) > 1 else "scaler", _saved_state(facts, call, scaler, builder))
