@@ -281,7 +281,8 @@ def cheap_coverage_note(losses: int, gradient_checks: int) -> str:
     return (
         f"{CHEAP_COVERAGE_NOTE_START} the losses of {losses} backward() call(s) and the gradients in {gradient_checks} "
         f"check(s) (at optimizer steps, zero_grad() and later backward() calls) and saw no inf/NaN; it does not check "
-        f"the forward pass: {rerun}"
+        f"the forward pass, nor the parameters an optimizer step writes: `--nan module` checks every module's output, "
+        f"`--nan op` every op's, the optimizer's updates included"
     )
 
 
