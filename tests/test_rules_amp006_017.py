@@ -1390,6 +1390,24 @@ def test_amp011_scheduler_given_its_position_and_the_epoch_keeps_the_epoch() -> 
     assert "in place of `it` (after" in finding.message
 
 
+def test_amp011_scheduler_given_the_epoch_and_the_batch_index_by_keyword_replaces_the_index() -> None:
+    """LAVIS: `step(cur_epoch=inner_epoch, cur_step=i)`; the batch loop binds `i`, the position."""
+    src = """\
+    import torch
+    def train_epoch(model, optimizer, lr_scheduler, loader, inner_epoch):
+        scaler = torch.amp.GradScaler("cuda")
+        for i, (x, y) in enumerate(loader):
+            lr_scheduler.step(cur_epoch=inner_epoch, cur_step=i)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(x, y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    """
+    [finding] = [f for f in lint_source(textwrap.dedent(src), "t.py") if f.code == "AMP011"]
+    assert "in place of `cur_step=i` (after" in finding.message
+
+
 def test_amp012_a_save_helper_whose_caller_holds_the_scaler_is_told_to_take_it_in() -> None:
     [finding] = fixture_findings("AMP012/bad_checkpoint_helper_called_by_the_function_holding_the_scaler.py", "AMP012")
     assert "`save_checkpoint()`, which builds the checkpoint, does not see the scaler: pass it in" in finding.message

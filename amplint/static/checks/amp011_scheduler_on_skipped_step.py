@@ -78,9 +78,7 @@ def _message(facts: AmpFacts, sched: ts.Event, scaler_event: ts.Event, *, after:
     # A scheduler handed its position (`scheduler.step(train_step)`, timm's
     # `step_update(num_updates)`) jumps to it: skipping the call changes nothing while the count
     # still includes the skipped steps.
-    # Only the position is replaced: OneCycle's `step(it, epoch)` keeps its epoch.
-    first = sched.call.node.args[0] if sched.call.node.args else None
-    position = facts.module.code_for_node(first.value) if first is not None and not first.star else ""
+    position = _position_argument(facts, sched)
     if position:
         # The loop's position cannot be held back: a count of the applied steps replaces it.
         fix = (
@@ -98,6 +96,25 @@ def _message(facts: AmpFacts, sched: ts.Event, scaler_event: ts.Event, *, after:
         f"{subject} {when} for inf/NaN gradients, so what it schedules (a learning rate, a weight decay) "
         f"advances on steps that did nothing; {fix}"
     )
+
+
+def _position_argument(facts: AmpFacts, sched: ts.Event) -> str:
+    """The argument that hands the scheduler the loop's position, as written, the only one a count
+    of applied steps replaces (OneCycle's `step(it, epoch)` keeps its epoch): one the iteration
+    loop binds (LAVIS's `step(cur_epoch=inner_epoch, cur_step=i)`) or one that counts in it
+    (`accumulated_iter += 1`), else the first."""
+    arguments = [arg for arg in sched.call.node.args if not arg.star]
+    if not arguments:
+        return ""
+    loop = ts.iteration_loop(sched)
+    counted = {a.key for a in facts.assignments if loop is not None and ts.within(facts, a.where.statement, loop.node)}
+
+    def moves_with_the_loop(arg: cst.Arg) -> bool:
+        name = dotted_name(arg.value)
+        return loop is not None and name is not None and (loop.binds(name) or name in counted)
+
+    chosen = next((arg for arg in arguments if moves_with_the_loop(arg)), arguments[0])
+    return (f"{chosen.keyword.value}=" if chosen.keyword else "") + facts.module.code_for_node(chosen.value)
 
 
 def _scaler_seen_from(sched: ts.Event, scaler_step: ts.Event) -> str:
