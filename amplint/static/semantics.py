@@ -981,11 +981,21 @@ class AmpFacts:
             owner = call.scope.function_scope.class_name
             candidates = self.functions_by_name.get(call.method, ())
             same_class = [f for f in candidates if f.class_name == owner]
+            if same_class and call.receiver_key != "super()" and _is_a_placeholder(same_class[0].node):
+                return self._only_override(owner, call.method) or same_class[0]
             return same_class[0] if same_class else None
         if call.receiver_key in self._class_names:  # `Stepper.backward_and_step(loss, opt)`
             return self._method_of(call.receiver_key, call.method)
         owner = self._local_instance_class(call.receiver_key, call.scope)
         return self._method_of(owner, call.method) if owner else None
+
+    def _only_override(self, owner: str | None, name: str) -> Scope | None:
+        """The one override of a method in the file's subclasses of `owner` (ResShift's
+        `TrainerBase.train` calls `self.training_step`, a `pass` its subclass fills in); None
+        when there are several (which runs depends on the instance)."""
+        below = self.subclasses(lambda base, _resolved: base == owner)
+        overrides = [f for f in self.functions_by_name.get(name, ()) if f.class_name in below]
+        return overrides[0] if len(overrides) == 1 else None
 
     @cached_property
     def _class_names(self) -> set[str]:
@@ -1991,6 +2001,22 @@ def arms_of(value: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
         yield from arms_of(value.orelse)
     else:
         yield value
+
+
+def _is_a_placeholder(function: cst.CSTNode) -> bool:
+    """A method whose body is only a docstring, `pass`, `...` or `raise NotImplementedError`:
+    a hook its subclasses fill in."""
+    body = function.body.body if isinstance(function, cst.FunctionDef) and isinstance(function.body, cst.IndentedBlock) else ()
+    for statement in body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return False
+        for small in statement.body:
+            if isinstance(small, cst.Pass) or (isinstance(small, cst.Expr) and isinstance(small.value, (cst.Ellipsis, cst.SimpleString, cst.ConcatenatedString))):
+                continue
+            if isinstance(small, cst.Raise) and "NotImplementedError" in (dotted_name(small.exc.func if isinstance(small.exc, cst.Call) else small.exc) or ""):
+                continue
+            return False
+    return bool(body)
 
 
 def _a_parameter_in_reach(key: str, scope: Scope) -> bool:
