@@ -926,10 +926,16 @@ class AmpFacts:
         """`Trainer(model, amp_dtype=...)` in this file, for `Trainer.__init__`: what it passes."""
         if function.name != "__init__" or function.class_name is None:
             return []
-        return [
-            call for call in self.calls
-            if call.method is None and call.callee == function.class_name and call.scope.resolve_head(call.callee) is None
-        ]
+        return self._calls_of_classes.get(function.class_name, [])
+
+    @cached_property
+    def _calls_of_classes(self) -> dict[str, list[CallSite]]:
+        """The calls of each class of the file by its bare name (its constructions)."""
+        table: dict[str, list[CallSite]] = {}
+        for call in self.calls:
+            if call.method is None and call.callee in self._class_names and call.scope.resolve_head(call.callee) is None:
+                table.setdefault(call.callee, []).append(call)
+        return table
 
     def reaching_assignment(self, key: str, where: Context, unpacked: bool = False) -> Assignment | None:
         """The assignment to a name that every path to `where` in its function passes last
