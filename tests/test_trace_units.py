@@ -212,10 +212,12 @@ def test_launcher_drops_its_own_frames_from_the_traceback(tmp_path) -> None:
 
 
 # -- AMP007-AMP017 -----------------------------------------------------------------------------------
-def _scaler_with_windows(windows) -> TraceState:
+def _scaler_with_windows(windows, rescaled: bool = False) -> TraceState:
+    """Each update line with the optimizers stepped before it; `rescaled`: a scale() came before
+    each window's first step (every phase scales its own loss after the previous update)."""
     state = TraceState()
     info = ScalerInfo(0, (FILE, 9), None, True, "cpu", 256.0)
-    info.windows = [((FILE, line), tuple(opts)) for line, opts in windows]
+    info.windows = [((FILE, line), tuple(opts), rescaled) for line, opts in windows]
     state.scalers = [info]
     state.lines_seen = {(FILE, line) for line, _opts in windows}  # the update lines ran
     return state
@@ -233,6 +235,11 @@ def test_update_between_optimizers_not_for_sequential_training_or_one_update_per
     assert statuses([finding("AMP007", 30)], sequential) == [("AMP007", 30, "static", "refuted", 0)]
     together = _scaler_with_windows([(25, [1, 2])] * 4)
     assert statuses([finding("AMP007", 25)], together) == [("AMP007", 25, "static", "refuted", 0)]
+
+
+def test_update_between_optimizers_not_when_each_phase_scales_its_own_loss_after_the_update() -> None:
+    state = _scaler_with_windows([(19, [1]), (25, [2])] * 3, rescaled=True)
+    assert statuses([finding("AMP007", 19)], state) == [("AMP007", 19, "static", "refuted", 0)]
 
 
 def test_update_between_optimizers_critic_loop() -> None:
@@ -585,7 +592,7 @@ def test_unscale_per_microbatch_is_judged_only_once_an_unscale_reached_an_update
     state.scalers = [info]
     state.lines_seen = {(FILE, 20)}
     assert _judged("AMP008", state)[0] == "not-reached"  # the run ended before update()
-    info.windows = [((FILE, 24), (1,))]
+    info.windows = [((FILE, 24), (1,), True)]
     assert _judged("AMP008", state)[0] == "refuted"
 
 
