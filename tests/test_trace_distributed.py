@@ -16,7 +16,9 @@ torch = pytest.importorskip("torch")
 if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not built in", allow_module_level=True)
 
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "runtime" / "ddp_gloo.py"
+RUNTIME = Path(__file__).resolve().parent.parent / "fixtures" / "runtime"
+FIXTURE = RUNTIME / "ddp_gloo.py"
+ONE_RANK_AMP003 = RUNTIME / "ddp_rank_one_backward_in_autocast.py"
 
 
 def free_port() -> int:
@@ -25,18 +27,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_torchrun_two_ranks(tmp_path: Path) -> None:
-    proc = subprocess.run(
+def torchrun_trace(tmp_path: Path, script: Path, *options: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-            "-m", "amplint", "trace", "--json", "d.json", str(FIXTURE),
+            "-m", "amplint", "trace", *options, "--json", "d.json", str(script),
         ],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=180,
-        env=dict(os.environ, PYTHONWARNINGS="ignore::UserWarning", OMP_NUM_THREADS="1"),
+        env=dict(os.environ, PYTHONWARNINGS="ignore::UserWarning", OMP_NUM_THREADS="1", **env),
     )
+
+
+def test_torchrun_two_ranks(tmp_path: Path) -> None:
+    proc = torchrun_trace(tmp_path, FIXTURE)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"d.rank{r}.json").read_text()) for r in (0, 1)]
     merged = json.loads((tmp_path / "d.json").read_text())
@@ -53,3 +59,26 @@ def test_torchrun_two_ranks(tmp_path: Path) -> None:
     assert [(f["count"], f["ranks"]) for f in amp003] == [(6, [0, 1])]
     # the merged summary is printed once, by rank 0
     assert proc.stderr.count("amplint trace: ") == 1
+
+
+def test_strict_under_torchrun_is_judged_by_rank_0_on_the_merged_report(tmp_path: Path) -> None:
+    """Rank 1's confirmed AMP003 fails the run, but only once rank 0 has finished and merged:
+    rank 1 exiting 1 first would make torchrun stop rank 0 before it wrote done0."""
+    proc = torchrun_trace(tmp_path, ONE_RANK_AMP003, "-q", "--strict")
+    assert (tmp_path / "done0").exists(), proc.stderr[-3000:]
+    assert proc.returncode == 1
+    assert proc.stderr.count("amplint trace: --strict: exit 1") == 1
+    merged = json.loads((tmp_path / "d.json").read_text())
+    assert sorted(merged["ranks"]["exit"]) == ["0", "1"]
+    assert {r["code"] for r in merged["ranks"]["exit"].values()} == {0}  # each rank ran to its end
+
+
+def test_a_rank_report_left_by_an_earlier_run_is_not_merged(tmp_path: Path) -> None:
+    """The earlier file is there while rank 0 waits for the late rank 1: it must wait for this run's."""
+    (tmp_path / "d.rank1.json").write_text(json.dumps({"rank": 1, "launch": "an earlier launch", "findings": []}))
+    proc = torchrun_trace(tmp_path, ONE_RANK_AMP003, "-q", RANK1_DELAY="4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    merged = json.loads((tmp_path / "d.json").read_text())
+    assert merged["ranks"]["missing"] == []
+    amp003 = [f for f in merged["findings"] if f["code"] == "AMP003" and f["status"] == "confirmed"]
+    assert [f["ranks"] for f in amp003] == [[0, 1]]

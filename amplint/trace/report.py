@@ -356,6 +356,17 @@ def rank_info() -> tuple[int | None, int]:
     return (rank if world > 1 else None), world
 
 
+def launch_token() -> str | None:
+    """What the ranks of one torchrun launch on one machine share and the next launch does not:
+    the launcher process that started them. A rank's file from an earlier run is not this run's.
+    Ranks on several machines share no such process: any file there counts, as before."""
+    try:
+        single_machine = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) == int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return None
+    return str(os.getppid()) if single_machine else None
+
+
 def rank_path(path: str, rank: int) -> str:
     stem, ext = os.path.splitext(path)
     return f"{stem}.rank{rank}{ext or '.json'}"
@@ -385,7 +396,12 @@ def write_json(report: dict, path: str) -> None:
         raise OSError(exc.errno, exc.strerror, path) from None  # name the report, not the temporary file
 
 
-def wait_for_ranks(path: str, world: int, timeout_s: float = 60.0) -> list[dict]:
+# How long rank 0 waits, once done, for the other ranks' reports.
+RANK_WAIT_S = 60.0
+
+
+def wait_for_ranks(path: str, world: int, launch: str | None, timeout_s: float = RANK_WAIT_S) -> list[dict]:
+    """The reports of every rank of this launch (see `launch_token`), as they arrive."""
     deadline = time.monotonic() + timeout_s
     found: dict[int, dict] = {}
     while True:
@@ -396,9 +412,11 @@ def wait_for_ranks(path: str, world: int, timeout_s: float = 60.0) -> list[dict]
             if os.path.exists(candidate):
                 try:
                     with open(candidate, encoding="utf-8") as handle:
-                        found[rank] = json.load(handle)
+                        report = json.load(handle)
                 except (OSError, ValueError):
-                    pass
+                    continue
+                if launch is None or report.get("launch") == launch:
+                    found[rank] = report
         if len(found) == world or time.monotonic() > deadline:
             return [found[r] for r in sorted(found)]
         time.sleep(0.2)
@@ -441,6 +459,13 @@ def merge_reports(reports: list[dict], world: int) -> dict:
     for report in reports:
         for k in report["kernels"]:
             kernels.setdefault((k["op"], k["dtype"], k["device"]), k)
+    missing = sorted(set(range(world)) - {r.get("rank") for r in reports})
+    if missing:
+        base["notes"] = [
+            *base.get("notes", []),
+            f"rank(s) {', '.join(map(str, missing))} of {world} wrote no report within {RANK_WAIT_S:g} s of rank 0's end "
+            "(still running, or ended without one): their steps, findings and non-finite values are not in this merged report",
+        ]
     base.update(
         {
             "findings": sorted(findings.values(), key=lambda f: (f["path"], f["line"], f["code"])),
@@ -452,7 +477,7 @@ def merge_reports(reports: list[dict], world: int) -> dict:
             "ranks": {
                 "world_size": world,
                 "reports": len(reports),
-                "missing": sorted(set(range(world)) - {r.get("rank") for r in reports}),
+                "missing": missing,
                 "exit": {str(r.get("rank")): r["exit"] for r in reports},
                 "scale_history": {str(r.get("rank")): r["scaler"]["scale_history"] for r in reports},
             },

@@ -280,8 +280,10 @@ class TraceSession:
         if unwritten is not None:
             error_status = _error(unwritten)
             return outcome.exit_code or error_status  # the script's own failure comes first
-        if options.strict and outcome.exit_code == 0:
-            reasons = self.strict_failures(report)
+        # Under torchrun only rank 0 judges, on the merged report: another rank exiting 1 here
+        # would make torchrun stop the ranks still running.
+        if options.strict and outcome.exit_code == 0 and self.prints_summary:
+            reasons = self.strict_failures(self.summary_report)
             if reasons:
                 print(f"amplint trace: --strict: exit 1: {'; '.join(reasons)}", file=sys.stderr)
                 return 1
@@ -490,6 +492,8 @@ class TraceSession:
             "untraced_processes": untraced,
             "rank": rank,
         }
+        if rank is not None:
+            report["launch"] = rpt.launch_token()
         if simulator is not None:
             report["simulation"] = simulator.results(self.display, ops)
         return report
@@ -540,7 +544,7 @@ class TraceSession:
         if rank != 0:
             self.prints_summary = False
             return
-        reports = rpt.wait_for_ranks(json_path, world)
+        reports = rpt.wait_for_ranks(json_path, world, report.get("launch"))
         merged = rpt.merge_reports(reports, world)
         rpt.write_json(merged, json_path)
         self.summary_report = merged
