@@ -82,3 +82,20 @@ def test_a_rank_report_left_by_an_earlier_run_is_not_merged(tmp_path: Path) -> N
     assert merged["ranks"]["missing"] == []
     amp003 = [f for f in merged["findings"] if f["code"] == "AMP003" and f["status"] == "confirmed"]
     assert [f["ranks"] for f in amp003] == [[0, 1]]
+
+
+@pytest.mark.parametrize("mode", ["op", "cheap"])
+def test_an_fsdp2_script_runs_under_every_nan_mode_as_under_python(tmp_path: Path, mode: str) -> None:
+    """FSDP2's DTensors are checked by their local shards: a DTensor's own `.item()` of a partial
+    sum has no sharding rule and raised inside the script's `optimizer.step()`."""
+    script = RUNTIME / "fsdp2_one_process.py"
+    env = dict(os.environ, PYTHONWARNINGS="ignore::UserWarning", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=180, env=env)
+    env["MASTER_PORT"] = str(free_port())
+    traced = subprocess.run(
+        [sys.executable, "-m", "amplint", "trace", "-q", "--nan", mode, "--json", "r.json", str(script)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=180, env=env,
+    )
+    assert plain.returncode == traced.returncode == 0, traced.stderr[-3000:]
+    assert traced.stdout == plain.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["nonfinite"] is None

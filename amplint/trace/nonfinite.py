@@ -40,6 +40,7 @@ from itertools import count
 from operator import attrgetter
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from amplint.trace.report import cheap_coverage_note
@@ -89,30 +90,41 @@ def floating_tensors(value) -> list[torch.Tensor]:
     return []
 
 
+def _checkable(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors holding values: a wrapper subclass (FSDP2's DTensor) by the tensors it wraps,
+    its local shard, whose ops need no sharding rule (a DTensor's `.item()` of a partial sum has
+    none); meta and fake tensors hold none."""
+    plain = []
+    for t in tensors:
+        if is_traceable_wrapper_subclass(t):
+            names, _ = t.__tensor_flatten__()
+            plain += _checkable([inner for name in names if isinstance(inner := getattr(t, name), torch.Tensor)])
+        elif not t.is_meta and getattr(t, "fake_mode", None) is None:
+            plain.append(t.detach())
+    return plain
+
+
 def all_finite_now(tensors: list[torch.Tensor]) -> bool:
     """Exact check, syncing. The float32 sum is a one-op pre-check; it can only overflow on huge
     finite values, so a non-finite sum is confirmed element-wise."""
-    for t in tensors:
-        if t.is_meta or getattr(t, "fake_mode", None) is not None:
-            continue
-        total = t.detach().sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32)
-        if not math.isfinite(total.item()) and not bool(torch.isfinite(t.detach()).all()):
+    for t in _checkable(tensors):
+        total = t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32)
+        if not math.isfinite(total.item()) and not bool(torch.isfinite(t).all()):
             return False
     return True
 
 
 def any_nan_now(tensors: list[torch.Tensor]) -> bool:
     """Exact check, syncing; only asked about values already known to be non-finite."""
-    return any(
-        bool(torch.isnan(t.detach()).any()) for t in tensors if not t.is_meta and getattr(t, "fake_mode", None) is None
-    )
+    return any(bool(torch.isnan(t).any()) for t in _checkable(tensors))
 
 
 def finite_flag(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """A 0-d float tensor on the tensors' device: 1.0 when all are finite (no sync)."""
+    tensors = _checkable(tensors)
     if not tensors:
         return None
-    flags = [torch.isfinite(t.detach()).all() for t in tensors]
+    flags = [torch.isfinite(t).all() for t in tensors]
     return torch.stack(flags).all().float() if len(flags) > 1 else flags[0].float()
 
 
