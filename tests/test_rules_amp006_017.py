@@ -1532,3 +1532,22 @@ def test_amp005_advice_names_an_optimizer_stepped_directly_but_offers_no_fix() -
     (finding,) = fixture_findings("AMP005/bad_clip_before_stepping_the_optimizer_directly.py", "AMP005")
     assert "call `self.scaler.unscale_(self.opt)` before it" in finding.message
     assert finding.fix is None  # unscale_ without scaler.step() and update() raises on the next iteration
+
+
+def test_amp010_advice_names_the_dtype_setting_the_regions_read_or_drops_the_scaler() -> None:
+    literal = """\
+    import torch
+    def train(model, loader, optimizer, settings):
+        scaler = torch.amp.GradScaler("cuda")
+        for x, y in loader:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(x, y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    """
+    [finding] = [f for f in lint_source(textwrap.dedent(literal), "t.py") if f.code == "AMP010"]
+    assert finding.message.endswith("drop it (or build it with `enabled=False`)")
+    named = literal.replace("    def train", "    amp_dtype = torch.bfloat16\n    def train").replace("dtype=torch.bfloat16)", "dtype=amp_dtype)")
+    [finding] = [f for f in lint_source(textwrap.dedent(named), "t.py") if f.code == "AMP010"]
+    assert finding.message.endswith("build it with `enabled=(amp_dtype == torch.float16)`")

@@ -121,6 +121,20 @@ def has_dtype_argument(region: Autocast, call: CallSite) -> bool:
     return _dtype_argument(region, call) is not None
 
 
+def dtype_setting(facts: AmpFacts) -> str | None:
+    """The name every enabled region of the file takes its dtype from (`dtype=amp_dtype`,
+    `dtype=self.cfg.dtype`), when they all name the same one; None for literals or several."""
+    written = {
+        dotted_name(_dtype_argument(region, call)) if isinstance(_dtype_argument(region, call), (cst.Name, cst.Attribute)) else None
+        for call, region in autocasts(facts)
+        if enabled(region)
+    }
+    if len(written) != 1:
+        return None
+    (name,) = written
+    return None if name is None or name.startswith("torch.") else name
+
+
 def _dtype_argument(region: Autocast, call: CallSite) -> cst.BaseExpression | None:
     from amplint.static.semantics import argument
 

@@ -169,6 +169,9 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
         reason = "the model is converted to bfloat16"
     else:
         return
+    setting = rg.dtype_setting(facts)
+    # Only a setting the regions read can switch the scaler with them; a literal bfloat16 cannot.
+    advice = f"build it with `enabled=({setting} == torch.float16)`" if setting else "drop it (or build it with `enabled=False`)"
     for call in scalers:
         if _scaler_on_fp16_path(facts, call):
             continue
@@ -176,7 +179,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             call.node,
             f"this GradScaler is enabled but {reason}: bfloat16 has float32's exponent range and needs "
             f"no loss scaling, so the scaler only adds a sync per step (and fails on bfloat16 "
-            f"gradients); build it with `enabled=(amp_dtype == torch.float16)`",
+            f"gradients); {advice}",
             call.where.statement,
         )
 
@@ -194,9 +197,11 @@ def _bf16_flag_verdict(facts: AmpFacts, dtypes: set[str], named: bool) -> str:
             f"{amend} if it turns on float16 autocast"
         )
     if dtypes & (rg.FLOAT16 | {"unknown"}):
+        setting = rg.dtype_setting(facts)
+        enable = f"`enabled=({setting} == torch.float16)`" if setting else "`enabled=` the condition that selects float16"
         return (
             "that is for bfloat16, which needs no loss scaling; float16 runs, which do, get no scaler; "
-            "build it for float16 (`enabled=(amp_dtype == torch.float16)`)"
+            f"build it for float16 ({enable})"
         )
     # Where no region computes in float16, a bfloat16-only scaler is dead weight, not a gap.
     return "that is for bfloat16, which needs no loss scaling; it only adds a sync per step; drop it"
