@@ -8,7 +8,7 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import _training_step as ts
-from amplint.static.semantics import AmpFacts, Autocast, CallSite, Context, Scope, arms_of, dotted_name
+from amplint.static.semantics import AmpFacts, Autocast, CallSite, Context, Scope, argument, arms_of, dotted_name, string_literal
 
 FLOAT16 = {"torch.float16", "torch.half"}
 BFLOAT16 = {"torch.bfloat16"}
@@ -101,6 +101,21 @@ def possible_dtypes(facts: AmpFacts, region: Autocast, call: CallSite) -> set[st
     return {_canonical(arm) for arm in qualified}
 
 
+def possible_devices(facts: AmpFacts, region: Autocast, call: CallSite) -> set[str]:
+    """The devices a region may run on, when they are written as literals: its one device, or
+    every arm of a conditional expression that picks it (`"mps" if mps else "cuda" if cuda else
+    "cpu"`), written in the construction or bound once to a name; empty when any is unknown."""
+    if region.device is not None:
+        return {region.device}
+    if region.deprecated or region.node is not call.node:  # a factory's construction answers for its own
+        return set()
+    choice = conditional_choice(facts, argument(call.node, 0, "device_type"), call.scope)
+    if choice is None:
+        return set()
+    devices = {string_literal(arm) for arm in choice[0]}
+    return set() if None in devices else devices
+
+
 def conditional_choice(
     facts: AmpFacts, expr: cst.BaseExpression | None, scope: Scope
 ) -> tuple[list[cst.BaseExpression], Scope] | None:
@@ -136,8 +151,6 @@ def dtype_setting(facts: AmpFacts) -> str | None:
 
 
 def _dtype_argument(region: Autocast, call: CallSite) -> cst.BaseExpression | None:
-    from amplint.static.semantics import argument
-
     positions = names.AUTOCAST_POSITIONAL["deprecated" if region.deprecated else "new"]
     return argument(call.node, positions.index("dtype"), "dtype")
 

@@ -32,6 +32,8 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             why = "float16"
         elif dtype is None and not rg.has_dtype_argument(region, call) and region.device == "cuda":
             why = "float16 (the CUDA default)"
+        elif dtype is None and not rg.has_dtype_argument(region, call) and "cuda" in rg.possible_devices(facts, region, call):
+            why = "float16 on CUDA (the CUDA default, where the device expression chooses it)"
         elif _falls_back_to_float16(facts, call):
             why = "float16 on GPUs without bfloat16 support (T4, V100)"
         else:

@@ -14,7 +14,6 @@ from amplint.static.semantics import (
     AmpFacts,
     Autocast,
     CallSite,
-    argument,
     constructor_of,
     dotted_name,
     is_true,
@@ -59,7 +58,7 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
         device = region.device
         # CUDA autocast takes any dtype (float32 forces full precision inside an outer bf16
         # region); an unknown device may be CUDA, so only a known other one is reported.
-        others = sorted(_possible_devices(facts, region, call) - {"cuda"})
+        others = sorted(rg.possible_devices(facts, region, call) - {"cuda"})
         if dtype not in rg.LOW and others:
             where = " or ".join(d.upper() for d in others)
             if device is None:  # `"mps" if mps else "cuda" if cuda else "cpu"`
@@ -96,21 +95,6 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
                     call.where.statement,
                     severity=Severity.INFO,  # right on Ampere and newer: a hint, as research §5 says
                 )
-
-
-def _possible_devices(facts: AmpFacts, region: Autocast, call: CallSite) -> set[str]:
-    """The devices a region may run on, when they are written as literals: its one device, or
-    every arm of a conditional expression that picks it (`"mps" if mps else "cuda" if cuda else
-    "cpu"`), written in the construction or bound once to a name; empty when any is unknown."""
-    if region.device is not None:
-        return {region.device}
-    if region.deprecated or region.node is not call.node:  # a factory's construction answers for its own
-        return set()
-    choice = rg.conditional_choice(facts, argument(call.node, 0, "device_type"), call.scope)
-    if choice is None:
-        return set()
-    devices = {string_literal(arm) for arm in choice[0]}
-    return set() if None in devices else devices
 
 
 def _needs_bf16_hardware(facts: AmpFacts) -> bool:
