@@ -75,7 +75,7 @@ def _dtypes(facts: AmpFacts) -> Iterator[Hit]:
         elif (
             dtype in rg.BFLOAT16
             and device == "cuda"
-            and not _opted_into_bfloat16(facts, region)
+            and not _opted_into_bfloat16(facts, region, call)
             and not _chosen_by_a_bfloat16_setting(facts, call.node)
             # `autocast = get_autocast(args.precision)` ... `with autocast():` is built in the factory
             and not _chosen_by_a_bfloat16_setting(facts, region.node)
@@ -149,10 +149,17 @@ def _optional(facts: AmpFacts, statement: cst.CSTNode) -> bool:
     return any(isinstance(node, cst.Try) and node.handlers for node in facts.ancestors(statement))
 
 
-def _opted_into_bfloat16(facts: AmpFacts, region: Autocast) -> bool:
+def _opted_into_bfloat16(facts: AmpFacts, region: Autocast, call: CallSite) -> bool:
     """`enabled=use_bfloat16`: the region runs only when a setting asks for bfloat16, so the user
-    chose it for their GPU, and turning the setting off is the fallback."""
-    return region.enabled_when is not None and bool(_NAMES_BFLOAT16.search(facts.module.code_for_node(region.enabled_when)))
+    chose it for their GPU, and turning the setting off is the fallback; also through a name bound
+    to such a test (`autocast_enabled = self.bf16_mixed and x.is_cuda`)."""
+    switch = region.enabled_when
+    if switch is None:
+        return False
+    written = [switch]
+    if isinstance(switch, cst.Name):
+        written += [value for value, _ in facts.bindings(switch.value, call.scope)]
+    return any(_NAMES_BFLOAT16.search(facts.module.code_for_node(expr)) for expr in written)
 
 
 def _chosen_by_a_bfloat16_setting(facts: AmpFacts, construction: cst.CSTNode) -> bool:
