@@ -9,6 +9,7 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import Hit
+from amplint.static.checks import _training_step as ts
 from amplint.static.semantics import AmpFacts, CallSite, Loop, argument, built_disabled, dotted_name, is_per_step_function
 
 CODE = "AMP004"
@@ -49,24 +50,32 @@ def _built_once(call: CallSite, facts: AmpFacts) -> bool:
         return _unset(value.left, call)
     if isinstance(value, cst.IfExp) and value.body is call.node and _first_time(value.test, call, facts):
         return True
-    return any(_first_time(guard.test, call, facts) for guard in call.where.ifs)
+    return any(_first_time(guard.test, call, facts, guard) for guard in call.where.ifs)
 
 
-def _first_time(test: cst.BaseExpression, call: CallSite, facts: AmpFacts) -> bool:
-    """A test true on one iteration: the scaler unset, or a loop counter at its start value;
-    anywhere in an `and` chain, since the other conditions only narrow it."""
+def _first_time(test: cst.BaseExpression, call: CallSite, facts: AmpFacts, guard: cst.If | None = None) -> bool:
+    """A test true on one iteration: the scaler unset, or something the guarded block sets
+    (physicsnemo's `if optimizer is None: optimizer = Adam(...); scaler = GradScaler(...)`), or a
+    loop counter at its start value; anywhere in an `and` chain, since the other conditions only
+    narrow it."""
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _first_time(test.left, call, facts) or _first_time(test.right, call, facts)
+        return _first_time(test.left, call, facts, guard) or _first_time(test.right, call, facts, guard)
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         operand = test.expression
         if isinstance(operand, cst.Call) and dotted_name(operand.func) == "hasattr":
             return True  # `if not hasattr(self, "scaler"):`
         # `not step` on a counter starting at 0 is the first step; on one starting later, never.
-        return _unset(operand, call) or any(loop.binds(dotted_name(operand)) for loop in call.where.loops)
+        return (
+            _unset(operand, call) or _set_in(guard, operand, facts)
+            or any(loop.binds(dotted_name(operand)) for loop in call.where.loops)
+        )
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
         operator, right = test.comparisons[0].operator, test.comparisons[0].comparator
         if isinstance(operator, cst.Is):
-            return any(_unset(side, call) for side, other in ((test.left, right), (right, test.left)) if _is_none(other))
+            return any(
+                _unset(side, call) or _set_in(guard, side, facts)
+                for side, other in ((test.left, right), (right, test.left)) if _is_none(other)
+            )
         if isinstance(operator, cst.Equal):
             return any(_at_start(side, other, call, facts) for side, other in ((test.left, right), (right, test.left)))
     return False
@@ -79,6 +88,14 @@ def _unset(subject: cst.BaseExpression, call: CallSite) -> bool:
         return _unset(subject.target, call) or _unset(subject.value, call)
     name = dotted_name(subject)
     return name is not None and (name == _assigned_key(call) or bool(names.SCALER_WORD.search(name)))
+
+
+def _set_in(guard: cst.If | None, subject: cst.BaseExpression, facts: AmpFacts) -> bool:
+    """The `if` block assigns the name its test found unset: the block runs once."""
+    name = dotted_name(subject)
+    return guard is not None and name is not None and any(
+        a.key == name and ts.within(facts, a.where.statement, guard.body) for a in facts.assignments
+    )
 
 
 def _is_none(node: cst.BaseExpression) -> bool:
