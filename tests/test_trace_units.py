@@ -178,6 +178,25 @@ def test_deferred_values_read_after_the_fact() -> None:
     assert slot == 0
 
 
+def _rank_report(rank, count, step, nonfinite=None):
+    return {
+        "rank": rank,
+        "exit": {"status": "ok", "code": 0, "exception": None},
+        "findings": [{"code": "AMP003", "path": "t.py", "line": 3, "source": "static", "status": "confirmed", "count": count, "evidence": {}}],
+        "ops": [{"op": "aten::mm", "path": "t.py", "line": 2, "count": 10, "phase": "forward"}],
+        "scaler": {"steps_attempted": 5, "steps_applied": 4, "steps_skipped": 1, "scheduler_steps_after_skip": 1, "scale_history": [2.0]},
+        "nonfinite": nonfinite or {"op": "aten::mul", "step": step, "handled_by_scaler": False},
+        "kernels": [],
+    }
+
+
+def test_merged_nonfinite_of_one_step_is_the_forward_value_that_began_it_not_the_reduced_gradients() -> None:
+    gradients = {"op": "gradients", "phase": "backward", "step": 1, "handled_by_scaler": False}
+    loss = {"op": "loss", "phase": "forward", "step": 1, "handled_by_scaler": False}
+    merged = merge_reports([_rank_report(0, 1, 1, gradients), _rank_report(1, 1, 1, loss)], 2)
+    assert (merged["nonfinite"]["op"], merged["nonfinite"]["rank"]) == ("loss", 1)
+
+
 def test_merge_reports_sums_counts_and_keeps_earliest_nonfinite() -> None:
     def report(rank, count, step):
         return {

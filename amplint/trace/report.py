@@ -454,7 +454,10 @@ def merge_reports(reports: list[dict], world: int) -> dict:
     for field in summed:
         scaler[field] = sum(r["scaler"].get(field, 0) for r in reports)
     nonfinite = [dict(r["nonfinite"], rank=r.get("rank")) for r in reports if r.get("nonfinite")]
-    nonfinite.sort(key=lambda n: (n["handled_by_scaler"] if "handled_by_scaler" in n else False, n["step"], n["rank"] or 0))
+    # Within a step, a forward's value comes before the gradients it poisons on every rank through
+    # the all-reduce: the rank where it began is the cause.
+    phases = {"forward": 0, "backward": 1}
+    nonfinite.sort(key=lambda n: (n.get("handled_by_scaler", False), n["step"], phases.get(n.get("phase"), 2), n["rank"] or 0))
     kernels: dict = {}
     for report in reports:
         for k in report["kernels"]:

@@ -398,7 +398,7 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
         )
         console.print(
             Text(
-                f"first: {where}, step {nf['step']}, {nf['dtype']}"
+                f"first: {where}, step {nf['step']}" + (f", rank {nf['rank']}" if nf.get("rank") is not None else "") + f", {nf['dtype']}"
                 + (", inputs finite" if nf.get("inputs_finite") else "")
                 + handled,
                 style="bold red" if not nf.get("handled_by_scaler") or never_applied(report) else "yellow",
