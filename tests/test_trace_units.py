@@ -198,18 +198,7 @@ def test_merged_nonfinite_of_one_step_is_the_forward_value_that_began_it_not_the
 
 
 def test_merge_reports_sums_counts_and_keeps_earliest_nonfinite() -> None:
-    def report(rank, count, step):
-        return {
-            "rank": rank,
-            "exit": {"status": "ok", "code": 0, "exception": None},
-            "findings": [{"code": "AMP003", "path": "t.py", "line": 3, "source": "static", "status": "confirmed", "count": count, "evidence": {}}],
-            "ops": [{"op": "aten::mm", "path": "t.py", "line": 2, "count": 10, "phase": "forward"}],
-            "scaler": {"steps_attempted": 5, "steps_applied": 4, "steps_skipped": 1, "scheduler_steps_after_skip": 1, "scale_history": [2.0]},
-            "nonfinite": {"op": "aten::mul", "step": step, "handled_by_scaler": False},
-            "kernels": [],
-        }
-
-    merged = merge_reports([report(0, 3, 7), report(1, 2, 4)], 2)
+    merged = merge_reports([_rank_report(0, 3, 7), _rank_report(1, 2, 4)], 2)
     assert merged["findings"][0]["count"] == 5 and merged["findings"][0]["ranks"] == [0, 1]
     assert merged["ops"][0]["count"] == 20
     assert merged["scaler"]["steps_skipped"] == 2
