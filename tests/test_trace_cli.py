@@ -2178,3 +2178,49 @@ def test_the_summary_of_a_grad_read_counts_reads_and_a_later_norm_shows_its_own_
     summary = " ".join(_terminal_summary(report, tmp_path, 300).split())
     assert "4 read(s) of still-scaled gradients (scale 256)" in summary
     assert "3 clip(s) on still-scaled gradients (scale 65536); norm 3.611e+04 seen at step 1 (scale 32768), 1.102 unscaled" in summary
+
+
+def _simulated(tmp_path: Path, source: str) -> dict:
+    script = write(tmp_path, "sim.py", source)
+    result = trace(tmp_path, "-q", "--simulate", "cuda", "--json", "r.json", str(script))
+    assert result.returncode == 0, result.stderr
+    return json.loads((tmp_path / "r.json").read_text())["simulation"]
+
+
+def test_simulate_cuda_follows_a_tensor_made_inside_the_region_as_a_cuda_tensor(tmp_path: Path) -> None:
+    """`torch.randn(4, 8)` in the region has no device: the GPU run's code makes it on CUDA too,
+    so the softmax of it follows CUDA's policy (float32), like that of a tensor made outside."""
+    simulation = _simulated(tmp_path, """
+        import torch
+        w = torch.randn(8, 8)
+        with torch.autocast("cpu", dtype=torch.float16):
+            a = torch.randn(4, 8).half()
+            b = w.half()
+            pa = torch.softmax(a, dim=-1)
+            pb = torch.softmax(b, dim=-1)
+    """)
+    softmax = {d["line"]: d["simulated_output_dtypes"] for d in simulation["differences"] if d["op"] == "torch.softmax"}
+    assert softmax == {7: ["float32"], 8: ["float32"]}
+
+
+def test_simulate_cuda_carries_a_dtype_through_indexing_and_never_guesses_after_a_failed_call(tmp_path: Path) -> None:
+    simulation = _simulated(tmp_path, """
+        import torch
+        import torch.nn.functional as F
+        torch.manual_seed(0)
+        enc = torch.nn.Linear(8, 8)
+        x = torch.randn(2, 5, 8)
+        with torch.autocast("cpu", dtype=torch.float16):
+            h = F.layer_norm(enc(x), (8,))
+            cls = h[:, 0]
+            g = F.gelu(cls)
+            distinct = torch.unique(h)  # data-dependent shape: fake tensors cannot run it
+            after = F.gelu(distinct)
+    """)
+    simulated = {(c["function"], c["line"]): c["simulated_output_dtypes"] for c in simulation["calls"]}
+    assert simulated[("torch.Tensor.__getitem__", 9)] == ["float32"]  # layer_norm's float32, indexed
+    assert simulated[("torch.nn.functional.gelu", 10)] == ["float32"]  # not the CPU run's float16
+    not_simulated = {entry["line"]: entry["error"] for entry in simulation["not_simulated"]}
+    assert 11 in not_simulated
+    assert not_simulated[12] == "an input comes from a call that was not simulated"
+    assert ("torch.nn.functional.gelu", 12) not in simulated

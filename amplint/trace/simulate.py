@@ -9,7 +9,8 @@ next simulated call as it would on a GPU. Regions written for CUDA (`torch.autoc
 a CPU-only machine disables) are shadowed too, with the dtype they asked for.
 
 Forward only: backward and optimizer steps are not simulated. A call that fails on fake CUDA
-tensors is listed as "not simulated" with its error, never guessed.
+tensors is listed as "not simulated" with its error, never guessed, and so is a call that uses
+what it returned; indexing and views keep their input's simulated dtype.
 """
 
 from __future__ import annotations
@@ -26,6 +27,17 @@ from amplint.trace.nonfinite import floating_tensors
 
 MAX_STEPS = 2  # the dtype policy does not change with the step; keep the cost bounded
 _NOT_SIMULATED = object()  # what a call that failed on fake CUDA tensors returns
+
+
+# Tensor methods that return their input's dtype, viewed, indexed or copied: autocast casts none.
+_KEEPS_ITS_DTYPE = frozenset({
+    "__getitem__", "view", "reshape", "permute", "transpose", "select", "squeeze", "unsqueeze", "flatten",
+    "chunk", "split", "narrow", "expand", "contiguous", "clone", "detach", "t", "unbind", "view_as", "reshape_as",
+})
+
+
+class _InputNotSimulated(Exception):
+    """A call's input came from a call that was not simulated."""
 
 # nn.TransformerEncoderLayer and nn.MultiheadAttention skip their fused eval fast path when
 # `torch.overrides.has_torch_function` sees a function mode: the shadow mode alone would send the
@@ -137,6 +149,8 @@ class CudaSimulator:
         if isinstance(value, torch.Tensor):
             entry = self._fakes.get(id(value))
             if entry is not None and entry[0]() is value:
+                if entry[1] is _NOT_SIMULATED:  # its CUDA dtype is not known: never guessed from the CPU's
+                    raise _InputNotSimulated("an input comes from a call that was not simulated")
                 return entry[1]
             # `.to("cuda")` needs a CUDA build even for fake tensors; a fresh fake allocation does not.
             with self.fake_mode:
@@ -153,6 +167,34 @@ class CudaSimulator:
             return "cuda"
         return value
 
+    def _same_dtype_as_input(self, args, result, key):
+        """What indexing or a view gives on CUDA when fake CUDA tensors cannot run it (a CPU build
+        refuses `__getitem__` on them): the input's simulated dtype, in the real output's shape;
+        autocast casts no such op. Still not simulated when the input's CUDA dtype is unknown."""
+        source = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        try:
+            fake = self._fake(source) if source is not None else None
+        except _InputNotSimulated:
+            return _NOT_SIMULATED
+        if fake is None:
+            return _NOT_SIMULATED
+        self.failures.pop(key, None)
+        with self.fake_mode:
+            return [
+                torch.empty_strided(tuple(out.shape), tuple(out.stride()), dtype=fake.dtype, device="cuda")
+                if isinstance(out, torch.Tensor) else out
+                for out in _flat(result)
+            ]
+
+    def _on_cuda(self, fake: torch.Tensor) -> torch.Tensor:
+        """A fake made on the CPU (`torch.randn(4, 8)` in the region: a factory with no device
+        argument) as the CUDA tensor the GPU run's code would hold, so that what is computed from
+        it follows CUDA's policy, not the CPU's."""
+        if fake.device.type == "cuda":
+            return fake
+        with self.fake_mode:
+            return torch.empty_strided(tuple(fake.shape), tuple(fake.stride()), dtype=fake.dtype, device="cuda")
+
     def _remember(self, real, fake) -> None:
         try:
             self._fakes[id(real)] = (weakref.ref(real), fake)
@@ -168,13 +210,18 @@ class CudaSimulator:
             return
         with state.pause():
             fake_result = self._run_on_fake_cuda(func, args, kwargs, dtype, site, name)
+            if fake_result is _NOT_SIMULATED and name.rsplit(".", 1)[-1] in _KEEPS_ITS_DTYPE:
+                fake_result = self._same_dtype_as_input(args, result, (site, name))
         if fake_result is _NOT_SIMULATED:
+            for real in _flat(result):  # what is computed from it is not simulated either
+                if isinstance(real, torch.Tensor):
+                    self._remember(real, _NOT_SIMULATED)
             return
         self.dtypes_used.add(str(dtype).replace("torch.", ""))
         real_outs, fake_outs = _flat(result), _flat(fake_result)
         for real, fake in zip(real_outs, fake_outs):
             if isinstance(real, torch.Tensor) and isinstance(fake, torch.Tensor):
-                self._remember(real, fake)
+                self._remember(real, self._on_cuda(fake))
         self.calls[(site, name, tuple(_dtypes(result)), tuple(_dtypes(fake_result)))] += 1
 
     def _run_on_fake_cuda(self, func, args, kwargs, dtype, site, name):
@@ -190,7 +237,8 @@ class CudaSimulator:
             text = str(exc).strip().splitlines()
             key = (site, name)
             if key not in self.failures:
-                self.failures[key] = f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+                kind = "" if isinstance(exc, _InputNotSimulated) else f"{type(exc).__name__}: "
+                self.failures[key] = f"{kind}{text[0] if text else ''}"[:300]
             return _NOT_SIMULATED
         finally:
             torch.set_autocast_enabled("cuda", was_enabled)
