@@ -712,6 +712,7 @@ def _amp_off_whenever_the_cast_runs(call: CallSite, facts: AmpFacts) -> bool:
     if not (held or failed) or None in switches:
         return False  # the cast runs whatever the settings, or AMP may be on whatever they are
     held, failed, pinned = _with_asserted_settings(held, failed, call.scope.function_scope, facts)
+    pinned = {**pinned, **_pinned_by_the_ifs_around(call, facts)}
     return all(
         is_false(enabled) or _setting_test_fails(enabled, scope, held, failed, pinned, facts) for enabled, scope in switches
     )
@@ -760,6 +761,21 @@ def _with_asserted_settings(
             if comparison is not None and comparison[2]:
                 pinned[facts.module.code_for_node(comparison[0])] = comparison[1]
     return frozenset(held), frozenset(failed), pinned
+
+
+def _pinned_by_the_ifs_around(call: CallSite, facts: AmpFacts) -> dict[str, str]:
+    """The settings the `if`s whose body holds the cast compare equal to a string (CoCoOp's `if
+    cfg.PREC == "fp16": model.half()`): there the setting has that value, so a switch testing it
+    for another (`enabled=cfg.PREC == "amp"`) is off."""
+    pinned = {}
+    for guard in call.where.ifs:
+        if (id(guard), "body") not in call.where.branches:
+            continue
+        for operand in and_operands(guard.test):
+            comparison = _string_comparison(operand)
+            if comparison is not None and comparison[2]:
+                pinned[facts.module.code_for_node(comparison[0])] = comparison[1]
+    return pinned
 
 
 def _asserts_by_branch(facts: AmpFacts) -> list[tuple[Scope, frozenset[str], frozenset[str], list[cst.BaseExpression]]]:
