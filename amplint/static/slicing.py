@@ -30,7 +30,7 @@ from __future__ import annotations
 import ast
 import re
 from bisect import bisect_left
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -297,6 +297,7 @@ class _Skeleton:
     bindings: list[tuple[set[str], str]] = field(default_factory=list)
     # Class bodies whose methods may all be blanked: (first body line, its indent, members).
     class_bodies: list[tuple[int, int, list[_Unit]]] = field(default_factory=list)
+    bases: dict[str, list[str]] = field(default_factory=dict)  # class -> its bases as written
 
 
 def first_line(node: ast.stmt) -> int:
@@ -318,6 +319,7 @@ def _skeleton(tree: ast.Module, lines: list[str], is_function_base: Callable[[st
                 skeleton.units.append(unit)
                 units.append(unit)
             elif isinstance(node, ast.ClassDef):
+                skeleton.bases[node.name] = _bases(node)
                 body_first = first_line(node.body[0])
                 skeleton.kept_lines.update(range(first, body_first))
                 members = visit_body(node.body, owner=node)
@@ -345,6 +347,21 @@ def _bindings(statement: ast.stmt, lines: list[str]) -> Iterator[tuple[set[str],
             continue
         if bound:
             yield bound, "".join(lines[node.lineno - 1 : node.end_lineno or node.lineno])
+
+
+def _subclasses(bases: dict[str, list[str]]) -> defaultdict[str | None, set[str]]:
+    """Each class of the file with the classes that subclass it, directly or through others."""
+    below: defaultdict[str | None, set[str]] = defaultdict(set)
+    for name in bases:
+        seen, pending = set(), list(bases[name])
+        while pending:
+            base = pending.pop()
+            if base in seen:
+                continue
+            seen.add(base)
+            below[base].add(name)
+            pending.extend(bases.get(base, ()))
+    return below
 
 
 def _bases(node: ast.ClassDef) -> list[str]:
@@ -678,6 +695,9 @@ class _CallGraph:
         self.module_level = module_level
         self.functions = {u.name for u in self.units if u.owner is None}  # module-level ones
         self.module_calls = _plain_names(module_level) & self.functions
+        # A `self.m()` in a class may run a subclass's `m` (semantics follows the one override of a
+        # placeholder): the file's classes below each class.
+        self.below = _subclasses(skeleton.bases)
         # Module-level code as a caller: `model = Net()` then `model(x)` runs `Net.forward`.
         self.module_caller = _Unit("<module>", None, 0, 0, module_level, None)
         self._reached: dict[tuple[str, bool, bool], frozenset[_Unit]] = {}
@@ -696,7 +716,7 @@ class _CallGraph:
         """The module-level functions and same-class methods `callers` call, and the methods of
         classes they call through the class or a local instance."""
         called = set().union(*(u.plain_calls for u in callers)) & self.functions
-        methods = {(u.owner, m) for u in callers if u.owner for m in u.method_calls}
+        methods = {(owner, m) for u in callers if u.owner for m in u.method_calls for owner in (u.owner, *self.below[u.owner])}
         return {
             u for u in self.units
             if (u.name in called if u.owner is None else (u.owner, u.name) in methods)
@@ -707,7 +727,8 @@ class _CallGraph:
         """Whether `unit` calls one of `callees`, as `_called_by` follows calls."""
         return any(
             (c.name in unit.plain_calls) if c.owner is None
-            else (c.owner == unit.owner and c.name in unit.method_calls) or unit.calls_method_of(c.owner, c.name)
+            else (c.owner in (unit.owner, *self.below[unit.owner]) and c.name in unit.method_calls)
+            or unit.calls_method_of(c.owner, c.name)
             for c in callees
         )
 
@@ -812,7 +833,7 @@ class _CallGraph:
                 if (unit.owner is None and unit.name in self.module_calls)  # called at module level
                 or (unit.owner is not None and self.module_caller.calls_method_of(unit.owner, unit.name))
                 or not kept_functions.isdisjoint(unit.plain_calls)  # a caller
-                or any((unit.owner, name) in kept_methods for name in unit.method_calls)
+                or any((owner, name) in kept_methods for name in unit.method_calls for owner in (unit.owner, *self.below[unit.owner]))
                 or any(unit.calls_method_of(owner, name) for owner, name in kept_methods)  # through an instance
                 or any(owner == unit.owner and f".{name}" in unit.text for owner, name in attributes)
             }
