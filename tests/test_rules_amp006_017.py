@@ -1551,3 +1551,22 @@ def test_amp010_advice_names_the_dtype_setting_the_regions_read_or_drops_the_sca
     named = literal.replace("    def train", "    amp_dtype = torch.bfloat16\n    def train").replace("dtype=torch.bfloat16)", "dtype=amp_dtype)")
     [finding] = [f for f in lint_source(textwrap.dedent(named), "t.py") if f.code == "AMP010"]
     assert finding.message.endswith("build it with `enabled=(amp_dtype == torch.float16)`")
+
+
+@pytest.mark.parametrize("placeholder", ["        pass\n", "        ...\n", "        raise NotImplementedError\n"])
+def test_amp011_a_base_class_loop_runs_the_override_of_each_kind_of_placeholder(placeholder: str) -> None:
+    name = "AMP011/bad_base_class_loop_with_the_step_in_a_subclass.py"
+    src = fixture_with(name, "    def training_step(self, data):\n        pass\n", "    def training_step(self, data):\n" + placeholder)
+    assert lines(src, "AMP011") == [16]
+
+
+def test_amp011_a_one_line_placeholder_is_one_too() -> None:
+    name = "AMP011/bad_base_class_loop_with_the_step_in_a_subclass.py"
+    src = fixture_with(name, "    def training_step(self, data):\n        pass\n", "    def training_step(self, data): pass\n")
+    assert lines(src, "AMP011") == [15]  # one line shorter above the scheduler's step
+
+
+def test_amp011_a_base_method_that_does_work_is_not_replaced_by_an_override() -> None:
+    name = "AMP011/bad_base_class_loop_with_the_step_in_a_subclass.py"
+    src = fixture_with(name, "    def training_step(self, data):\n        pass\n", "    def training_step(self, data):\n        self.log(data)\n")
+    assert lines(src, "AMP011") == []

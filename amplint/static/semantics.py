@@ -2012,9 +2012,12 @@ def arms_of(value: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
 def _is_a_placeholder(function: cst.CSTNode) -> bool:
     """A method whose body is only a docstring, `pass`, `...` or `raise NotImplementedError`:
     a hook its subclasses fill in."""
-    body = function.body.body if isinstance(function, cst.FunctionDef) and isinstance(function.body, cst.IndentedBlock) else ()
+    if not isinstance(function, cst.FunctionDef):
+        return False
+    # `def step(self): pass` on one line is a suite of small statements, not a block of lines.
+    body = function.body.body if isinstance(function.body, cst.IndentedBlock) else (function.body,)
     for statement in body:
-        if not isinstance(statement, cst.SimpleStatementLine):
+        if not isinstance(statement, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
             return False
         for small in statement.body:
             if isinstance(small, cst.Pass) or (isinstance(small, cst.Expr) and isinstance(small.value, (cst.Ellipsis, cst.SimpleString, cst.ConcatenatedString))):
