@@ -702,6 +702,11 @@ class _CallGraph:
         self.module_caller = _Unit("<module>", None, 0, 0, module_level, None)
         self._reached: dict[tuple[str, bool, bool], frozenset[_Unit]] = {}
 
+    def runs_methods_of(self, owner: str | None) -> tuple[str | None, ...]:
+        """The classes whose methods a `self.m()` in a method of `owner` may run: its own, and its
+        subclasses' in the file."""
+        return (owner, *self.below.get(owner, ()))
+
     def global_names(self, trigger: re.Pattern[str]) -> set[str]:
         """Names bound outside every unit to something with a trigger word: they stand for it."""
         return set().union(*(names for names, text in self.bindings if trigger.search(text)))
@@ -716,7 +721,7 @@ class _CallGraph:
         """The module-level functions and same-class methods `callers` call, and the methods of
         classes they call through the class or a local instance."""
         called = set().union(*(u.plain_calls for u in callers)) & self.functions
-        methods = {(owner, m) for u in callers if u.owner for m in u.method_calls for owner in (u.owner, *self.below[u.owner])}
+        methods = {(owner, m) for u in callers if u.owner for m in u.method_calls for owner in self.runs_methods_of(u.owner)}
         return {
             u for u in self.units
             if (u.name in called if u.owner is None else (u.owner, u.name) in methods)
@@ -727,7 +732,7 @@ class _CallGraph:
         """Whether `unit` calls one of `callees`, as `_called_by` follows calls."""
         return any(
             (c.name in unit.plain_calls) if c.owner is None
-            else (c.owner in (unit.owner, *self.below[unit.owner]) and c.name in unit.method_calls)
+            else (c.owner in self.runs_methods_of(unit.owner) and c.name in unit.method_calls)
             or unit.calls_method_of(c.owner, c.name)
             for c in callees
         )
@@ -833,7 +838,7 @@ class _CallGraph:
                 if (unit.owner is None and unit.name in self.module_calls)  # called at module level
                 or (unit.owner is not None and self.module_caller.calls_method_of(unit.owner, unit.name))
                 or not kept_functions.isdisjoint(unit.plain_calls)  # a caller
-                or any((owner, name) in kept_methods for name in unit.method_calls for owner in (unit.owner, *self.below[unit.owner]))
+                or any((owner, name) in kept_methods for name in unit.method_calls for owner in self.runs_methods_of(unit.owner))
                 or any(unit.calls_method_of(owner, name) for owner, name in kept_methods)  # through an instance
                 or any(owner == unit.owner and f".{name}" in unit.text for owner, name in attributes)
             }

@@ -247,16 +247,18 @@ class TraceSession:
         self.cpu_seconds = time.process_time() - started
         self.interrupted = isinstance(outcome.exception, KeyboardInterrupt)
         if self.probes is None:  # the script never imported torch, or its import failed
-            # torch cannot be imported twice in one process once its first import failed part-way:
-            # a second import after its C extension registered its types aborts the process.
-            failed_part_way = "torch._C" in sys.modules
-            try:
-                if failed_part_way:
-                    raise RuntimeError("torch's first import failed")
-                import torch  # noqa: F401
-            except ImportError as exc:
-                return outcome.exit_code or _error(f"`amplint trace` needs PyTorch ({exc})")
-            except Exception:  # noqa: BLE001 - a bad TORCH_LOGS, warnings as errors, a module shadowed by the script's
+            # torch cannot be imported twice in one process once its first import failed part-way
+            # (a bad TORCH_LOGS, warnings as errors, a module shadowed by the script's): a second
+            # import after its C extension registered its types aborts the process.
+            failed = "torch._C" in sys.modules
+            if not failed:
+                try:
+                    import torch  # noqa: F401
+                except ImportError as exc:
+                    return outcome.exit_code or _error(f"`amplint trace` needs PyTorch ({exc})")
+                except Exception:  # noqa: BLE001 - torch's own import may raise anything
+                    failed = True
+            if failed:
                 _error("no report: the script's `import torch` failed (its traceback is above), so nothing could be traced")
                 return outcome.exit_code or 2
             self.build_instruments()

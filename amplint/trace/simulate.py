@@ -28,7 +28,6 @@ from amplint.trace.nonfinite import floating_tensors
 MAX_STEPS = 2  # the dtype policy does not change with the step; keep the cost bounded
 _NOT_SIMULATED = object()  # what a call that failed on fake CUDA tensors returns
 
-
 # Tensor methods that return their input's dtype, viewed, indexed or copied: autocast casts none.
 _KEEPS_ITS_DTYPE = frozenset({
     "__getitem__", "view", "reshape", "permute", "transpose", "select", "squeeze", "unsqueeze", "flatten",
@@ -38,6 +37,7 @@ _KEEPS_ITS_DTYPE = frozenset({
 
 class _InputNotSimulated(Exception):
     """A call's input came from a call that was not simulated."""
+
 
 # nn.TransformerEncoderLayer and nn.MultiheadAttention skip their fused eval fast path when
 # `torch.overrides.has_torch_function` sees a function mode: the shadow mode alone would send the

@@ -139,11 +139,8 @@ def has_dtype_argument(region: Autocast, call: CallSite) -> bool:
 def dtype_setting(facts: AmpFacts) -> str | None:
     """The name every enabled region of the file takes its dtype from (`dtype=amp_dtype`,
     `dtype=self.cfg.dtype`), when they all name the same one; None for literals or several."""
-    written = {
-        dotted_name(_dtype_argument(region, call)) if isinstance(_dtype_argument(region, call), (cst.Name, cst.Attribute)) else None
-        for call, region in autocasts(facts)
-        if enabled(region)
-    }
+    arguments = [_dtype_argument(region, call) for call, region in autocasts(facts) if enabled(region)]
+    written = {dotted_name(arg) if isinstance(arg, (cst.Name, cst.Attribute)) else None for arg in arguments}
     if len(written) != 1:
         return None
     (name,) = written
@@ -224,11 +221,10 @@ def times_a_backward(facts: AmpFacts) -> bool:
     """A module that reads a clock and has no optimizer and no scaler anywhere (torch-ngp's
     `test_ffmlp.py` times a fused MLP's backward with CUDA events; torchsparse's kernel tuner
     with `time.time()`): its gradients are measured, never applied, so nothing trains."""
-    if facts.has_scaler or any(e.kind in ("opt_step", "step") for events in ts.own_events(facts).values() for e in events):
+    if facts.has_scaler or not any(c.qualname in _CLOCKS or c.method == "elapsed_time" for c in facts.calls):
         return False
-    if any(c.method in ("zero_grad", "step") or facts.value_kind(c.node, c.scope) == "optimizer" for c in facts.calls):
-        return False
-    return any(c.qualname in _CLOCKS or c.method == "elapsed_time" for c in facts.calls)
+    # Any `.step()` (an optimizer's or a scaler's), `zero_grad()` or optimizer built trains.
+    return not any(c.method in ("zero_grad", "step") or facts.value_kind(c.node, c.scope) == "optimizer" for c in facts.calls)
 
 
 def _in_a_backward_method(call: CallSite) -> bool:

@@ -107,13 +107,15 @@ def _position_argument(facts: AmpFacts, sched: ts.Event) -> str:
     if not arguments:
         return ""
     loop = ts.iteration_loop(sched)
-    counted = {a.key for a in facts.assignments if loop is not None and ts.within(facts, a.where.statement, loop.node)}
+    chosen = arguments[0]
+    if loop is not None:
+        counted = {a.key for a in facts.assignments if ts.within(facts, a.where.statement, loop.node)}
 
-    def moves_with_the_loop(arg: cst.Arg) -> bool:
-        name = dotted_name(arg.value)
-        return loop is not None and name is not None and (loop.binds(name) or name in counted)
+        def moves_with_the_loop(arg: cst.Arg) -> bool:
+            name = dotted_name(arg.value)
+            return name is not None and (loop.binds(name) or name in counted)
 
-    chosen = next((arg for arg in arguments if moves_with_the_loop(arg)), arguments[0])
+        chosen = next((arg for arg in arguments if moves_with_the_loop(arg)), chosen)
     return (f"{chosen.keyword.value}=" if chosen.keyword else "") + facts.module.code_for_node(chosen.value)
 
 

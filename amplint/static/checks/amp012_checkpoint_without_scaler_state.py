@@ -676,7 +676,7 @@ def _saved_state(facts: AmpFacts, call: CallSite, scaler: str, builder: Scope) -
     if built_under is not None:
         return f"{scaler}.state_dict() if {built_under} else None"
     holder, _, attribute = scaler.partition(".")
-    if holder == "self" and "." not in attribute and _guarding_ifs_of_every_binding(facts, scaler, builder):
+    if holder == "self" and "." not in attribute and _common_guards(_bindings_of(facts, scaler, builder)):
         # FourCastNet's `if params.enable_amp: self.gscaler = GradScaler()` in `__init__`: the flag
         # is a constructor argument the saving method cannot read, and without it the attribute
         # does not exist.
@@ -691,10 +691,10 @@ def _built_only_under(facts: AmpFacts, scaler: str, scope: Scope) -> str | None:
     self.config.use_amp: self.scaler = GradScaler(...)`): without the flag the name does not
     exist, so its state is saved as `scaler.state_dict() if <flag> else None`. Only a flag that
     can be read where the checkpoint is built (`self.` in the same class, or a name bound there)."""
-    guards = _guarding_ifs_of_every_binding(facts, scaler, scope)
+    assignments = _bindings_of(facts, scaler, scope)
+    guards = _common_guards(assignments)
     if guards is None:
         return None
-    assignments = _bindings_of(facts, scaler, scope)
     flags = [dotted_name(guard.test) for guard in guards]
     same_class = all(a.where.scope.function_scope.class_name == scope.function_scope.class_name for a in assignments)
 
@@ -711,9 +711,9 @@ def _bindings_of(facts: AmpFacts, scaler: str, scope: Scope) -> list:
     return [a for a in facts.assignments if a.key == scaler and any(value is a.value for value, _ in facts.bindings(scaler, scope))]
 
 
-def _guarding_ifs_of_every_binding(facts: AmpFacts, scaler: str, scope: Scope) -> tuple[cst.If, ...] | None:
-    """The `if`s every binding of the scaler is under, when all are under the same ones."""
-    guards = {_guarding_ifs(a.where) for a in _bindings_of(facts, scaler, scope)}
+def _common_guards(assignments: list) -> tuple[cst.If, ...] | None:
+    """The `if`s every one of the scaler's bindings is under, when all are under the same ones."""
+    guards = {_guarding_ifs(a.where) for a in assignments}
     if len(guards) != 1 or () in guards:
         return None
     return guards.pop()
