@@ -1809,16 +1809,20 @@ class AmpFacts:
     def openings(self) -> Iterator[Autocast | None]:
         """What each autocast the file opens says about itself: a torch autocast call's region, a
         decorator's, or None where it is not read (a framework's own `accelerator.autocast()`)."""
+        return (region for region, _ in self.opening_places())
+
+    def opening_places(self) -> Iterator[tuple[Autocast | None, Context | None]]:
+        """Each of `openings`, with where its autocast call is written (None for a decorator)."""
         for call in self.calls:
             if call.qualname in names.AUTOCAST:
-                yield self.autocast_of(call.node, call.scope)
+                yield self.autocast_of(call.node, call.scope), call.where
             elif self.opens_framework_autocast(call.node, call.scope):
-                yield None
+                yield None, call.where
         for function in self.functions:
             for decorator in function.decorators:
                 region = self.decorator_autocast(decorator, function.parent or function)
                 if region is not None:
-                    yield region
+                    yield region, None
 
     @cached_property
     def has_scaler(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 
@@ -719,25 +720,46 @@ def _amp_off_whenever_the_cast_runs(call: CallSite, facts: AmpFacts) -> bool:
 
 
 def _amp_switches(facts: AmpFacts) -> list[tuple[cst.BaseExpression, Scope] | None]:
-    """The `enabled=` of every autocast region and GradScaler the module opens or builds, with the
-    scope its names are read in; None for one that is on, or whose switch is not read (a
-    framework's `accelerator.autocast()`, `autocast(**kwargs)`)."""
+    """When each autocast region the module opens and each GradScaler it builds is on: its
+    `enabled=` and the tests of the `if`s (and conditional expression) it is written under, with
+    the scope its names are read in; None for one that is on whenever its line runs, or whose
+    switch is not read (a framework's `accelerator.autocast()`, `autocast(**kwargs)`)."""
     switches: list[tuple[cst.BaseExpression, Scope] | None] = []
-    for region in facts.openings():
+    for region, where in facts.opening_places():
         if region is not None and region.enabled == "no":
             continue
-        if region is None or region.enabled_when is None:
+        if region is None:
             switches.append(None)
             continue
         holder = facts.function_holding(region.node)
         # A decorator's arguments are evaluated where the decorated function is defined.
         decorates = isinstance(facts.parent_of.get(id(region.node)), cst.Decorator)
-        switches.append((region.enabled_when, (holder.parent or holder) if decorates else holder))
+        when = _all_of([*_guards(where, region.node, facts), region.enabled_when])
+        switches.append(None if when is None else (when, (holder.parent or holder) if decorates else holder))
     for scaler in facts.calls:
         if scaler.qualname in names.GRAD_SCALER:
-            enabled = scaler.arg(None, "enabled")
-            switches.append(None if enabled is None else (enabled, scaler.scope))
+            when = _all_of([*_guards(scaler.where, scaler.node, facts), scaler.arg(None, "enabled")])
+            switches.append(None if when is None else (when, scaler.scope))
     return switches
+
+
+def _guards(where: Context | None, node: cst.CSTNode, facts: AmpFacts) -> Iterator[cst.BaseExpression]:
+    """What must hold for code at `where` to run: the test of each enclosing `if` whose body holds
+    it, `not` the test of each whose `else` does (CoCoOp's `if prec == "amp": with autocast():`),
+    and the test of a conditional expression with it in an arm (`GradScaler() if prec == "amp"
+    else None`)."""
+    for node_id, label in where.branches if where is not None else ():
+        test = facts.if_tests.get(node_id)
+        if test is not None:
+            yield test if label == "body" else cst.UnaryOperation(cst.Not(), test)
+    parent = facts.parent_of.get(id(node))
+    if isinstance(parent, cst.IfExp) and node is not parent.test:
+        yield parent.test if node is parent.body else cst.UnaryOperation(cst.Not(), parent.test)
+
+
+def _all_of(tests: list[cst.BaseExpression | None]) -> cst.BaseExpression | None:
+    present = [t for t in tests if t is not None]
+    return functools.reduce(lambda a, b: cst.BooleanOperation(a, cst.And(), b), present) if present else None
 
 
 def _with_asserted_settings(
@@ -858,11 +880,18 @@ def _pinned_value(
     """The string a setting is pinned to: itself, or for a parameter of a factory that keeps it
     (`def get_amp_ctx(amp, device): return torch.autocast(device, enabled=amp != "none")`), what
     every call of it in the file passes, up to names.CALL_DEPTH calls away."""
-    text = facts.module.code_for_node(setting)
-    if text in pinned:
-        return pinned[text]
+    wanted = _setting_key(facts.module.code_for_node(setting))
+    value = next((v for text, v in pinned.items() if _setting_key(text) == wanted), None)
+    if value is not None or depth >= names.CALL_DEPTH:
+        return value
     function = scope.function_scope
-    if not (isinstance(setting, cst.Name) and setting.value in function.params) or depth >= names.CALL_DEPTH:
+    if isinstance(setting, cst.Name) and setting.value not in function.params:
+        # A local copy (`prec = self.cfg.PREC`, then `if prec == "amp":`): what it was set to, if set once.
+        bound = facts.bindings(setting.value, scope)
+        if len(bound) == 1 and bound[0][1].function_scope is function:
+            return _pinned_value(bound[0][0], function, pinned, facts, depth + 1)
+        return None
+    if not isinstance(setting, cst.Name):
         return None
     if any(a.key == setting.value and a.where.scope.function_scope is function for a in facts.assignments):
         return None  # rebound (`amp = amp.lower()`): no longer what the callers pass
@@ -871,6 +900,11 @@ def _pinned_value(
         for caller, passed in facts.passed_for(function, setting.value)
     }
     return values.pop() if len(values) == 1 else None
+
+
+def _setting_key(text: str) -> str:
+    """A setting as a constructor reads it and as its methods do: `cfg.PREC` is `self.cfg.PREC`."""
+    return text.removeprefix("self.").removeprefix("cls.")
 
 
 def _test_function(scope: Scope) -> Scope | None:
