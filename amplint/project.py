@@ -118,13 +118,17 @@ def _setup_cfg(text: str) -> list[str]:
 
 def _setup_py(text: str) -> list[str]:
     """The string literals a `setup(...)` call lists in `install_requires` / `extras_require`
-    (a list, or a dict of lists); a computed list is left to the requirements.txt beside it."""
+    (a list, or a dict of lists), and every torch requirement with a version written anywhere in
+    the file: a list in a variable (AutoGPTQ's `requirements = [..., "torch>=1.13.0"]`) or a table
+    of pins the call picks from (transformers' `_deps`)."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return []
     found: list[str] = []
     for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _VERSIONED_TORCH.match(node.value):
+            found.append(node.value)
         if not isinstance(node, ast.Call):
             continue
         for keyword in node.keywords:
@@ -136,6 +140,9 @@ def _setup_py(text: str) -> list[str]:
                 if isinstance(listed, (ast.List, ast.Tuple)):
                     found += [e.value for e in listed.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
     return found
+
+
+_VERSIONED_TORCH = re.compile(r"\s*torch\s*(?:[<>=!~]=|[<>])")
 
 
 # The files that list requirements under a fixed name, and how each is read.
@@ -168,3 +175,24 @@ def oldest_torch(torch: list[str]) -> tuple[int, ...] | None:
         if lower:
             bounds.append(max(lower))
     return min(bounds, default=None)
+
+
+# A comparison of the running torch's version with a 1.x one, on one line: `Version(torch.__version__)
+# < Version("1.10.0")`, `digit_version(TORCH_VERSION) >= digit_version('1.5.0')`, `torch_version() >=
+# (1, 7, 0)`, diffusers' `is_torch_version(">=", "1.9.0")`.
+_VERSION_OF_TORCH = r"(?i:torch\.__version__|torch_version)"
+_ONE_DOT = r"""(?:["']1\.(\d+)(?:\.\d+)*["']|\(\s*1\s*,\s*(\d+))"""
+_TORCH_1_CHECK = re.compile(rf"{_VERSION_OF_TORCH}[^\n]*?{_ONE_DOT}|{_ONE_DOT}[^\n]*?{_VERSION_OF_TORCH}")
+
+
+def oldest_torch_checked(text: str, declared: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The oldest torch a file keeps working on: the project's, or older where the file itself
+    branches on a torch 1.x (mmengine's `amp.py`, which declares no torch and asserts torch >= 1.5):
+    a fix must not drop what the file supports."""
+    if "1" not in text or not re.search(_VERSION_OF_TORCH, text):
+        return declared
+    minors = [int(m.group(1) or m.group(2) or m.group(3) or m.group(4)) for m in _TORCH_1_CHECK.finditer(text)]
+    if not minors:
+        return declared
+    checked = (1, min(minors))
+    return checked if declared is None or checked < declared else declared

@@ -512,6 +512,10 @@ def test_the_oldest_torch_a_pyproject_declares(project: dict, oldest: tuple | No
         ("setup.py", "import setuptools\nsetuptools.setup(extras_require={'gpu': ['torch>=1.10']})\n", (1, 10)),
         ("setup.py", "setup(install_requires=open('requirements.txt').read().split())\n", None),  # computed: not read
         ("setup.py", "setup(install_requires=[\n", None),  # not Python: nothing read, no error
+        # AutoGPTQ: the list is a variable; transformers: a table of pins the call picks from.
+        ("setup.py", "requirements = ['numpy', 'torch>=1.13.0']\nsetup(install_requires=requirements)\n", (1, 13, 0)),
+        ("setup.py", "_deps = ['numpy>=1.17', 'torch>=1.0', 'torchvision']\nsetup(install_requires=deps_list('torch'))\n", (1, 0)),
+        ("setup.py", "print('torch is required')\nsetup(install_requires=reqs)\n", None),  # prose, not a requirement
         ("setup.cfg", "[options]\ninstall_requires =\n    numpy\n    torch>=1.13.1\n", (1, 13, 1)),
         ("setup.cfg", "[options.extras_require]\ntrain = torch>=2.0\n", (2, 0)),
     ],
@@ -593,6 +597,39 @@ def test_a_project_declaring_an_old_torch_gets_no_fix_that_needs_a_newer_one(tmp
     assert (tmp_path / "old" / "train.py").read_text() == source
     assert (tmp_path / "setup_py" / "train.py").read_text() == source  # torch.amp.GradScaler needs 2.3
     assert (tmp_path / "new" / "train.py").read_text() == 'import torch\nscaler = torch.amp.GradScaler("cuda")\n'
+
+
+def test_a_file_that_branches_on_a_torch_1_version_gets_no_fix_that_drops_it(tmp_path: Path) -> None:
+    """mmengine declares no torch, and its amp.py asserts torch >= 1.5: `torch.get_autocast_dtype`
+    (torch 2.4) would break the torch it checks for; a file without such a check is fixed."""
+    checked = (
+        "import torch\nfrom packaging.version import Version\n\n"
+        "assert Version(torch.__version__) >= Version('1.6.0')\n"
+        "dtype = torch.get_autocast_gpu_dtype()\n"
+    )
+    plain = "import torch\n\ndtype = torch.get_autocast_gpu_dtype()\n"
+    write(tmp_path / "checked.py", checked)
+    write(tmp_path / "plain.py", plain)
+    amplint("--fix", "checked.py", "plain.py", cwd=tmp_path)
+    assert (tmp_path / "checked.py").read_text() == checked
+    assert (tmp_path / "plain.py").read_text() == 'import torch\n\ndtype = torch.get_autocast_dtype("cuda")\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        ("if digit_version(TORCH_VERSION) < digit_version('1.10.0'):", (1, 10)),
+        ("if torch_version() >= (1, 7, 0):  # vissl", (1, 7)),
+        ("if is_torch_version('>=', '1.9.0'):", (1, 9)),
+        ("if torch.__version__ >= '2.1':", None),  # torch 2: the declared floor holds
+        ("print('see release 1.5 notes')", None),  # a version, but not torch's
+    ],
+)
+def test_the_oldest_torch_a_file_branches_on(text: str, version) -> None:
+    from amplint.project import oldest_torch_checked
+
+    assert oldest_torch_checked(text, None) == version
+    assert oldest_torch_checked(text, (1, 8)) == min(version or (1, 8), (1, 8))
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 from amplint.catalogue import rule_info
 from amplint.model import Edit, Finding, Fix
+from amplint.project import oldest_torch_checked
 from amplint.static.checks import Hit, Insertion, all_checks
 from amplint.static.screen import nodes
 from amplint.static.semantics import AmpFacts
@@ -123,6 +124,7 @@ def _analyse_source(
         return [parse_error_finding(path, error)] if "AMP000" in wanted else []
     if _file_noqa(text):
         return []
+    min_torch = oldest_torch_checked(text, min_torch)  # read on the whole file: a slice may blank the check
     sliced = None
     if slicing:
         try:
