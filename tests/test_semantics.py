@@ -109,6 +109,19 @@ def test_literal_enabled_false_is_not_a_region() -> None:
     assert region_at(facts, "loss.backward") is None
 
 
+def test_autocast_left_of_an_and_opens_no_region() -> None:
+    """stable-audio-tools' `with torch.cuda.amp.autocast() and torch.no_grad():` enters only
+    `no_grad()` (an autocast object is true), so no rule may take it for a region."""
+    facts = facts_of("import torch\nwith torch.autocast('cuda') and torch.no_grad():\n    loss.backward()\n")
+    assert region_at(facts, "loss.backward") is None
+    assert not facts.has_autocast
+
+
+def test_autocast_right_of_an_and_or_left_of_an_or_is_entered() -> None:
+    for item in ("torch.no_grad() and torch.autocast('cuda')", "torch.autocast('cuda') or nullcontext()"):
+        assert facts_of(f"import torch\nwith {item}:\n    loss.backward()\n").has_autocast, item
+
+
 def test_dynamic_enabled_flag_is_maybe() -> None:
     facts = facts_of("import torch\nwith torch.autocast('cuda', enabled=amp):\n    loss.backward()\n")
     assert region_at(facts, "loss.backward")[0].enabled == "maybe"

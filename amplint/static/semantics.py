@@ -1814,6 +1814,8 @@ class AmpFacts:
     def opening_places(self) -> Iterator[tuple[Autocast | None, Context | None]]:
         """Each of `openings`, with where its autocast call is written (None for a decorator)."""
         for call in self.calls:
+            if self._left_of_an_and(call.node):
+                continue  # `with autocast() and no_grad():` enters only `no_grad()`: the autocast object is true
             if call.qualname in names.AUTOCAST:
                 yield self.autocast_of(call.node, call.scope), call.where
             elif self.opens_framework_autocast(call.node, call.scope):
@@ -1823,6 +1825,10 @@ class AmpFacts:
                 region = self.decorator_autocast(decorator, function.parent or function)
                 if region is not None:
                     yield region, None
+
+    def _left_of_an_and(self, node: cst.CSTNode) -> bool:
+        parent = self.parent_of.get(id(node))
+        return isinstance(parent, cst.BooleanOperation) and isinstance(parent.operator, cst.And) and parent.left is node
 
     @cached_property
     def has_scaler(self) -> bool:
