@@ -1348,6 +1348,16 @@ def main(model, loader, optimizer, lr_scheduler):
 # -- what the messages say (the .expected files pin lines, not words) ----------------------------
 
 
+def test_amp001_message_says_a_device_string_lands_in_the_old_scalers_init_scale() -> None:
+    [finding] = fixture_findings("AMP001/bad_device_string_passed_to_the_old_scaler.py", "AMP001")
+    assert '`"cuda"` lands in its first parameter, `init_scale`' in finding.message
+
+
+def test_amp001_message_on_a_plain_old_scaler_says_nothing_of_init_scale() -> None:
+    findings = fixture_findings("AMP001/bad_cpu_amp.py", "AMP001")
+    assert findings and not any("init_scale" in f.message for f in findings)
+
+
 def test_amp004_per_epoch_message_says_the_scale_starts_over_each_epoch() -> None:
     [finding] = fixture_findings("AMP004/bad_scaler_per_epoch.py", "AMP004")
     assert "starts over every epoch" in finding.message and "never calibrates" not in finding.message

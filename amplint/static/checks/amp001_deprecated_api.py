@@ -9,7 +9,7 @@ import libcst as cst
 
 from amplint.static import autofix, names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts, Scope, dotted_name, ends_with, identifiers
+from amplint.static.semantics import AmpFacts, CallSite, Scope, dotted_name, ends_with, identifiers, string_literal
 
 CODE = "AMP001"
 
@@ -31,6 +31,18 @@ def message_for(qualname: str, called: bool = True) -> str:
     call, note = _REPLACEMENT[kind]
     replacement = call.format(device=device) if called else f"`torch.amp.{kind}` ({note.format(device=device)})"
     return f"`torch.{device}.amp.{kind}` is deprecated since torch 2.4; use {replacement}"
+
+
+def _device_as_init_scale(call: CallSite) -> str:
+    """`torch.cuda.amp.GradScaler("cuda")`, the new signature written on the old class: the old
+    one's first parameter is `init_scale` (pangaea-bench)."""
+    if names.DEPRECATED_AMP.get(call.qualname, (None, None))[1] != "GradScaler":
+        return ""
+    first = call.arg(0, "init_scale")
+    device = string_literal(first) if first is not None else None
+    if device is None:
+        return ""
+    return f"; here `\"{device}\"` lands in its first parameter, `init_scale`, and the first `scaler.scale()` raises TypeError"
 
 
 def _is_deprecated(qualname: str | None) -> bool:
@@ -221,7 +233,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             and not through_a_fallback(call.callee, call.scope)
             and not _fallback_for_older_torch(facts, call.node, replacements)
         ):
-            yield Hit(call.node.func, message_for(call.qualname), call.where.statement, autofix.deprecated_call(call, facts))
+            yield Hit(call.node.func, message_for(call.qualname) + _device_as_init_scale(call), call.where.statement, autofix.deprecated_call(call, facts))
     for ref in facts.references:
         qualname = ref.where.scope.resolve(ref.dotted)
         if (
