@@ -9,7 +9,7 @@ import libcst as cst
 
 from amplint.static import names
 from amplint.static.checks import Hit
-from amplint.static.semantics import AmpFacts, CallSite, dotted_name
+from amplint.static.semantics import AmpFacts, CallSite, dotted_name, string_literal
 from amplint.static.source import code_only
 
 CODE = "AMP015"
@@ -84,7 +84,7 @@ def _target_does_no_tensor_work(facts: AmpFacts, target: cst.BaseExpression | No
         return True  # `Thread(target=torch.save, args=(state, path))`: a checkpoint written in the background
     function = facts._function_named(target, call.scope)
     if function is None:
-        return _named_for_data_work(target)
+        return _named_for_data_work(dotted_name(target)) or any(map(_named_for_data_work, _names_of_the_worker(facts, call)))
     text = code_only(facts.module.code_for_node(function.node))
     if _MODEL_WORK.search(text) or any(_torch_compute(c) or _model_codec(c) for c in function.calls):
         return False
@@ -106,14 +106,22 @@ _DATA_WORK_WORDS = frozenset({
 _NAME_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
 
 
-def _named_for_data_work(target: cst.BaseExpression) -> bool:
+def _named_for_data_work(name: str | None) -> bool:
     """A worker defined in another module, which this file cannot read, by what its name says:
     lerobot's `Thread(target=env.prefetch)` loads observations; `Thread(target=model.generate)`
     and `Thread(target=self.run)` say nothing of the sort."""
-    name = dotted_name(target)
     if name is None:
         return False
     return any(word.lower() in _DATA_WORK_WORDS for word in _NAME_WORDS.findall(name.rsplit(".", 1)[-1]))
+
+
+def _names_of_the_worker(facts: AmpFacts, call: CallSite) -> Iterator[str]:
+    """What the file calls the thread it starts: its `name=` and the name it is assigned to
+    (lerobot's `prefetch_thread = threading.Thread(target=next_env._ensure)`)."""
+    name = string_literal(call.arg(None, "name")) if call.qualname in _THREAD else None
+    if name is not None:
+        yield name
+    yield from (a.key for a in facts.assignments if a.value is call.node)
 
 
 def _model_codec(call: CallSite) -> bool:
