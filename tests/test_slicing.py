@@ -377,3 +377,25 @@ def test_a_large_files_slice_keeps_a_loss_scaled_by_hand_beside_another_backward
         "\n\ndef apply(loss, optimizer):\n    (loss * LOSS_SCALE).backward()\n    optimizer.step()\n"
     )
     assert not [f for f in _sliced_equals_whole(source) if f[0] == "AMP009"]
+
+
+TIMED_BACKWARD = "\n\ndef fwd_bwd(model, x):\n    with torch.autocast('cuda'):\n        loss = model(x).sum()\n    loss.backward()\n"
+
+
+@pytest.mark.parametrize(
+    "clock",
+    [
+        "\n\nclass Clock:\n    def start(self):\n        import time\n        self.t0 = time.perf_counter()\n",
+        "\n\ndef outer():\n    def tick():\n        return start.elapsed_time(end)\n\n    return tick\n",  # nested: not an inert placeholder
+    ],
+)
+def test_a_large_files_slice_keeps_the_clock_that_makes_a_backward_a_benchmark(clock: str) -> None:
+    """A module that reads a clock and never steps times its backward and trains nothing
+    (rg.times_a_backward): the function with the clock is kept, however far from the region."""
+    assert not [f for f in _sliced_equals_whole(_large(TIMED_BACKWARD + clock)) if f[0] == "AMP009"]
+
+
+def test_a_large_files_slice_keeps_a_step_that_makes_a_timed_backward_train() -> None:
+    step = "\n\ndef apply(opt):\n    opt.step()\n"
+    clock = "\n\ndef now():\n    import time\n    return time.time()\n"
+    assert [f[0] for f in _sliced_equals_whole(_large(TIMED_BACKWARD + clock + step))] == ["AMP009"]

@@ -212,3 +212,9 @@ def names_a_test(function_name: str) -> bool:
 # finiteness check or a comparison at the top of an fp32 block is not low-precision arithmetic
 # (AMP014, statically and at run time).
 VALUE_INSPECTIONS = frozenset({"isfinite", "isnan", "isinf", "isposinf", "isneginf", "isreal", "equal", "allclose", "isclose"})
+
+
+# A timer, a profiler or a project's timing helper, by its name's last part (vissl's
+# `with_timing(...)`, `Timer()`, `torch.profiler.profile`, `record_function`, `benchmark_fn`):
+# what measures a backward, as a clock read does.
+TIMING_NAME = re.compile(r"tim(?:er|ing|ed)|benchmark|profil|record_function", re.IGNORECASE)

@@ -494,11 +494,16 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
         kept |= graph.reach(TRIGGERS[code], follow_calls=code in _FOLLOW_CALLS, function_classes=code in _FUNCTION_CLASS_RULES)
     if "AMP002" in codes:
         kept |= _amp002_reads(graph)
+    reads_clocks = not codes.isdisjoint(_ASK_FOR_A_BACKWARD) and _reads_a_clock(screen)
     if not codes.isdisjoint(_ASK_FOR_A_BACKWARD):
         kept |= _backward_witness(graph, kept, screen)
+    if reads_clocks:
+        kept |= _what_times_a_backward_reads(graph, screen)
     if "AMP009" in codes:  # any backward of a loss scaled by hand exempts the module: keep every one on a product
         kept |= graph.reach(_BACKWARD_OF_A_PRODUCT, follow_calls=False, function_classes=False)
     triggers = [TRIGGERS[code] for code in sorted(codes - {"AMP000"})]
+    if reads_clocks:  # a nested function of a witness that reads the clock or steps is not inert
+        triggers.append(_CLOCK_OR_STEP)
     if not codes.isdisjoint(_OPTIMIZER_RULES):
         triggers.append(_BUILDS_OPTIMIZERS)
         kept |= graph.reach(_BUILDS_OPTIMIZERS, follow_calls=False, function_classes=False)
@@ -682,6 +687,45 @@ def _backward_witness(graph: _CallGraph, kept: set[_Unit], screen: Screen) -> fr
         if index < len(lines) and lines[index] <= unit.last:
             return frozenset({unit})
     return graph.reach(r"backward", follow_calls=True, function_classes=False)
+
+
+# The clocks rg.times_a_backward reads (its _CLOCKS by their last names, and CUDA events' `elapsed_time`).
+_CLOCK_CALLS = frozenset({
+    "time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "process_time", "timeit", "repeat",
+    "default_timer", "Timer", "elapsed_time",
+})
+
+
+def _reads_a_clock(screen: Screen) -> bool:
+    return any(_measures(_called_name(c.func)) for c in screen.walk.calls)
+
+
+def _measures(name: str | None) -> bool:
+    """rg._measures by the last part of the name called: a clock, a timer or a profiler."""
+    return name is not None and (name in _CLOCK_CALLS or names.TIMING_NAME.search(name) is not None)
+
+
+def _what_times_a_backward_reads(graph: _CallGraph, screen: Screen) -> frozenset[_Unit]:
+    """rg.times_a_backward asks whether a module that reads a clock ever steps, zeroes gradients
+    or builds an optimizer: one function that reads a clock and one that steps or zeroes answer
+    the first two (code outside every function is kept anyway), and the functions that build
+    optimizers the last."""
+    kept = {*_holding(graph, _measures, screen), *_holding(graph, lambda name: name in ("step", "zero_grad"), screen)}
+    return frozenset(kept) | graph.reach(_BUILDS_OPTIMIZERS, follow_calls=False, function_classes=False)
+
+
+_CLOCK_OR_STEP = r"|".join(rf"{name}\s*\(" for name in sorted(_CLOCK_CALLS | {"step", "zero_grad"})) + f"|(?i:{names.TIMING_NAME.pattern})"
+
+
+def _called_name(func: ast.expr) -> str | None:
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _holding(graph: _CallGraph, called: Callable[[str | None], bool], screen: Screen) -> list[_Unit]:
+    """A function that makes a call whose name is `called`, unless module-level code does (it is kept)."""
+    lines = sorted(c.lineno for c in screen.walk.calls if called(_called_name(c.func)))
+    holders = [next((u for u in graph.units if u.first <= line <= u.last), None) for line in lines]
+    return [] if not holders or None in holders else [holders[0]]
 
 
 class _CallGraph:

@@ -218,13 +218,21 @@ _CLOCKS = frozenset({
 
 
 def times_a_backward(facts: AmpFacts) -> bool:
-    """A module that reads a clock and has no optimizer and no scaler anywhere (torch-ngp's
-    `test_ffmlp.py` times a fused MLP's backward with CUDA events; torchsparse's kernel tuner
-    with `time.time()`): its gradients are measured, never applied, so nothing trains."""
-    if facts.has_scaler or not any(c.qualname in _CLOCKS or c.method == "elapsed_time" for c in facts.calls):
+    """A module that reads a clock, or calls a timer or a profiler, and has no optimizer and no
+    scaler anywhere (torch-ngp's `test_ffmlp.py` times a fused MLP's backward with CUDA events;
+    torchsparse's kernel tuner with `time.time()`; vissl's FSDP benchmark with its own
+    `with_timing(...)`): its gradients are measured, never applied, so nothing trains."""
+    if facts.has_scaler or not any(_measures(c) for c in facts.calls):
         return False
     # Any `.step()` (an optimizer's or a scaler's), `zero_grad()` or optimizer built trains.
     return not any(c.method in ("zero_grad", "step") or facts.value_kind(c.node, c.scope) == "optimizer" for c in facts.calls)
+
+
+def _measures(call: CallSite) -> bool:
+    if call.qualname in _CLOCKS or call.method == "elapsed_time":
+        return True
+    name = call.method or (call.callee or "").rsplit(".", 1)[-1]
+    return bool(names.TIMING_NAME.search(name))
 
 
 def _in_a_backward_method(call: CallSite) -> bool:
