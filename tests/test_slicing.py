@@ -399,3 +399,13 @@ def test_a_large_files_slice_keeps_a_step_that_makes_a_timed_backward_train() ->
     step = "\n\ndef apply(opt):\n    opt.step()\n"
     clock = "\n\ndef now():\n    import time\n    return time.time()\n"
     assert [f[0] for f in _sliced_equals_whole(_large(TIMED_BACKWARD + clock + step))] == ["AMP009"]
+
+
+def test_a_large_files_slice_keeps_what_callers_pass_a_helper_that_switches_flash_attention() -> None:
+    """AMP016 reads `make_model(True)` where the helper sets `cfg.flash_attention = flash_attn`."""
+    source = _large(
+        "\n\ndef make_model(cfg, flash_attn):\n    cfg.flash_attention = flash_attn\n    return build(cfg)\n"
+        "\n\ndef test_compare(cfg, batch):\n    fast = make_model(cfg, True)\n    return fast(batch)\n"
+        "\n\ndef run(model, batch):\n    with torch.autocast('cuda', dtype=torch.bfloat16):\n        return model(batch)\n"
+    )
+    assert not [f for f in _sliced_equals_whole(source) if f[0] == "AMP016"]

@@ -114,6 +114,9 @@ TRIGGERS: dict[str, str] = {
     "AMP017": r"autocast|compile|backward",
 }
 
+# A FlashAttention switch AMP016 reads (its _FLASH_ATTENTION_SWITCHES), set in a helper from a parameter.
+_FLASH_SWITCH = r"flash_att"
+
 # Rules whose gate reads string contents (a device literal such as "cpu"): re-gated on code only
 # for the word their subject must be named by.
 STRING_SENSITIVE = {"AMP010": b"GradScaler"}
@@ -494,6 +497,8 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
         kept |= graph.reach(TRIGGERS[code], follow_calls=code in _FOLLOW_CALLS, function_classes=code in _FUNCTION_CLASS_RULES)
     if "AMP002" in codes:
         kept |= _amp002_reads(graph)
+    if "AMP016" in codes:  # what the callers of a helper that switches FlashAttention on pass it
+        kept |= graph.callers(graph.reach(_FLASH_SWITCH, follow_calls=False, function_classes=False))
     reads_clocks = not codes.isdisjoint(_ASK_FOR_A_BACKWARD) and _reads_a_clock(screen)
     if not codes.isdisjoint(_ASK_FOR_A_BACKWARD):
         kept |= _backward_witness(graph, kept, screen)

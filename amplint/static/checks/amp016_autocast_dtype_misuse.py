@@ -14,6 +14,7 @@ from amplint.static.semantics import (
     AmpFacts,
     Autocast,
     CallSite,
+    Scope,
     constructor_of,
     dotted_name,
     is_true,
@@ -109,27 +110,37 @@ def _needs_bf16_hardware(facts: AmpFacts) -> bool:
         for library in _NEEDS_BF16_HARDWARE
     ):
         return True
-    return "flash" in facts.text and any(_asks_for_flash_attention(name, value) for name, value in _settings(facts))
+    return "flash" in facts.text and any(_asks_for_flash_attention(facts, *setting) for setting in _settings(facts))
 
 
-def _asks_for_flash_attention(name: str, value: cst.BaseExpression) -> bool:
+def _asks_for_flash_attention(facts: AmpFacts, name: str, value: cst.BaseExpression, scope: Scope | None) -> bool:
     if name in _ATTENTION_IMPLEMENTATIONS:
         return string_literal(value) in _AMPERE_ATTENTION_NAMES
-    return name in _FLASH_ATTENTION_SWITCHES and is_true(value)
+    if name not in _FLASH_ATTENTION_SWITCHES:
+        return False
+    if is_true(value):
+        return True
+    # OLMo's test: `def make_model(flash_attn): cfg.flash_attention = flash_attn`, then `make_model(True)`.
+    function = scope.function_scope if scope is not None else None
+    return (
+        isinstance(value, cst.Name) and function is not None and value.value in function.params
+        and any(is_true(passed) for _, passed in facts.passed_for(function, value.value) if passed is not None)
+    )
 
 
-def _settings(facts: AmpFacts) -> Iterator[tuple[str, cst.BaseExpression]]:
-    """Each named value the module sets: keyword arguments (`Model(flash_attention=True)`),
-    attributes and names (`cfg.flash_attention = True`) and dict entries (`{"attn_impl": "flash"}`)."""
+def _settings(facts: AmpFacts) -> Iterator[tuple[str, cst.BaseExpression, Scope | None]]:
+    """Each named value the module sets, with the scope it is set in: keyword arguments
+    (`Model(flash_attention=True)`), attributes and names (`cfg.flash_attention = True`) and dict
+    entries (`{"attn_impl": "flash"}`)."""
     for call in facts.calls:
         for arg in call.node.args:
             if arg.keyword is not None:
-                yield arg.keyword.value, arg.value
+                yield arg.keyword.value, arg.value, call.scope
     for assignment in facts.assignments:
-        yield assignment.key.rsplit(".", 1)[-1], assignment.value
+        yield assignment.key.rsplit(".", 1)[-1], assignment.value, assignment.where.scope
     entries = _DictEntries()
     facts.module.visit(entries)  # a pass over the tree, only for a module that mentions flash
-    yield from entries.found
+    yield from ((key, value, None) for key, value in entries.found)
 
 
 class _DictEntries(cst.CSTVisitor):
