@@ -409,3 +409,17 @@ def test_a_large_files_slice_keeps_what_callers_pass_a_helper_that_switches_flas
         "\n\ndef run(model, batch):\n    with torch.autocast('cuda', dtype=torch.bfloat16):\n        return model(batch)\n"
     )
     assert not [f for f in _sliced_equals_whole(source) if f[0] == "AMP016"]
+
+
+def test_a_large_files_slice_keeps_a_triton_kernel_that_converts_its_loads() -> None:
+    """AMP013 reads the kernel a Function's forward launches (`_fwd[grid](x, w)`), however far away."""
+    source = _large(
+        "\nimport triton\nimport triton.language as tl\n"
+        "\n\n@triton.jit\ndef _fwd(X, W, Y):\n    x = tl.load(X).to(tl.float32)\n    w = tl.load(W).to(tl.float32)\n    tl.store(Y, x * w)\n"
+        + "".join(f"\n\ndef unrelated_{i}(a):\n    return a + {i}\n" for i in range(40))
+        + "\n\nclass ScaleFn(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x, w):\n"
+        "        y = torch.empty_like(x)\n        _fwd[(1,)](x, w, y)\n        return y\n\n"
+        "    @staticmethod\n    def backward(ctx, dy):\n        return dy, None\n"
+        "\n\ndef run(x, w):\n    with torch.autocast('cuda'):\n        return ScaleFn.apply(x, w)\n"
+    )
+    assert not [f for f in _sliced_equals_whole(source) if f[0] == "AMP013"]

@@ -103,7 +103,8 @@ TRIGGERS: dict[str, str] = {
     "AMP012": r"save|state_dict|load(?<!\wload)\b|Checkpoint|Accelerator|" + _CHECKPOINT_WRITER + "|" + _SCALER,
     # What makes the module AMP-aware; a Function's own methods are kept by _FUNCTION_CLASS_RULES.
     # Every `.apply` of a Function: its exemption needs all of them in autocast-disabled regions.
-    "AMP013": r"custom_fwd|custom_bwd|autocast|\.apply(?!\w)|" + _SCALER,
+    # A Triton kernel that converts its loads, which a forward may launch (_launches_a_converting_kernel).
+    "AMP013": r"custom_fwd|custom_bwd|autocast|\.apply(?!\w)|\.to\(\s*tl\.float32|" + _SCALER,
     "AMP014": r"autocast",
     "AMP015": r"autocast|Thread|submit|Executor|Pool|\.map\(|apply_async|imap|starmap",
     # What says the module trains (its bfloat16 hint then mentions a GradScaler), as AMP002's,

@@ -185,7 +185,10 @@ def _undecorated(
         + (", and `backward` with `@torch.amp.custom_bwd(device_type=...)`" if backward is not None else "")
     )
     mixes_inputs = (
-        _takes_tensors(facts, forward) >= 2 and not _casts_an_input(facts, forward) and not _passes_an_input_through(facts, forward)
+        _takes_tensors(facts, forward) >= 2
+        and not _casts_an_input(facts, forward)
+        and not _passes_an_input_through(facts, forward)
+        and not _launches_a_converting_kernel(facts, forward)
     )
     # Callers that cast every input to the autocast dtype leave forward no mix; its backward still
     # runs outside the autocast state forward ran with.
@@ -318,6 +321,30 @@ def _casts_an_input(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
         and _to_a_dtype(facts, a.value, function)
         and all(f"{a.key}.dtype" in facts.module.code_for_node(guard.test) for guard in a.where.ifs)
         for a in facts.assignments
+    )
+
+
+# A Triton kernel converting what it loads (`tl.load(X + offs).to(tl.float32)`).
+_CONVERTS_LOADS = re.compile(r"\.to\(\s*tl\.float32")
+
+
+def _launches_a_converting_kernel(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
+    """Forward hands its tensors to a Triton kernel of the file (`_ln_fwd_kernel[grid](x, weight,
+    ...)`) that converts each load to float32 itself (flash-attention's `LayerNormFn`: float16
+    activations beside float32 weights, by design): the kernel picks its dtypes, as a forward that
+    casts its inputs does."""
+    function = facts.scope_of_function(forward)
+    launched = {
+        call.node.func.value.value
+        for call in facts.calls
+        if call.scope is function and isinstance(call.node.func, cst.Subscript) and isinstance(call.node.func.value, cst.Name)
+    }
+    return any(
+        kernel.name in launched
+        and kernel.parent is facts.module_scope
+        and any((dotted_name(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "").endswith("jit") for d in kernel.decorators)
+        and _CONVERTS_LOADS.search(facts.module.code_for_node(kernel.node.body)) is not None
+        for kernel in facts.functions
     )
 
 
