@@ -164,6 +164,16 @@ _SAVE_HELPER = re.compile(r"^save(?:_on_master|_checkpoint)?$")
 _XLA = "torch_xla."
 
 
+def _on_the_tpu_branch(facts: AmpFacts, call: CallSite) -> bool:
+    """The innermost branch holding `call` also calls torch_xla (LoRA's vendored Trainer restores
+    the optimizer, then `xm.send_cpu_data_to_device(...)`, under `if is_torch_tpu_available():`):
+    a TPU run, where the torch GradScalers this rule knows do not step."""
+    if not call.where.branches:
+        return False
+    branch = call.where.branches[-1]
+    return any((c.qualname or "").startswith(_XLA) and branch in c.where.branches for c in facts.calls)
+
+
 def _saves(facts: AmpFacts, call: CallSite) -> bool:
     """`torch.save`, or a save helper this file does not define (its own are followed to their
     torch.save)."""
@@ -926,7 +936,7 @@ def _load_without_scaler(facts: AmpFacts) -> Iterator[Hit]:
     entries_taken = list(_entries_taken_from_a_loaded_checkpoint(facts))
     if any(_SCALER.search(key) for key, _ in entries_taken):
         return  # `scaler_state = checkpoint["scaler"]`, handed to whatever restores it
-    restores = [c for c in loads if facts.is_optimizer(c.receiver_key, c.scope)]
+    restores = [c for c in loads if facts.is_optimizer(c.receiver_key, c.scope) and not _on_the_tpu_branch(facts, c)]
     for call in restores:
         if not _away_from_every_scaler(facts, call.scope):
             # The scaler that steps this optimizer: a GAN's discriminator has its own.
