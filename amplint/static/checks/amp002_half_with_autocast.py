@@ -1040,6 +1040,27 @@ def _input_of_a_frozen_module(call: CallSite, facts: AmpFacts) -> bool:
     return bool(called) and _frozen_module(called, call.where, facts)
 
 
+def _input_of_a_model_in_its_dtype(call: CallSite, facts: AmpFacts, dtype: str) -> bool:
+    """A tensor cast outside every autocast region and handed straight to a model its function
+    converts to that dtype (torchao's test: `model2 = copy.deepcopy(model1).bfloat16()`, then
+    `model2(x.bfloat16())` beside the autocast run of `model1`): the input must match the weights
+    of a model that runs without autocast; whether that model should be converted is the
+    conversion's finding, not the input's."""
+    if facts.region_of(call.where) is not None:
+        return False
+    consumer = _handed_to(_outermost_method_call(call.node, facts), facts)
+    name = dotted_name(consumer.func) if consumer is not None else None
+    if name is None:
+        return False
+    function = call.scope.function_scope
+    converted_values = {id(a.value) for a in facts.assignments if a.key == name and a.where.scope.function_scope is function}
+    return any(
+        (id(other.node) in converted_values or _converted(other) == name) and low_precision_target(other, facts) == dtype
+        for other in function.calls
+        if other is not call
+    )
+
+
 def _handed_to(node: cst.CSTNode, facts: AmpFacts) -> cst.Call | None:
     """The call `node` is an argument of (`val.run(model=node)`), if any."""
     argument_node = facts.parent_of.get(id(node))
@@ -1226,6 +1247,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
             or _frozen(call, facts)
             or _base_of_a_peft_model(call, facts)
             or _input_of_a_frozen_module(call, facts)
+            or _input_of_a_model_in_its_dtype(call, facts, dtype)
             or _used_only_without_gradients(call, facts)
             or _made_here_and_used_only_without_gradients(call, facts)
             or _upstream_gradient(call, facts)
