@@ -2224,3 +2224,29 @@ def test_simulate_cuda_carries_a_dtype_through_indexing_and_never_guesses_after_
     assert 11 in not_simulated
     assert not_simulated[12] == "an input comes from a call that was not simulated"
     assert ("torch.nn.functional.gelu", 12) not in simulated
+
+
+def test_python_programs_the_script_runs_are_listed_and_other_commands_are_not(tmp_path: Path) -> None:
+    """A sweep launcher: each Python run it starts is separate and untraced; `echo` is not one."""
+    write(
+        tmp_path,
+        "sweep.py",
+        """
+        import os
+        import subprocess
+        import sys
+
+        for lr in ("0.1", "0.01"):
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+        subprocess.run(["echo", "logged"], check=True)
+        os.system("OMP_NUM_THREADS=1 python -c pass")
+        """,
+    )
+    proc = trace(tmp_path, "--json", "r.json", "sweep.py")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["untraced_processes"] == [
+        {"path": "sweep.py", "line": 7, "count": 2, "how": "program"},
+        {"path": "sweep.py", "line": 9, "count": 1, "how": "program"},
+    ]
+    assert any(note.startswith("the script ran 3 Python program(s) that amplint does not trace (sweep.py:7, sweep.py:9)") for note in report["notes"])

@@ -774,3 +774,32 @@ def test_hand_loss_scale_reads_the_seed_gradient_of_backward() -> None:
 
     assert hand_loss_scale(_loss(), torch.tensor(4096.0)) == 4096.0
     assert hand_loss_scale([_loss(), _loss()], None) is None  # several roots: no one loss to read
+
+
+@pytest.mark.parametrize(
+    ("args", "executable", "shell"),
+    [
+        ([sys.executable, "train.py"], None, False),
+        (["python3.11", "-m", "trainer"], None, False),
+        (["/usr/bin/python", "eval.py"], None, False),
+        (["torchrun", "--nproc-per-node", "2", "train.py"], None, False),
+        ("CUDA_VISIBLE_DEVICES=0 python train.py --lr 3e-4", None, True),
+        ("env OMP_NUM_THREADS=1 accelerate launch train.py", None, True),
+        (["train.py"], sys.executable, False),
+        ([b"python", b"train.py"], None, False),
+    ],
+)
+def test_a_command_that_starts_python_is_a_python_program(args, executable, shell) -> None:
+    from amplint.trace.session import runs_python
+
+    assert runs_python(args, executable, shell)
+
+
+@pytest.mark.parametrize(
+    ("args", "shell"),
+    [(["nvidia-smi"], False), ("git rev-parse HEAD", True), (["ninja", "-v"], False), ("echo 'unclosed", True), ([], False), ("", True)],
+)
+def test_other_commands_are_not_python_programs(args, shell) -> None:
+    from amplint.trace.session import runs_python
+
+    assert not runs_python(args, None, shell)

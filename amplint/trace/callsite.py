@@ -4,18 +4,19 @@ library nor an installed package. Classification is cached per code object, so a
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import site
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 Callsite = tuple[str, int]  # (absolute filename, line)
 
 
-def _library_dirs() -> list[str]:
+def _library_dirs(with_torch: bool) -> list[str]:
     dirs = set()
     # "scripts": console entry points (`.venv/bin/amplint`) call into amplint, not the user's code.
     for scheme_key in ("stdlib", "platstdlib", "purelib", "platlib", "scripts"):
@@ -29,9 +30,10 @@ def _library_dirs() -> list[str]:
         dirs.add(site.getusersitepackages())
     except AttributeError:  # virtualenv's old site module
         pass
-    import torch
+    if with_torch:  # an editable build of torch lives outside site-packages
+        import torch
 
-    dirs.add(os.path.dirname(torch.__file__))
+        dirs.add(os.path.dirname(torch.__file__))
     dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # amplint itself
     return sorted({os.path.normcase(os.path.abspath(d)) + os.sep for d in dirs if d})
 
@@ -39,8 +41,8 @@ def _library_dirs() -> list[str]:
 class CodeClassifier:
     """Answers "is this file user code?" and "is it part of the traced project?"."""
 
-    def __init__(self, project_roots: list[str]):
-        self.library_dirs = tuple(_library_dirs())
+    def __init__(self, project_roots: list[str], with_torch: bool = True):
+        self.library_dirs = tuple(_library_dirs(with_torch))
         self.project_roots = tuple(
             os.path.normcase(os.path.abspath(r)).rstrip(os.sep) + os.sep for r in project_roots
         )
@@ -74,6 +76,12 @@ class CodeClassifier:
             if not is_internal:
                 yield (code.co_filename, frame.f_lineno)
             frame = frame.f_back
+
+
+@functools.lru_cache(maxsize=1)
+def library_file_test() -> Callable[[str], bool]:
+    """`is_library_file` before the script has imported torch (the tracer does not import it first)."""
+    return CodeClassifier([], with_torch=False).is_library_file
 
 
 # What marks a folder as a project's top: its repository or its packaging.

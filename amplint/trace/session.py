@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import re
 import signal
@@ -69,11 +70,14 @@ def _set_active_state(state) -> None:
 
 
 class _ChildProcesses:
-    """Counts the processes the script starts with multiprocessing (a `Process`, `mp.spawn`, a
-    `Pool`, a `ProcessPoolExecutor`): they run its code untraced (a forked child passes everything
-    through, a spawned one is a plain Python), so the report must not call their lines unrun.
+    """Counts the processes the script starts that run untraced: with multiprocessing (a
+    `Process`, `mp.spawn`, a `Pool`, a `ProcessPoolExecutor`) they run its code (a forked child
+    passes everything through, a spawned one is a plain Python), so the report must not call their
+    lines unrun; a Python program it runs itself (`subprocess.run([sys.executable, "train.py"])`,
+    `os.system("torchrun ...")`: a sweep launcher) is a separate run the user can trace.
     DataLoader workers and managers are not counted: they load data or serve objects for this
-    process, where the training they feed is traced."""
+    process, where the training they feed is traced. Nor are the commands libraries run for
+    themselves (inductor's compile workers, a compiler)."""
 
     _SERVING_MODULES = ("torch.utils.data._utils.worker", "multiprocessing.managers")
 
@@ -81,30 +85,106 @@ class _ChildProcesses:
         self.session = session
 
     def __enter__(self) -> _ChildProcesses:
+        import subprocess
         from multiprocessing.process import BaseProcess  # the standard library's: torch stays unimported
 
         real_start = self._real_start = BaseProcess.start
-        started = self._started
+        real_popen = self._real_popen = subprocess.Popen.__init__
+        real_system = self._real_system = os.system
+        counted = self._counted
 
         @functools.wraps(real_start)
         def start(process) -> None:
             serving = getattr(getattr(process, "_target", None), "__module__", None) in self._SERVING_MODULES
             real_start(process)  # it forgets the target
             if not serving:
-                started()
+                counted(self.session.state.untraced_processes, _script_callsite(self.session, subprocess_call=False))
+
+        @functools.wraps(real_popen)
+        def popen(process, args, *rest, **options) -> None:
+            real_popen(process, args, *rest, **options)  # started: counted only if it did
+            if runs_python(args, options.get("executable"), options.get("shell", False)):
+                counted(self.session.state.untraced_programs, _script_callsite(self.session, subprocess_call=True))
+
+        @functools.wraps(real_system)
+        def system(command):
+            status = real_system(command)
+            if runs_python(command, None, shell=True):
+                counted(self.session.state.untraced_programs, _script_callsite(self.session, subprocess_call=True))
+            return status
 
         BaseProcess.start = start
+        subprocess.Popen.__init__ = popen
+        os.system = system
         return self
 
     def __exit__(self, *exc) -> None:
+        import subprocess
         from multiprocessing.process import BaseProcess
 
         BaseProcess.start = self._real_start
+        subprocess.Popen.__init__ = self._real_popen
+        os.system = self._real_system
 
-    def _started(self) -> None:
-        classifier = self.session.classifier  # None until the script imports torch
-        site = classifier.user_callsite() if classifier is not None else None
-        self.session.state.untraced_processes[site] += 1
+    @staticmethod
+    def _counted(counter, site) -> None:
+        if site is not False:
+            counter[site] += 1
+
+
+def _script_callsite(session: TraceSession, subprocess_call: bool):
+    """Where the script's code started a process: the innermost user frame (None: torch is not
+    imported yet, so no frame can be told apart), or False when a library started a program for
+    itself (the frame that called `subprocess` or `os` is a library's)."""
+    from amplint.trace.callsite import library_file_test
+
+    frame = sys._getframe(2)
+    if subprocess_call:
+        while frame is not None and frame.f_code.co_filename in _PROCESS_MODULE_FILES:
+            frame = frame.f_back
+        is_library_file = session.classifier.is_library_file if session.classifier is not None else library_file_test()
+        if frame is None or is_library_file(frame.f_code.co_filename):
+            return False
+        return (frame.f_code.co_filename, frame.f_lineno)
+    classifier = session.classifier
+    return classifier.user_callsite(2) if classifier is not None else None
+
+
+# As their code names them: `os` is frozen (`<frozen os>`), and its `popen` calls subprocess.
+_PROCESS_MODULE_FILES = frozenset({__import__("subprocess").Popen.__init__.__code__.co_filename, os.popen.__code__.co_filename})
+# What starts a Python program: an interpreter (`python`, `python3.11`, `pythonw`), and the
+# launchers that run one (`torchrun`, `accelerate launch`, `deepspeed`).
+_PYTHON_PROGRAM = re.compile(r"(?:python(?:\d+(?:\.\d+)*)?w?|torchrun|accelerate|deepspeed)(?:\.exe)?", re.IGNORECASE)
+_ENVIRONMENT_ASSIGNMENT = re.compile(r"\w+=")  # `CUDA_VISIBLE_DEVICES=0 python train.py`
+
+
+def runs_python(args, executable, shell: bool) -> bool:
+    """Whether a command line (as `subprocess.Popen` or `os.system` take it) runs a Python program."""
+    import shlex
+
+    if executable is not None:
+        program = os.fsdecode(executable)
+    elif isinstance(args, (str, bytes, os.PathLike)):
+        line = os.fsdecode(args)
+        if not shell:
+            program = line
+        else:
+            try:
+                words = shlex.split(line)
+            except ValueError:
+                return False
+            words = [w for w in itertools.dropwhile(lambda w: _ENVIRONMENT_ASSIGNMENT.match(w) or w == "env", words)]
+            if not words:
+                return False
+            program = words[0]
+    else:
+        try:
+            program = os.fsdecode(next(iter(args)))
+        except (StopIteration, TypeError):
+            return False
+    if os.path.realpath(program) == os.path.realpath(sys.executable):
+        return True
+    return _PYTHON_PROGRAM.fullmatch(os.path.basename(program)) is not None
 
 
 # What a script that tests its values stops with (`assert torch.isfinite(loss)`, `raise
@@ -501,10 +581,11 @@ class TraceSession:
         return report
 
     def untraced_processes(self) -> list[dict]:
-        """Where the script started processes that ran untraced, and how many."""
+        """Where the script started processes that ran untraced, how, and how many."""
         return [
-            {"path": self.display(site[0]) if site else None, "line": site[1] if site else None, "count": count}
-            for site, count in self.state.untraced_processes.items()
+            {"path": self.display(site[0]) if site else None, "line": site[1] if site else None, "count": count, "how": how}
+            for how, counter in (("multiprocessing", self.state.untraced_processes), ("program", self.state.untraced_programs))
+            for site, count in counter.items()
         ]
 
     def _say_what_ran_untraced(self, untraced: list[dict], findings: list[dict]) -> None:
@@ -512,16 +593,25 @@ class TraceSession:
         a child, so a finding it did not reach says so instead of "the line never ran"."""
         from amplint.trace.confirm import LINE_NEVER_RAN
 
-        places = ", ".join(f"{p['path']}:{p['line']}" for p in untraced if p["path"])
-        where = f" ({places})" if places else ""
-        count = sum(p["count"] for p in untraced)
-        self._note(
-            f"the script started {count} process(es) that amplint does not trace{where}: what ran there "
-            "(ops, GradScaler steps, non-finite values) is not in this report"
-        )
+        def where(entries: list[dict]) -> str:
+            places = ", ".join(f"{p['path']}:{p['line']}" for p in entries if p["path"])
+            return f" ({places})" if places else ""
+
+        children = [p for p in untraced if p["how"] == "multiprocessing"]
+        programs = [p for p in untraced if p["how"] == "program"]
+        if children:
+            self._note(
+                f"the script started {sum(p['count'] for p in children)} process(es) that amplint does not trace{where(children)}: "
+                "what ran there (ops, GradScaler steps, non-finite values) is not in this report"
+            )
+        if programs:
+            self._note(
+                f"the script ran {sum(p['count'] for p in programs)} Python program(s) that amplint does not trace{where(programs)}: "
+                "what ran there is not in this report; run `amplint trace` on the program itself to trace it"
+            )
         for finding in findings:
             if finding["status"] == "not-reached" and finding["evidence"].get("note", LINE_NEVER_RAN) == LINE_NEVER_RAN:
-                finding["evidence"]["note"] = f"not reached in the traced process; it may have run in a process the script started{where}"
+                finding["evidence"]["note"] = f"not reached in the traced process; it may have run in a process the script started{where(untraced)}"
 
     def write(self, report: dict) -> None:
         from amplint.trace import report as rpt

@@ -344,6 +344,8 @@ class TraceState:
         # processes started with multiprocessing, which run untraced: start callsite (None: torch
         # not imported yet, or no line of the script's on the stack) -> count
         self.untraced_processes: Counter = Counter()
+        # Python programs the script ran (subprocess, os.system): start callsite -> count
+        self.untraced_programs: Counter = Counter()
 
         # AMP007-AMP017 (events keyed by rule; see confirm.rule_events for how each is joined)
         self.pairing: list[dict] = []  # AMP007: missing update / update without step
