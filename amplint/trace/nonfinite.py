@@ -43,7 +43,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from amplint.trace.report import cheap_coverage_note
+from amplint.trace.report import SCALED_LOSS, cheap_coverage_note
 from amplint.trace.state import NonFinite, TraceState
 
 _FLOATING = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
@@ -210,6 +210,8 @@ class NonFiniteMonitor:
         self._admit(item)
 
     def _admit(self, item: NonFinite) -> None:
+        if item.op == SCALED_LOSS:
+            self.state.scale_overflow_steps.add(item.step)
         if not item.awaits_scaler:
             self._conclude(item, skipped_at=None)
             return
@@ -271,20 +273,27 @@ class NonFiniteMonitor:
         at = bisect_left(updates, step + 1, key=attrgetter("step"))
         return at < len(updates) and updates[at].step == step + 1
 
-    def _check(self, tensors, make: callable) -> None:
-        """Immediate on CPU, deferred elsewhere (only the cheap checks call this)."""
+    def _check(self, tensors, make: callable, unless_finite: tuple | None = None) -> None:
+        """Immediate on CPU, deferred elsewhere (only the cheap checks call this). `unless_finite`:
+        (a tensor, another `make`) for a find that is the other one's when that tensor is finite."""
         if not tensors:
             return
         with self.state.pause():
             if all(t.device.type == "cpu" for t in tensors):
                 if not all_finite_now(tensors):
-                    self.record(make())
+                    finite_before = unless_finite is not None and all_finite_now([unless_finite[0]])
+                    self.record(unless_finite[1]() if finite_before else make())
                 return
             flag = finite_flag(tensors)
             slot = self.state.deferred.add(flag)
+            other = None
+            if unless_finite is not None:
+                other = (self.state.deferred.add(finite_flag([unless_finite[0]])), unless_finite[1]())
         item = make()
         item.seq = next(self._seq)
-        self.state.nonfinite_pending.append((slot, item))
+        if other is not None:
+            other[1].seq = item.seq
+        self.state.nonfinite_pending.append((slot, item, other))
 
     # -- cheap --------------------------------------------------------------------------
     def _rerun_from_step(self, made_at: int, op: str) -> int | None:
@@ -334,7 +343,40 @@ class NonFiniteMonitor:
         # A loss holding a gradient penalty of a scaled loss overflows with the scale: the
         # scaler's skip (and back-off) is what handles it, not a forward pass gone wrong.
         penalty = self.state.scaled_penalty_step == step and self.scaler_in_flight()
-        self._check(floats, lambda: self._cheap_find("loss", callsite, "forward", floats, detail, made_at=step, awaits_scaler=penalty))
+
+        def make() -> NonFinite:
+            return self._cheap_find("loss", callsite, "forward", floats, detail, made_at=step, awaits_scaler=penalty)
+
+        self._check(floats, make, unless_finite=self._scaled_from(floats, callsite))
+
+    def _scaled_from(self, floats: list, callsite) -> tuple | None:
+        """For the result of the last `scaler.scale(loss)`: the loss, and the find for a finite one
+        that the scale made non-finite (a loss of 1e35 times 65536 overflows float32). The scaler
+        skips that step and lowers its scale: nothing in the forward went wrong."""
+        scaled = self.state.last_scaled
+        if scaled is None or len(floats) != 1 or scaled[0]() is not floats[0]:
+            return None
+        loss = scaled[1]()
+        if loss is None:
+            return None
+
+        def make() -> NonFinite:
+            return NonFinite(
+                op=SCALED_LOSS,
+                callsite=callsite,
+                phase="forward",
+                step=self.state.step,
+                dtype=str(floats[0].dtype).replace("torch.", ""),
+                inputs_finite=True,
+                check="cheap",
+                awaits_scaler=True,
+                detail=(
+                    "the loss is finite, but times the GradScaler's scale it overflows: the scaler skips the step and "
+                    "lowers its scale; a loss this large comes from an outlier batch or an unnormalised target"
+                ),
+            )
+
+        return loss, make
 
     def backward_begins(self, tensors, callsite) -> None:
         """A `backward()` is about to add to the parameters' gradients. Those an earlier one left
@@ -505,9 +547,17 @@ class NonFiniteMonitor:
                 check="op",
                 awaits_scaler=awaits_scaler,
                 node=node,
-                detail=_narrowing_cast(info, tensors, outs, phase, awaits_scaler) if inputs_finite else None,
+                detail=_narrowing_cast(info, tensors, outs, phase, self._scale_in_flight() if awaits_scaler else None) if inputs_finite else None,
             )
         )
+
+    def _scale_in_flight(self) -> float | None:
+        """The scale of the scaler whose scaled loss is being back-propagated (0.0 when not known)."""
+        scaler = self.state.last_scaled[2]() if self.state.last_scaled is not None else None
+        try:
+            return float(scaler.get_scale()) if scaler is not None else 0.0
+        except Exception:  # the script's own subclass; the scale only sharpens a message
+            return 0.0
 
     def _held_before(self, tensor: torch.Tensor) -> str | None:
         """What an in-place op's overwritten input held, as last seen written: "nan", "inf"
@@ -574,10 +624,11 @@ class NonFiniteMonitor:
         return bool(self._losses_checked or self._gradient_checks)
 
     def resolve(self, values: list) -> NonFinite | None:
-        for slot, item in self.state.nonfinite_pending:
+        for slot, item, other in self.state.nonfinite_pending:
             flag = values[slot]
             if flag is not None and flag < 0.5:
-                self._admit(item)
+                finite_before = other is not None and values[other[0]] is not None and values[other[0]] >= 0.5
+                self._admit(other[1] if finite_before else item)
         self._settle(values, final=True)
         candidates = sorted(self.state.nonfinite_candidates, key=lambda c: c.seq)
         unhandled = [c for c in candidates if not c.handled_by_scaler]
@@ -599,10 +650,11 @@ def _storage(tensor: torch.Tensor) -> int | None:
     return pointer or None
 
 
-def _narrowing_cast(info, inputs: list, outs: list, phase: str, awaits_scaler: bool) -> str | None:
+def _narrowing_cast(info, inputs: list, outs: list, phase: str, scale: float | None) -> str | None:
     """Why a cast made infinities from finite values: they lie beyond the range of the narrower
     dtype (unnormalised inputs or targets cast to float16 by autocast or `.half()`; in backward,
-    gradients cast back through autocast's casts)."""
+    gradients cast back through autocast's casts). `scale`: the GradScaler's scale the gradients
+    carry (None: no scaled loss in flight; 0.0: one whose scale is not known)."""
     if info.name.split("::")[-1].split(".")[0] not in ("_to_copy", "copy_", "to") or not inputs:
         return None
     target = outs[0].dtype
@@ -611,7 +663,14 @@ def _narrowing_cast(info, inputs: list, outs: list, phase: str, awaits_scaler: b
     largest = float(inputs[0].detach().abs().max())
     name = str(target).replace("torch.", "")
     cast = f"a cast of {str(inputs[0].dtype).replace('torch.', '')} values up to {largest:.4g} to {name}, whose largest is {torch.finfo(target).max:.6g}"
-    if phase == "backward" and awaits_scaler:
+    top = torch.finfo(target).max
+    if phase == "backward" and scale and largest / scale > top:
+        return (
+            f"{cast}, in backward: even without the GradScaler's scale ({scale:g}) these gradients reach "
+            f"{largest / scale:.4g}, beyond {name}: an outlier batch or an unnormalised target, whose steps the scaler "
+            f"skips each time; normalise it, clip the loss, or use bfloat16"
+        )
+    if phase == "backward" and scale is not None:
         return (
             f"{cast}, in backward: gradients carrying the GradScaler's scale; overflowing is how the scaler finds "
             f"its scale too high (it skips the step and lowers the scale), nothing to fix unless it never settles"

@@ -749,6 +749,8 @@ class Probes:
                     info.scale_dtypes[key] = info.scale_dtypes.get(key, 0) + 1
                 with state.pause():
                     result = real(self_, outputs)
+                if info.enabled and not state.paused and isinstance(outputs, torch.Tensor) and isinstance(result, torch.Tensor):
+                    state.last_scaled = (weakref.ref(result), weakref.ref(outputs), weakref.ref(self_))
                 info.seconds += clock() - started
                 return result
 

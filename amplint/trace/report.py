@@ -286,6 +286,10 @@ def cheap_coverage_note(losses: int, gradient_checks: int) -> str:
     )
 
 
+# The op of a find made by the GradScaler's multiplication of a finite loss (nonfinite._scaled_from).
+SCALED_LOSS = "scaler.scale"
+
+
 def none_seen(report: dict) -> str:
     """What the summaries say when the checks found no non-finite value."""
     where = " in this process" if report.get("untraced_processes") else ""  # its children ran untraced

@@ -196,22 +196,29 @@ def _amp010(facts) -> list[RuleEvent]:
         if info.callsite is None:
             continue
         steps = [s for s in state.scaler_steps if s.scaler == info.index]
-        skipped = sum(1 for s in steps if facts.applied.get(id(s)) is False)
+        skipped = [s for s in steps if facts.applied.get(id(s)) is False]
+        # A step skipped because the scale itself overflowed a finite loss: bfloat16 needed no scale there.
+        by_the_scale = sum(1 for s in skipped if s.step in state.scale_overflow_steps)
         dtypes = {str(k): v for k, v in info.scale_dtypes.items()}
         evidence = {
             "scaler_enabled": info.enabled,
             "scale_calls": info.scale_calls,
             "scaled_losses_by_autocast_dtype": dtypes,
             "steps": len(steps),
-            "steps_skipped": skipped,
+            "steps_skipped": len(skipped),
+            "steps_skipped_by_the_scale": by_the_scale,
         }
-        wasted = info.enabled and info.scale_calls > 0 and set(info.scale_dtypes) == {"bfloat16"} and skipped == 0
+        wasted = info.enabled and info.scale_calls > 0 and set(info.scale_dtypes) == {"bfloat16"} and len(skipped) == by_the_scale
         if wasted:
             evidence["scaler_seconds"] = round(info.seconds, 6)
             evidence["scaler_ms_per_step"] = round(1000 * info.seconds / max(1, len(steps)), 4)
         count = info.scale_calls if wasted else 0
+        skips = (
+            f"its {by_the_scale} skipped step(s) were made by the scale itself (a finite loss times the scale overflowed)"
+            if by_the_scale else "no step was skipped"
+        )
         message = (
-            f"every scaler.scale() of the run ({info.scale_calls}) came from bfloat16 autocast and no step was skipped: "
+            f"every scaler.scale() of the run ({info.scale_calls}) came from bfloat16 autocast and {skips}: "
             f"the scaler cost {1000 * info.seconds:.2f} ms for nothing; build it with enabled=(dtype == torch.float16)"
         )
         events.append(RuleEvent("AMP010", info.callsite, count, evidence, message, (info.callsite,)))

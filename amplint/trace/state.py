@@ -330,7 +330,8 @@ class TraceState:
 
         self.warnings: dict[tuple, WarningRecord] = {}
         self.nonfinite_candidates: list[NonFinite] = []  # first unhandled + first handled
-        self.nonfinite_pending: list[tuple[int, NonFinite]] = []  # deferred flag slot, record
+        # deferred flag slot, record, and (slot, record) of the find it is when that slot's tensor is finite
+        self.nonfinite_pending: list[tuple[int, NonFinite, tuple[int, NonFinite] | None]] = []
         self.handled_overflow_steps: set[int] = set()  # steps whose non-finite values the scaler handled
         self.lines_seen: set[Callsite] = set()  # user lines that ran torch ops or probes
         self.lines_under_autocast: set[Callsite] = set()  # those that ran them with autocast on in their thread
@@ -360,6 +361,11 @@ class TraceState:
         # `autograd.grad(scaler.scale(loss), create_graph=True)`): an overflow in the penalty comes
         # from the scale, and the loss it is added to is the scaler's to skip.
         self.scaled_penalty_step: int | None = None
+        # The last enabled scaler.scale(): weak references to its result, to the loss it was given
+        # (a non-finite result of a finite loss is the scale's overflow) and to the scaler.
+        self.last_scaled: tuple | None = None
+        # Steps whose backward got a finite loss that the scale made non-finite (AMP010 reads them).
+        self.scale_overflow_steps: set[int] = set()
         self.fp16_backwards: dict = {}  # AMP009: (entered at, created at) -> record of the backward calls after it
         # AMP009: (backward callsite, regions that ended their entries) -> those the loss's graph held:
         # the graph is walked once per pattern of a training step, not at every step

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from amplint.trace.report import CHEAP_COVERAGE_NOTE_START, found_in, needed_missing, never_applied, none_seen, skipped_by_scaler
+from amplint.trace.report import CHEAP_COVERAGE_NOTE_START, SCALED_LOSS, found_in, needed_missing, never_applied, none_seen, skipped_by_scaler
 
 STATUS_STYLE = {"confirmed": "bold red", "refuted": "green", "not-reached": "yellow"}
 MAX_OP_LINES = 30
@@ -119,9 +119,19 @@ def _evidence_text_amp007_017(code: str, count: int, ev: dict) -> str:
         return text
     if code == "AMP010":
         if not count:
-            dtypes = ", ".join(f"{k}: {v}" for k, v in (ev.get("scaled_losses_by_autocast_dtype") or {}).items())
-            return f"scaler needed or off: enabled={ev.get('scaler_enabled')}, {ev.get('steps_skipped', 0)} skip(s), scaled losses {dtypes or 'none'}"
-        return f"{count} scale() calls, all from bfloat16, no skip; {1000 * ev.get('scaler_seconds', 0):.1f} ms in the scaler"
+            by_dtype = ev.get("scaled_losses_by_autocast_dtype") or {}
+            dtypes = ", ".join(f"{k}: {v}" for k, v in by_dtype.items()) or "none"
+            own = ev.get("steps_skipped_by_the_scale", 0)
+            if not ev.get("scaler_enabled"):
+                return f"the scaler is off; scaled losses {dtypes}"
+            if set(by_dtype) == {"bfloat16"} and ev.get("steps_skipped", 0) > own:
+                return (
+                    f"{ev['steps_skipped'] - own} step(s) skipped on inf/NaN gradients, which bfloat16 has at any scale: "
+                    f"the scaler's inf check guarded the weights, not its scale; scaled losses {dtypes}"
+                )
+            return f"losses not all from bfloat16 autocast: scaled losses {dtypes}"
+        skips = f"{ev['steps_skipped_by_the_scale']} skip(s) made by the scale itself" if ev.get("steps_skipped_by_the_scale") else "no skip"
+        return f"{count} scale() calls, all from bfloat16, {skips}; {1000 * ev.get('scaler_seconds', 0):.1f} ms in the scaler"
     if code == "AMP012":
         return f"{ev.get('missing_scaler_state', 0)}/{ev.get('saves', 0)} save(s) with optimizer state and no scaler state"
     if code == "AMP013":
@@ -300,7 +310,7 @@ def _per_op(kernels: list[dict]) -> list[str]:
 def _forward_overflow_skipped(report: dict, nf: dict) -> str:
     """Why a non-finite forward value whose step the GradScaler skipped is still unhandled."""
     skipped = {entry["step"] for entry in (report.get("scaler") or {}).get("timeline", ()) if not entry.get("applied")}
-    if nf.get("phase") != "forward" or nf.get("step") not in skipped:
+    if nf.get("phase") != "forward" or nf.get("step") not in skipped or nf.get("op") == SCALED_LOSS:
         return ""
     return (
         " - the GradScaler skipped this step, but the forward was already inf/NaN (an overflow, or an inf/NaN in the "
