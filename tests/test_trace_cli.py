@@ -17,7 +17,7 @@ import pytest
 
 import amplint
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 
 def trace(tmp_path: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -866,6 +866,50 @@ def test_simulate_cuda_does_not_replay_the_fused_transformer_path_cuda_autocast_
     assert not [d for d in simulation["differences"] if d["op"].endswith("_transformer_encoder_layer_fwd")]
     skipped = [n for n in simulation["not_simulated"] if n["op"].endswith("_transformer_encoder_layer_fwd")]
     assert skipped and all("turns off the module's fused fast path" in n["error"] for n in skipped)
+
+
+def test_simulate_cuda_never_guesses_what_is_computed_from_an_unsimulated_fast_path(tmp_path: Path) -> None:
+    """`h * 2.0` uses the fused layer's output: on CUDA that output comes from `norm2` (float32),
+    on the CPU from the fused kernel (bfloat16); the CPU's dtype is not given as CUDA's."""
+    write(
+        tmp_path,
+        "infer.py",
+        """
+        import torch
+        from torch import nn
+
+        layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            h = layer(torch.randn(2, 3, 16))
+            out = h * 2.0
+        """,
+    )
+    traced = trace(tmp_path, "-q", "--json", "r.json", "--simulate", "cuda", "infer.py")
+    assert traced.returncode == 0, traced.stderr
+    simulation = json.loads((tmp_path / "r.json").read_text())["simulation"]
+    assert not [c for c in simulation["calls"] if c["line"] == 8]
+    assert [n["error"] for n in simulation["not_simulated"] if n["line"] == 8] == ["an input comes from a call that was not simulated"]
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="a CUDA build of torch copies fake CUDA tensors")
+def test_simulate_cuda_says_a_cpu_build_refuses_multihead_attention_in_training(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "attend.py",
+        """
+        import torch
+        from torch import nn
+
+        attention = nn.MultiheadAttention(16, 2, batch_first=True)
+        x = torch.randn(2, 3, 16)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out, _ = attention(x, x, x)
+        """,
+    )
+    traced = trace(tmp_path, "-q", "--json", "r.json", "--simulate", "cuda", "attend.py")
+    assert traced.returncode == 0, traced.stderr
+    errors = [n["error"] for n in json.loads((tmp_path / "r.json").read_text())["simulation"]["not_simulated"]]
+    assert any("this torch is a CPU build" in error for error in errors), errors
 
 
 def test_options_after_the_module_name_belong_to_the_module(tmp_path: Path) -> None:

@@ -53,6 +53,12 @@ _FAST_PATH_NOT_TAKEN = (
 )
 
 
+# A composite call (`F.multi_head_attention_forward` in training) that makes a layout copy of a fake
+# CUDA tensor inside (`.contiguous()`): a torch built without CUDA refuses to.
+_CPU_BUILD_ERROR = "not linked with support for cuda"
+_CPU_BUILD = " (this torch is a CPU build, which refuses an op inside this call, a copy of a fake CUDA tensor, even on fake tensors)"
+
+
 def _dtypes(value) -> list[str]:
     out = []
     if isinstance(value, torch.Tensor):
@@ -207,11 +213,12 @@ class CudaSimulator:
         name = resolve_name(func) or getattr(func, "__name__", repr(func))
         if name.rsplit(".", 1)[-1] in _FUSED_FAST_PATHS:
             self.failures.setdefault((site, name), _FAST_PATH_NOT_TAKEN)
-            return
-        with state.pause():
-            fake_result = self._run_on_fake_cuda(func, args, kwargs, dtype, site, name)
-            if fake_result is _NOT_SIMULATED and name.rsplit(".", 1)[-1] in _KEEPS_ITS_DTYPE:
-                fake_result = self._same_dtype_as_input(args, result, (site, name))
+            fake_result = _NOT_SIMULATED  # what is computed from it is not guessed from the CPU's dtypes
+        else:
+            with state.pause():
+                fake_result = self._run_on_fake_cuda(func, args, kwargs, dtype, site, name)
+                if fake_result is _NOT_SIMULATED and name.rsplit(".", 1)[-1] in _KEEPS_ITS_DTYPE:
+                    fake_result = self._same_dtype_as_input(args, result, (site, name))
         if fake_result is _NOT_SIMULATED:
             for real in _flat(result):  # what is computed from it is not simulated either
                 if isinstance(real, torch.Tensor):
@@ -238,7 +245,7 @@ class CudaSimulator:
             key = (site, name)
             if key not in self.failures:
                 kind = "" if isinstance(exc, _InputNotSimulated) else f"{type(exc).__name__}: "
-                self.failures[key] = f"{kind}{text[0] if text else ''}"[:300]
+                self.failures[key] = f"{kind}{text[0] if text else ''}"[:300] + (_CPU_BUILD if _CPU_BUILD_ERROR in str(exc) else "")
             return _NOT_SIMULATED
         finally:
             torch.set_autocast_enabled("cuda", was_enabled)
