@@ -385,6 +385,33 @@ def test_the_summary_says_why_a_forward_overflow_whose_step_was_skipped_is_unhan
     assert "step 7, float32 - the GradScaler skipped this step, but the forward was already inf/NaN (an overflow, or an inf/NaN in the inputs or weights)" in summary
 
 
+def test_a_custom_op_missing_its_low_precision_kernel_is_not_said_to_be_kept_in_float32_by_autocast(tmp_path: Path) -> None:
+    """Autocast casts no custom op: one the script fed float32 by hand inside a bfloat16 region
+    gets bfloat16 if that cast goes, whatever autocast does."""
+    write(
+        tmp_path,
+        "custom.py",
+        """
+        import torch
+
+        @torch.library.custom_op("amplint_test::f32_only", mutates_args=())
+        def f32_only(x: torch.Tensor) -> torch.Tensor:
+            if x.dtype != torch.float32:
+                raise RuntimeError(f"expected Float but got {x.dtype}")
+            return x * 2
+
+        lin = torch.nn.Linear(8, 8)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = f32_only(lin(torch.randn(2, 8)).float())
+        """,
+    )
+    proc = trace(tmp_path, "--probe-dtype", "bfloat16", "--probe-device", "cpu", "--json", "r.json", "custom.py")
+    assert proc.returncode == 0, proc.stderr
+    summary = " ".join(_terminal_summary(json.loads((tmp_path / "r.json").read_text()), tmp_path, 300).split())
+    assert "missing: amplint_test::f32_only bfloat16 on cpu" in summary
+    assert "autocast does not cast custom ops" in summary and "autocast keeps it there" not in summary
+
+
 def test_the_summary_tells_inconclusive_kernel_probes_from_unverified_ones(tmp_path: Path) -> None:
     """The probe could not run an op here: that is "inconclusive", not "unverified" (which means
     the target device is absent)."""

@@ -307,6 +307,17 @@ def _per_op(kernels: list[dict]) -> list[str]:
     ]
 
 
+def _float32_only(kernel: dict) -> str:
+    """Why a kernel missing in low precision is not needed by this run, and when it would be."""
+    if kernel.get("custom"):
+        # Autocast casts no custom op: it gets the dtypes it is given, inside a region too.
+        return (
+            "the run called it with float32 inputs only; autocast does not cast custom ops, so it gets "
+            f"{kernel['dtype']} wherever its inputs are: keep the casts that feed it float32"
+        )
+    return "the run computed it in float32 only: autocast keeps it there, not needed unless the model is converted"
+
+
 def _forward_overflow_skipped(report: dict, nf: dict) -> str:
     """Why a non-finite forward value whose step the GradScaler skipped is still unhandled."""
     skipped = {entry["step"] for entry in (report.get("scaler") or {}).get("timeline", ()) if not entry.get("applied")}
@@ -435,11 +446,7 @@ def print_summary(report: dict, cwd: str, console: Console | None = None) -> Non
             if id(k) in needed:
                 console.print(Text(f"missing: {k['op']} {k['dtype']} on {k['device']}: {k['error']}", style="red"))
             else:
-                console.print(Text(
-                    f"missing: {k['op']} {k['dtype']} on {k['device']}: {k['error']} (the run computed it in float32 only: "
-                    "autocast keeps it there, not needed unless the model is converted)",
-                    style="yellow",
-                ))
+                console.print(Text(f"missing: {k['op']} {k['dtype']} on {k['device']}: {k['error']} ({_float32_only(k)})", style="yellow"))
         for line in _per_op(inconclusive)[:20]:
             console.print(Text(f"inconclusive: {line}", style="yellow"))
         if unverified:
