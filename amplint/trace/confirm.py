@@ -61,6 +61,7 @@ class Facts:
     display: callable = str  # absolute filename -> report path
     events: dict = field(default_factory=dict)  # code -> [RuleEvent] (rule_events, built by confirm_findings)
     callers: dict = field(default_factory=dict)  # probe callsite -> user lines above it (Probes.callers)
+    direct_callers: dict = field(default_factory=dict)  # probe callsite -> the user lines right above it
     ops_recorded: bool = True  # off under --no-ops: lines that run only ops are not seen then
 
     def where(self, site: Callsite | None) -> str | None:
@@ -872,8 +873,8 @@ def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
         if _claimed(claimed, "AMP005", site, facts):
             continue
         evidence = _clip_evidence(clips, facts)
-        callers = sorted(filter(None, {facts.where(caller) for caller in facts.callers.get(site, ())}))
-        if callers:  # a clip in a helper: the lines that called it, where the unscale_ belongs
+        callers = sorted(filter(None, {facts.where(caller) for caller in facts.direct_callers.get(site, ())}))
+        if callers:  # a clip in a helper: the lines that called it, where the unscale_ belongs (not their callers)
             evidence["called_from"] = callers
         found.append(
             _runtime(

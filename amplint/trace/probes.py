@@ -118,6 +118,7 @@ class Probes:
         self._forward_pre_hook = None
         self._scaler_objects: dict[int, weakref.ref] = {}
         self.callers: dict = {}  # probe callsite -> user lines on the call stack above it (confirm.Facts)
+        self.direct_callers: dict = {}  # probe callsite -> the user lines right above it (a helper's call)
 
     # -- plumbing -------------------------------------------------------------------------
     def _patch(self, owner, name: str, make) -> None:
@@ -140,6 +141,7 @@ class Probes:
             self.state.lines_under_autocast.add(site)
         if len(stack) > 1:
             self.callers.setdefault(site, set()).update(stack[1:])
+            self.direct_callers.setdefault(site, set()).add(stack[1])
         return site
 
     def note_thread(self, site) -> None:

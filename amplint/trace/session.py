@@ -459,7 +459,7 @@ class TraceSession:
         state = self.state
         values = state.deferred.resolve()
         facts = Facts(
-            state=state, values=values, display=self.display, callers=self.probes.callers, ops_recorded=self.options.record_ops
+            state=state, values=values, display=self.display, callers=self.probes.callers, direct_callers=self.probes.direct_callers, ops_recorded=self.options.record_ops
         )
         for step in state.scaler_steps:
             if step.applied is None and step.found_inf_slot is not None:
