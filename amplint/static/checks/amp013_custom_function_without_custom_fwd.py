@@ -329,15 +329,18 @@ _CONVERTS_LOADS = re.compile(r"\.to\(\s*tl\.float32")
 
 
 def _launches_a_converting_kernel(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
-    """Forward hands its tensors to a Triton kernel of the file (`_ln_fwd_kernel[grid](x, weight,
-    ...)`) that converts each load to float32 itself (flash-attention's `LayerNormFn`: float16
+    """Forward hands its tensors, itself or through helpers of the file (flash-attention's
+    `_layer_norm_fwd`), to a Triton kernel of the file (`_ln_fwd_kernel[grid](x, weight, ...)`)
+    that converts each load to float32 itself (flash-attention's `LayerNormFn`: float16
     activations beside float32 weights, by design): the kernel picks its dtypes, as a forward that
     casts its inputs does."""
-    function = facts.scope_of_function(forward)
+    reached = {facts.scope_of_function(forward)}  # forward, and the helpers of the file it calls
+    for _ in range(names.CALL_DEPTH):
+        reached |= {facts.called_function(call) for call in facts.calls if call.scope.function_scope in reached} - {None}
     launched = {
-        call.node.func.value.value
+        _kernel_launched(call.node.func.value)
         for call in facts.calls
-        if call.scope is function and isinstance(call.node.func, cst.Subscript) and isinstance(call.node.func.value, cst.Name)
+        if call.scope.function_scope in reached and isinstance(call.node.func, cst.Subscript)
     }
     return any(
         kernel.name in launched
@@ -346,6 +349,13 @@ def _launches_a_converting_kernel(facts: AmpFacts, forward: cst.FunctionDef) -> 
         and _CONVERTS_LOADS.search(facts.module.code_for_node(kernel.node.body)) is not None
         for kernel in facts.functions
     )
+
+
+def _kernel_launched(launcher: cst.BaseExpression) -> str | None:
+    """`kernel` of `kernel[grid](...)` or of `torch.library.wrap_triton(kernel)[grid](...)`."""
+    if isinstance(launcher, cst.Call) and (dotted_name(launcher.func) or "").endswith("wrap_triton") and launcher.args:
+        launcher = launcher.args[0].value
+    return launcher.value if isinstance(launcher, cst.Name) else None
 
 
 def _to_a_dtype(facts: AmpFacts, cast: cst.Call, scope: Scope) -> bool:
