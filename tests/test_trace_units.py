@@ -342,11 +342,11 @@ def test_the_tracer_pausing_for_its_own_work_pauses_only_its_own_thread() -> Non
 def test_a_tensor_without_storage_of_its_own_is_never_taken_for_a_gradient() -> None:
     import torch
 
-    from amplint.trace.nonfinite import _storage
+    from amplint.trace.nonfinite import storage_of
 
-    assert _storage(torch.ones(3)) is not None
-    assert _storage(torch.empty(0)) is None  # every empty tensor has data pointer 0
-    assert _storage(torch.ones(2, 2).to_sparse()) is None
+    assert storage_of(torch.ones(3)) is not None
+    assert storage_of(torch.empty(0)) is None  # every empty tensor has data pointer 0
+    assert storage_of(torch.ones(2, 2).to_sparse()) is None
 
 
 def op_checked(monitor, op, *args, phase: str = "backward", line: int = 10):

@@ -885,6 +885,25 @@ def _runtime_findings(claimed: dict, facts: Facts) -> list[dict]:
             )
         )
 
+    # AMP005: `.grad` read while still scaled at an unflagged line (a grad-norm logger in a
+    # callback or a callable object the static pass cannot follow).
+    for site, reads in facts.state.grad_reads.items():
+        if not reads or _claimed(claimed, "AMP005", site, facts):
+            continue
+        evidence = {"reads": len(reads), "first_step": reads[0]["step"], "scale": _value(facts, reads[0]["scale_slot"])}
+        callers = sorted(filter(None, {facts.where(r["called_from"]) for r in reads}))
+        if callers:
+            evidence["called_from"] = callers
+        found.append(
+            _runtime(
+                "AMP005", site, facts, len(reads), evidence,
+                "gradients were read while still multiplied by the GradScaler scale (a norm, a maximum or an inf check "
+                "sees the scaled values)"
+                + (f" (here, called from {', '.join(callers)})" if callers else "")
+                + "; call scaler.unscale_(optimizer) before it",
+            )
+        )
+
     # AMP002: a converted module ran forward under autocast with low-precision parameters, in a
     # run that trains (the rule's scope: fully low-precision inference is not flagged).
     trained = _run_trained(state)

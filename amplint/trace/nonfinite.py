@@ -562,7 +562,7 @@ class NonFiniteMonitor:
     def _held_before(self, tensor: torch.Tensor) -> str | None:
         """What an in-place op's overwritten input held, as last seen written: "nan", "inf"
         (non-finite, no NaN) or None (finite, or never seen non-finite)."""
-        entry = self._nonfinite_written.get(_storage(tensor))
+        entry = self._nonfinite_written.get(storage_of(tensor))
         if entry is None or entry[0].expired():  # a freed storage whose address was reused
             return None
         return "nan" if entry[1] else "inf"
@@ -571,7 +571,7 @@ class NonFiniteMonitor:
         """Note which of an op's outputs hold non-finite values, and whether NaN, by storage."""
         written = self._nonfinite_written
         for tensor in tensors:
-            key = _storage(tensor)
+            key = storage_of(tensor)
             if key is None:
                 continue
             if all_finite_now([tensor]):
@@ -588,7 +588,7 @@ class NonFiniteMonitor:
         part of it (`grad[0] = 0.0`) leaves the rest as it was."""
         if self._nonfinite_written:
             for tensor in tensors:
-                key = _storage(tensor)
+                key = storage_of(tensor)
                 if key is not None and tensor.numel() * tensor.element_size() == tensor.untyped_storage().nbytes():
                     self._nonfinite_written.pop(key, None)
 
@@ -609,13 +609,13 @@ class NonFiniteMonitor:
         """Whether any tensor is (a view of) the gradient of an optimizer's parameter. Only asked
         about an op that made a non-finite value, so the scan costs nothing in a healthy run."""
         gradients = {
-            _storage(param.grad)
+            storage_of(param.grad)
             for optimizer in list(self.state.optimizers)
             for group in optimizer.param_groups
             for param in group["params"]
             if param.grad is not None
         } - {None}
-        return any(_storage(t) in gradients for t in tensors)
+        return any(storage_of(t) in gradients for t in tensors)
 
     # -- after the run ------------------------------------------------------------------
     @property
@@ -638,7 +638,7 @@ class NonFiniteMonitor:
         return first
 
 
-def _storage(tensor: torch.Tensor) -> int | None:
+def storage_of(tensor: torch.Tensor) -> int | None:
     """Where a tensor's data lives, or None for one without plain storage of its own: sparse,
     a wrapper subclass (DTensor, FSDP2's gradients), or an empty tensor (they all share 0)."""
     if tensor.layout is not torch.strided:

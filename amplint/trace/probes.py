@@ -23,6 +23,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Iterator
 
 import torch
 import torch.nn.utils.clip_grad as clip_grad_module
@@ -31,7 +32,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from amplint.static.names import VALUE_INSPECTIONS
 from amplint.trace.callsite import Callsite, CodeClassifier
-from amplint.trace.nonfinite import NonFiniteMonitor, stored_values
+from amplint.trace.nonfinite import NonFiniteMonitor, storage_of, stored_values
 from amplint.trace.recorder import LOW_PRECISION
 from amplint.trace.state import ClipEvent, Conversion, Float16Region, LastUnscale, SchedulerStep, ScalerInfo, ScalerStep, TraceState, Update, WarningRecord
 
@@ -119,6 +120,10 @@ class Probes:
         self._scaler_objects: dict[int, weakref.ref] = {}
         self.callers: dict = {}  # probe callsite -> user lines on the call stack above it (confirm.Facts)
         self.direct_callers: dict = {}  # probe callsite -> the user lines right above it (a helper's call)
+        self._backwards_seen = 0
+        self._grad_storages_for: tuple | None = None
+        self._grad_storages: frozenset = frozenset()
+        state.scaled_gradient_reads = self.read_scaled_gradients
 
     # -- plumbing -------------------------------------------------------------------------
     def _patch(self, owner, name: str, make) -> None:
@@ -161,6 +166,42 @@ class Probes:
         info = self.still_scaled(None)
         scale_slot = self.defer_scale(info)
         hits.append({"step": state.step, "still_scaled": info is not None, "scale_slot": scale_slot})
+
+    def read_scaled_gradients(self, op, args, site) -> None:
+        """An op reading a parameter's `.grad` while an enabled scaler's scale is still in it,
+        outside backward and the optimizer: whatever it computes (a norm, a maximum, an inf check)
+        sees the scaled values. Recorded once per line and step, with the line that called the
+        function holding it (where `scaler.unscale_(optimizer)` belongs)."""
+        state = self.state
+        if not any(scaler.enabled and scaler.scaled for scaler in state.scalers):
+            return  # the common case: no scaled loss in flight
+        reads = state.grad_reads.get(site)
+        if reads and reads[-1]["step"] == state.step:
+            return
+        grads = self._gradient_storages()
+        inputs = [a for i, a in enumerate(args) if i not in op.mutated] if op.overwrites else args
+        # A gradient needs no gradient itself: activations and parameters are passed over cheaply.
+        read = {storage_of(t) for t in _tensors_in(inputs) if not t.requires_grad} & grads
+        if not read:
+            return
+        params = [p for opt in list(state.optimizers) for group in opt.param_groups for p in group["params"] if p.grad is not None and storage_of(p.grad) in read]
+        info = self.still_scaled(params)
+        if info is None:
+            return
+        # The first user line above this one (a comprehension or generator on the line runs in a frame of its own).
+        caller = next((s for s in self.classifier.user_callsites(2, limit=4) if s != site), None)
+        state.grad_reads[site].append({"step": state.step, "scale_slot": self.defer_scale(info), "called_from": caller})
+
+    def _gradient_storages(self) -> frozenset:
+        """Where the gradients of the optimizers' parameters live, once after each backward (a
+        backward may allocate them; later ones accumulate into the same storage)."""
+        key = (self.state.step, self._backwards_seen)
+        if self._grad_storages_for != key:
+            self._grad_storages_for = key
+            self._grad_storages = frozenset(
+                storage_of(p.grad) for opt in list(self.state.optimizers) for group in opt.param_groups for p in group["params"] if p.grad is not None
+            ) - {None}
+        return self._grad_storages
 
     def defer_scale(self, info):
         """A deferred slot for the scale of the scaler whose gradients are still scaled (read after
@@ -435,6 +476,7 @@ class Probes:
                     return real(tensors, *args, **kwargs)
                 finally:
                     state.backward_callsite = outer
+                    probes._backwards_seen += 1  # the gradients it wrote exist now
 
             return backward
 
@@ -960,10 +1002,12 @@ class Probes:
                 info = probes.still_scaled(params)
                 scale_slot = probes.defer_scale(info)
                 depth[0] += 1
+                state.clipping = True  # its reads of the gradients are this clip's, reported as one
                 try:
                     result = real(params, *args, **kwargs)
                 finally:
                     depth[0] -= 1
+                    state.clipping = False
                 norm_slot = None
                 if isinstance(result, torch.Tensor) and result.numel() == 1:
                     with state.pause():
@@ -1173,3 +1217,12 @@ def _first_user_frame(frame, classifier: CodeClassifier):
 def deprecated_api_of(message: str) -> str | None:
     match = _DEPRECATED_API.search(message)
     return match.group(1) if match else None
+
+
+def _tensors_in(args) -> Iterator[torch.Tensor]:
+    """The tensors among an op's arguments, and in its lists of them (`torch.stack`, `_foreach_norm`)."""
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            yield arg
+        elif isinstance(arg, (list, tuple)):
+            yield from (item for item in arg if isinstance(item, torch.Tensor))

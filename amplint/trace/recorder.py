@@ -40,7 +40,7 @@ _current_node = torch._C._current_autograd_node
 
 
 class OpInfo:
-    __slots__ = ("name", "skip", "mutated", "uninitialised", "constant_source", "passive", "_op", "_autocast_keys")
+    __slots__ = ("name", "skip", "mutated", "uninitialised", "constant_source", "passive", "overwrites", "_op", "_autocast_keys")
 
     def __init__(self, func):
         schema = func._schema
@@ -56,6 +56,8 @@ class OpInfo:
         self.constant_source = base in ("lift_fresh", "lift", "lift_fresh_copy", "scalar_tensor")
         # Casts, copies and allocations in a disabled region are the fix, not the problem (AMP014).
         self.passive = base in _PASSIVE_OPS
+        # Writes that do not read what they overwrite (`grad[0, 0] = float("inf")`, `grad.zero_()`).
+        self.overwrites = base in ("fill_", "zero_", "copy_", "index_put_", "index_fill_", "masked_fill_")
         # Views and aliasing ops keep their input's dtype: nothing to learn, and they are many.
         # `_unsafe_view` is a view that autograd is not told about (matmul's reshape of its result):
         # counted, each `torch.matmul` was two AMP014 calls.
@@ -161,6 +163,8 @@ class DispatchRecorder(TracerDispatchMode):
         if watch and site in watch:
             with state.pause():
                 watch[site](site)
+        elif phase == "forward" and site is not None and state.scaled_gradient_reads is not None and not state.clipping:
+            state.scaled_gradient_reads(info, args, site)
         if self.check_ops and self.monitor.searching:
             self.monitor.check_op(info, args, kwargs, out, site, phase, node)
         return out

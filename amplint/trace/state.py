@@ -324,6 +324,12 @@ class TraceState:
         self.clips: list[ClipEvent] = []
         self.watched_hits: dict[Callsite, list] = defaultdict(list)  # AMP005 lines without a clip call
         self.watch: dict = {}  # callsite -> callback, run by the recorder when an op runs there
+        # AMP005 at run time: an op outside backward and the optimizer on a parameter's `.grad`
+        # while an enabled scaler's scale is still in it (a grad-norm logger in a callback).
+        # Set by the probes: called by the recorder with the op's inputs and user line.
+        self.scaled_gradient_reads: callable | None = None
+        self.grad_reads: dict[Callsite, list] = defaultdict(list)  # line -> [{step, scale_slot, called_from}]
+        self.clipping = False  # inside a clip call, which the clip probe reports itself
 
         self.conversions: list[Conversion] = []
         self.conversion_by_module: dict[int, int] = {}
