@@ -634,7 +634,8 @@ class NonFiniteMonitor:
         unhandled = [c for c in candidates if not c.handled_by_scaler]
         first = unhandled[0] if unhandled else (candidates[0] if candidates else None)
         if first is None and self.mode == "cheap":  # "none seen" says nothing without what was looked at
-            self.state.notes.append(cheap_coverage_note(self._losses_checked, self._gradient_checks))
+            children = bool(self.state.untraced_processes or self.state.untraced_programs)
+            self.state.notes.append(cheap_coverage_note(self._losses_checked, self._gradient_checks, children))
         return first
 
 

@@ -270,8 +270,13 @@ def skipped_by_scaler(report: dict) -> str:
     return "handled by GradScaler (step skipped)"
 
 
-def cheap_coverage_note(losses: int, gradient_checks: int) -> str:
+def cheap_coverage_note(losses: int, gradient_checks: int, children_untraced: bool = False) -> str:
     rerun = "`--nan module` or `--nan op` check every module's or op's output"
+    if not losses and not gradient_checks and children_untraced:
+        return (
+            f"{CHEAP_COVERAGE_NOTE_START} nothing in this process: no loss reached backward() here, and the processes "
+            f"the script started, where it may have trained, are not traced"
+        )
     if not losses and not gradient_checks:
         return (
             f"{CHEAP_COVERAGE_NOTE_START} nothing: no loss reached backward() and no gradient an optimizer step or "
