@@ -1358,6 +1358,11 @@ def test_amp001_message_on_a_plain_old_scaler_says_nothing_of_init_scale() -> No
     assert findings and not any("init_scale" in f.message for f in findings)
 
 
+def test_amp013_message_on_a_function_fed_by_its_callers_projections_claims_no_mix() -> None:
+    [finding] = fixture_findings("AMP013/bad_attention_function_fed_by_the_callers_projections.py", "AMP013")
+    assert "receives a mix" not in finding.message and "backward runs with autocast in an unknown state" in finding.message
+
+
 def test_amp004_per_epoch_message_says_the_scale_starts_over_each_epoch() -> None:
     [finding] = fixture_findings("AMP004/bad_scaler_per_epoch.py", "AMP004")
     assert "starts over every epoch" in finding.message and "never calibrates" not in finding.message

@@ -614,7 +614,28 @@ def _inputs_cast_to_autocast_dtype(facts: AmpFacts, call: CallSite) -> bool:
     def cast_by_state(expr: cst.BaseExpression) -> bool:
         return (isinstance(expr, cst.Call) and _casts_by(expr, state, readers)) or _is_setting(expr)
 
-    return all(_each_is(value, cast_by_state) for value in _argument_values(facts, call, keyword_spreads=False))
+    values = list(_argument_values(facts, call, keyword_spreads=False))
+    if all(_each_is(value, cast_by_state) for value in values):
+        return True
+    # q, k and v from the linear layers of the caller's module (`self.to_q(x)`): autocast computes
+    # each in one dtype, its own where a region is on, float32 where none is.
+    return any(_module_output(facts, value, call.scope) for value in values) and all(
+        _each_is(value, lambda expr: _module_output(facts, expr, call.scope) or _is_setting(expr)) for value in values
+    )
+
+
+# Layers whose output autocast computes in its own dtype (they run a matmul or a convolution).
+_AUTOCAST_DTYPE_LAYERS = frozenset(f"torch.nn.{name}" for name in ("Linear", "Conv1d", "Conv2d", "Conv3d", "Bilinear"))
+
+
+def _module_output(facts: AmpFacts, expr: cst.BaseExpression, scope: Scope) -> bool:
+    """`self.to_q(x)`, where the class binds `self.to_q` to an `nn.Linear` (or a convolution)."""
+    if not (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)):
+        return False
+    bound = facts.bindings(dotted_name(expr.func), scope)
+    return bool(bound) and all(
+        isinstance(value, cst.Call) and facts.qualname(value.func, value_scope) in _AUTOCAST_DTYPE_LAYERS for value, value_scope in bound
+    )
 
 
 def _argument_values(facts: AmpFacts, call: CallSite, keyword_spreads: bool = True) -> Iterator[cst.BaseExpression]:
