@@ -1041,11 +1041,11 @@ def _input_of_a_frozen_module(call: CallSite, facts: AmpFacts) -> bool:
 
 
 def _input_of_a_model_in_its_dtype(call: CallSite, facts: AmpFacts, dtype: str) -> bool:
-    """A tensor cast outside every autocast region and handed straight to a model its function
-    converts to that dtype (torchao's test: `model2 = copy.deepcopy(model1).bfloat16()`, then
-    `model2(x.bfloat16())` beside the autocast run of `model1`): the input must match the weights
-    of a model that runs without autocast; whether that model should be converted is the
-    conversion's finding, not the input's."""
+    """A tensor cast outside every autocast region and handed straight to a converted copy of a
+    model, which is not flagged (see _off_graph), in that dtype (torchao's test: `model2 =
+    copy.deepcopy(model1).bfloat16()`, then `model2(x.bfloat16())` beside the autocast run of
+    `model1`): the input must match the weights of a twin that runs without autocast. An input of
+    the trained model converted by hand is flagged with it: dropping one cast alone breaks the call."""
     if facts.region_of(call.where) is not None:
         return False
     consumer = _handed_to(_outermost_method_call(call.node, facts), facts)
@@ -1055,7 +1055,9 @@ def _input_of_a_model_in_its_dtype(call: CallSite, facts: AmpFacts, dtype: str) 
     function = call.scope.function_scope
     converted_values = {id(a.value) for a in facts.assignments if a.key == name and a.where.scope.function_scope is function}
     return any(
-        (id(other.node) in converted_values or _converted(other) == name) and low_precision_target(other, facts) == dtype
+        (id(other.node) in converted_values or _converted(other) == name)
+        and low_precision_target(other, facts) == dtype
+        and _off_graph(other, facts)
         for other in function.calls
         if other is not call
     )
