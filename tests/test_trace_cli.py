@@ -412,6 +412,16 @@ def test_a_custom_op_missing_its_low_precision_kernel_is_not_said_to_be_kept_in_
     assert "autocast does not cast custom ops" in summary and "autocast keeps it there" not in summary
 
 
+def test_the_summary_calls_a_runtime_only_read_of_scaled_gradients_a_read(tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copy(Path(__file__).parent.parent / "fixtures" / "runtime" / "grad_norm_logged_by_a_callback.py", tmp_path / "train.py")
+    proc = trace(tmp_path, "--json", "r.json", "train.py")
+    assert proc.returncode == 0, proc.stderr
+    summary = " ".join(_terminal_summary(json.loads((tmp_path / "r.json").read_text()), tmp_path, 300).split())
+    assert "3 read(s) of still-scaled gradients (scale 1024)" in summary and "clip(s)" not in summary
+
+
 def test_the_summary_tells_inconclusive_kernel_probes_from_unverified_ones(tmp_path: Path) -> None:
     """The probe could not run an op here: that is "inconclusive", not "unverified" (which means
     the target device is absent)."""

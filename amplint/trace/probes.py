@@ -173,8 +173,8 @@ class Probes:
         sees the scaled values. Recorded once per line and step, with the line that called the
         function holding it (where `scaler.unscale_(optimizer)` belongs)."""
         state = self.state
-        if not any(scaler.enabled and scaler.scaled for scaler in state.scalers):
-            return  # the common case: no scaled loss in flight
+        if state.in_scaler_step is not None or not any(scaler.enabled and scaler.scaled for scaler in state.scalers):
+            return  # no scaled loss in flight (the common case), or the scaler's own step reading them
         reads = state.grad_reads.get(site)
         if reads and reads[-1]["step"] == state.step:
             return

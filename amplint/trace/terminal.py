@@ -56,7 +56,7 @@ def _evidence_text(finding: dict) -> str:
         )
     if code == "AMP005":
         # A finding on a `.grad` read is judged by the reads (`executions`), not by clips.
-        what, when = ("read(s) of", "read") if "executions" in ev else ("clip(s) on", "clipped")
+        what, when = ("read(s) of", "read") if "executions" in ev or "reads" in ev else ("clip(s) on", "clipped")
         if finding["count"]:
             scale = ev.get("scale")
             extra = f" (scale {scale:g})" if isinstance(scale, (int, float)) else ""
