@@ -465,14 +465,18 @@ def innermost_loop(where: Context) -> Loop | None:
     return loops[-1] if loops else None
 
 
+_COUNTS = re.compile(r"\brange\s*\(")
 _OPTIMIZER_LOOP = re.compile(r"optim|\bopts?\b|\bopt_|_opts?\b|\bparam_groups?\b")  # nerfstudio: one optimizer per param group
 # `opt.niter`: an attribute no optimizer has, read from parsed options named `opt`.
 _OPTION_READ = re.compile(r"\b(?:opts?|optim|opt_\w+|\w+_opts?)\s*\.\s*(\w+)")
 
 
 def over_optimizers(loop: Loop) -> bool:
-    """A loop over optimizers (`for opt in optimizers`, `zip(scalers, opts)`), not one whose
-    header reads options (`for it in range(opt.niter)`)."""
+    """A loop over optimizers (`for opt in optimizers`, `zip(scalers, opts)`, `range(len(optimizers))`),
+    not one whose header reads options (`for it in range(opt.niter)`) nor one that counts steps
+    (`for optim_step in range(total_optim_steps)`: torchrl's dreamer)."""
+    if _COUNTS.search(loop.iterable) and "len(" not in loop.iterable:
+        return False
     options = {m.group(0).split(".")[0].strip().lower() for m in _OPTION_READ.finditer(loop.iterable) if m.group(1) not in names.OPTIMIZER_ATTRIBUTES}
     return any(_OPTIMIZER_LOOP.search(word) for word in loop.text.split() if word not in options)
 
