@@ -109,6 +109,12 @@ def _with_a_deep_stack(function, arguments: tuple):
     return value
 
 
+# A module written for another framework and never importing torch (insightface's PaddlePaddle
+# training, whose `GradScaler` subclass updates the scale inside its own `step()`).
+_OTHER_FRAMEWORK = re.compile(r"^[ \t]*(?:import|from)[ \t]+(?:paddle|mindspore|oneflow|jittor|megengine)\b", re.MULTILINE)
+_TORCH_IMPORT = re.compile(r"^[ \t]*(?:import|from)[ \t]+torch\b", re.MULTILINE)
+
+
 def _analyse_source(
     source: bytes | str,
     path: str,
@@ -125,6 +131,10 @@ def _analyse_source(
     if _file_noqa(text):
         return []
     min_torch = oldest_torch_checked(text, min_torch)  # read on the whole file: a slice may blank the check
+    if _OTHER_FRAMEWORK.search(text) and not _TORCH_IMPORT.search(text):
+        wanted &= {"AMP000"}  # its `scaler.step`, `auto_cast` and `GradScaler` are not torch's
+        if not wanted or not check_syntax:
+            return []
     sliced = None
     if slicing:
         try:
