@@ -47,6 +47,9 @@ _SETTING_NAME = re.compile(
     r"eps|epsilon|momentum|dtype|device|training|inplace|fn|func|function|config|spec|name|handle|stream)$"
     r"|^(num|n|is|use|enable)_|^[mn]$"  # `forward(ctx, rays, M)`: a count
 )
+# Arguments whose names say they hold integers: class labels, indices, ids (not masks, which are
+# often additive float biases).
+_INTEGER_DATA = re.compile(r"(^|_)(labels?|index|indices|idx|idxs|ids?)$")
 # What ctx offers itself; any other `ctx.f(...)` in backward calls a function forward kept.
 _CTX_METHODS = {
     "save_for_backward", "save_for_forward", "mark_dirty", "mark_non_differentiable", "set_materialize_grads",
@@ -380,6 +383,10 @@ def _arguments(function: cst.FunctionDef) -> list[cst.Param]:
 
 
 def _may_be_a_tensor(facts: AmpFacts, param: cst.Param) -> bool:
+    """A floating tensor, as far as the signature says: labels and indices are integer tensors,
+    which autocast leaves alone (insightface's `DistCrossEntropyFunc(logits, label)`)."""
+    if _INTEGER_DATA.search(param.name.value.lower()):
+        return False
     if param.annotation is not None:
         return "Tensor" in facts.module.code_for_node(param.annotation.annotation)
     # `bias=None` is an optional tensor; any other default (`eps=1e-5`, `dim=-1`) is a setting.
