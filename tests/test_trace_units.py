@@ -787,6 +787,13 @@ def test_hand_loss_scale_reads_the_seed_gradient_of_backward() -> None:
         ("env OMP_NUM_THREADS=1 accelerate launch train.py", None, True),
         (["train.py"], sys.executable, False),
         ([b"python", b"train.py"], None, False),
+        (["env", "CUDA_VISIBLE_DEVICES=0", "python", "train.py"], None, False),
+        (["bash", "-c", "cd runs && python train.py"], None, False),
+        ("cd runs && python train.py --seed 1", None, True),
+        ("nohup python train.py > train.log &", None, True),
+        ("time python train.py", None, True),
+        ("timeout 10m torchrun --nproc-per-node 2 train.py", None, True),
+        ("nice -n 5 python3 train.py", None, True),
     ],
 )
 def test_a_command_that_starts_python_is_a_python_program(args, executable, shell) -> None:
@@ -797,7 +804,10 @@ def test_a_command_that_starts_python_is_a_python_program(args, executable, shel
 
 @pytest.mark.parametrize(
     ("args", "shell"),
-    [(["nvidia-smi"], False), ("git rev-parse HEAD", True), (["ninja", "-v"], False), ("echo 'unclosed", True), ([], False), ("", True)],
+    [
+        (["nvidia-smi"], False), ("git rev-parse HEAD", True), (["ninja", "-v"], False), ("echo 'unclosed", True), ([], False), ("", True),
+        ("mkdir -p runs && cp config.yaml runs/", True), (["bash", "-c", "nvidia-smi"], False), (["env", "FOO=1"], False),
+    ],
 )
 def test_other_commands_are_not_python_programs(args, shell) -> None:
     from amplint.trace.session import runs_python

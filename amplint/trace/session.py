@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import os
 import re
 import signal
@@ -156,32 +155,64 @@ _PROCESS_MODULE_FILES = frozenset({__import__("subprocess").Popen.__init__.__cod
 # launchers that run one (`torchrun`, `accelerate launch`, `deepspeed`).
 _PYTHON_PROGRAM = re.compile(r"(?:python(?:\d+(?:\.\d+)*)?w?|torchrun|accelerate|deepspeed)(?:\.exe)?", re.IGNORECASE)
 _ENVIRONMENT_ASSIGNMENT = re.compile(r"\w+=")  # `CUDA_VISIBLE_DEVICES=0 python train.py`
+# Commands that run the command after them (`env`, `nohup`, `time`, `timeout 600`, `nice -n 5`).
+_WRAPPERS = frozenset({"env", "nohup", "time", "nice", "exec", "stdbuf", "timeout", "taskset", "numactl", "ionice"})
+_SHELLS = frozenset({"sh", "bash", "zsh", "dash"})
+_SEPARATORS = frozenset({"&&", "||", ";", "|", "&", ";;"})
+_WRAPPER_OPTION = re.compile(r"-.*|\d+(?:\.\d+)?[smhd]?")  # `nice -n 5`, `timeout 10m`
 
 
 def runs_python(args, executable, shell: bool) -> bool:
-    """Whether a command line (as `subprocess.Popen` or `os.system` take it) runs a Python program."""
+    """Whether a command line (as `subprocess.Popen` or `os.system` take it) runs a Python program,
+    in any of its commands (`cd runs && python train.py`, `bash -c "..."`, `nohup python ...`)."""
+    if executable is not None:
+        return _is_python(os.fsdecode(executable))
+    if isinstance(args, (str, bytes, os.PathLike)):
+        line = os.fsdecode(args)
+        return _shell_runs_python(line) if shell else _is_python(line)
+    try:
+        return _words_run_python([os.fsdecode(a) for a in args])
+    except TypeError:
+        return False
+
+
+def _shell_runs_python(line: str) -> bool:
     import shlex
 
-    if executable is not None:
-        program = os.fsdecode(executable)
-    elif isinstance(args, (str, bytes, os.PathLike)):
-        line = os.fsdecode(args)
-        if not shell:
-            program = line
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError:
+        return False
+    commands = [[]]
+    for token in tokens:
+        if token in _SEPARATORS:
+            commands.append([])
         else:
-            try:
-                words = shlex.split(line)
-            except ValueError:
-                return False
-            words = [w for w in itertools.dropwhile(lambda w: _ENVIRONMENT_ASSIGNMENT.match(w) or w == "env", words)]
-            if not words:
-                return False
-            program = words[0]
-    else:
-        try:
-            program = os.fsdecode(next(iter(args)))
-        except (StopIteration, TypeError):
-            return False
+            commands[-1].append(token)
+    return any(_words_run_python(words) for words in commands)
+
+
+def _words_run_python(words: list[str]) -> bool:
+    """One command's words: past its environment assignments, wrappers and their options."""
+    index, wrapped = 0, False
+    while index < len(words):
+        word = words[index]
+        if _ENVIRONMENT_ASSIGNMENT.match(word) or word in _WRAPPERS:
+            wrapped = wrapped or word in _WRAPPERS
+        elif not (wrapped and _WRAPPER_OPTION.fullmatch(word)):
+            break
+        index += 1
+    if index >= len(words):
+        return False
+    program, rest = words[index], words[index + 1 :]
+    if os.path.basename(program) in _SHELLS and "-c" in rest[:-1]:
+        return _shell_runs_python(rest[rest.index("-c") + 1])
+    return _is_python(program)
+
+
+def _is_python(program: str) -> bool:
     if os.path.realpath(program) == os.path.realpath(sys.executable):
         return True
     return _PYTHON_PROGRAM.fullmatch(os.path.basename(program)) is not None
