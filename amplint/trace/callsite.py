@@ -66,14 +66,23 @@ class CodeClassifier:
         """The innermost `limit` user frames (a helper's line and the line that called it)."""
         return list(itertools.islice(self._user_frames(sys._getframe(depth + 1)), limit))
 
-    def _user_frames(self, frame: FrameType | None) -> Iterator[Callsite]:
+    def construction_sites(self, obj, depth: int = 1, limit: int = 2) -> list[Callsite]:
+        """The user lines that built `obj`, past the `__init__` of its own class (a subclass of the
+        file calling `super().__init__(...)`: two instances are built where they are built)."""
+        def inside_its_init(frame: FrameType) -> bool:
+            code = frame.f_code
+            return code.co_name == "__init__" and code.co_argcount > 0 and frame.f_locals.get(code.co_varnames[0]) is obj
+
+        return list(itertools.islice(self._user_frames(sys._getframe(depth + 1), skip=inside_its_init), limit))
+
+    def _user_frames(self, frame: FrameType | None, skip=None) -> Iterator[Callsite]:
         internal = self._internal_by_code
         while frame is not None:
             code = frame.f_code
             is_internal = internal.get(code)
             if is_internal is None:
                 is_internal = internal[code] = self.is_library_file(code.co_filename)
-            if not is_internal:
+            if not is_internal and not (skip is not None and skip(frame)):
                 yield (code.co_filename, frame.f_lineno)
             frame = frame.f_back
 

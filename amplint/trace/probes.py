@@ -756,7 +756,7 @@ class Probes:
                 # subclasses (torch.cuda.amp.GradScaler) call this through super(): count once
                 outer = getattr(self_, "_amplint_constructing", False)
                 if not outer:
-                    sites = probes.classifier.user_callsites(1, limit=2)
+                    sites = probes.classifier.construction_sites(self_, 1, limit=2)
                     self_._amplint_constructing = True
                 try:
                     real(self_, *args, **kwargs)
