@@ -193,16 +193,18 @@ def _exclusive(facts: AmpFacts, a: _Event, b: _Event) -> bool:
     return mutually_exclusive(a.position, b.position) or facts.contradictory(_places(a), _places(b))
 
 
-def _runs_whenever(facts: AmpFacts, unscale: _Event, read: _Event) -> bool:
-    """The `unscale_` runs on every pass the gradients are read on: each condition it is under
-    holds there too, switches AMP (`if scaler is not None:`, whose other outcome scaled nothing),
-    or asks whether the optimizer is unscaled already (`if state["stage"] is not
-    OptState.UNSCALED:`). `if args.log_norm: scaler.unscale_(opt)` does not cover a clip that
-    runs always."""
+def _runs_whenever(facts: AmpFacts, unscale: _Event, read: _Event, scale: _Event) -> bool:
+    """The `unscale_` runs on every pass the gradients are read scaled on: each condition it is
+    under holds there too, switches AMP (`if scaler is not None:`, whose other outcome scaled
+    nothing), is one the scaled backward is under as well (torchrl's `if dtype:` around both, or
+    two `if`s on one condition: on the other outcome nothing was scaled), or asks whether the
+    optimizer is unscaled already (`if state["stage"] is not OptState.UNSCALED:`).
+    `if args.log_norm: scaler.unscale_(opt)` does not cover a clip that runs always."""
     held, failed = facts.outcomes_at(_places(unscale))
     read_held, read_failed = facts.outcomes_at(_places(read))
-    return all(c in read_held or _COVERS_EITHER_WAY.search(c) for c in held) and all(
-        c in read_failed or _COVERS_EITHER_WAY.search(c) for c in failed
+    scale_held, scale_failed = facts.outcomes_at(_places(scale))
+    return all(c in read_held or c in scale_held or _COVERS_EITHER_WAY.search(c) for c in held) and all(
+        c in read_failed or c in scale_failed or _COVERS_EITHER_WAY.search(c) for c in failed
     )
 
 
@@ -265,7 +267,7 @@ def check(facts: AmpFacts) -> Iterator[Hit]:
                 partial: list[_Event] = []  # an `unscale_` on some of the read's passes only
                 for unscale in unscales:
                     if not _exclusive(facts, unscale, event):
-                        (fresh if _runs_whenever(facts, unscale, event) else partial).append(unscale)
+                        (fresh if _runs_whenever(facts, unscale, event, scale) else partial).append(unscale)
                 later_steps = [e.optimizer for e in events[index + 1 :] if e.kind == "step"]
                 owner = later_steps[0] if later_steps else None
                 covering = _covering_unscale(owner, fresh, stepped_optimizers, unscaled)
