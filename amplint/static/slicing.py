@@ -664,6 +664,15 @@ def _amp002_reads(graph: _CallGraph) -> set[_Unit]:
     # `enabled=` pass for the parameters the switch reads.
     switched = graph.matching([u for u in graph.units if "enabled" in u.text], re.compile(_AMP002_AMP))
     kept |= graph.callers(frozenset(switched))
+    # _attribute_run_only_without_gradients: the methods of a cast's class that use an attribute a
+    # cast's line names (`self.encoder = self.encoder.to(torch.bfloat16)`).
+    converted = {
+        (u.owner, name)
+        for u in casts if u.owner
+        for line in u.text.splitlines() if "self." in line and _AMP002_CAST_CALL.search(line)
+        for name in _SELF_ATTRIBUTE.findall(line)
+    }
+    kept |= {u for u in graph.units if not converted.isdisjoint(u.used_self_attributes)}
     return kept
 
 

@@ -1098,7 +1098,26 @@ def _used_only_without_gradients(call: CallSite, facts: AmpFacts) -> bool:
         c for c in function.calls
         if _reads_a_subject(c, subjects) and (c is call or not _hands_on(c, subjects, facts)) and not _only_inspects(c, facts)
     ]
-    return bool(runs) and all(rg.in_no_grad(facts, c) for c in runs)
+    if all(rg.in_no_grad(facts, c) for c in runs) and runs:
+        return True
+    return _attribute_run_only_without_gradients(call, subjects, function, facts)
+
+
+def _attribute_run_only_without_gradients(call: CallSite, subjects: set[str], function: Scope, facts: AmpFacts) -> bool:
+    """A model kept on `self` by the method that converts it, and run by the class's methods only
+    under `torch.no_grad()` (Amphion's feature extractor: `self.encoder =
+    self.encoder.to(torch.bfloat16)`, used in a `@torch.no_grad()` method): no gradient reaches its
+    weights. Every use of the attribute in the class's methods counts, its parameters handed to an
+    optimizer included; what the converting method does with it besides converting it too."""
+    attributes = {s for s in subjects if s.startswith("self.")}
+    if not attributes or function.class_name is None:
+        return False
+    uses = [
+        c for c in facts.calls
+        if c.scope.function_scope.class_name == function.class_name and _reads_a_subject(c, attributes) and not _only_inspects(c, facts)
+        and not (c.scope.function_scope is function and (c is call or _hands_on(c, attributes, facts)))
+    ]
+    return bool(uses) and all(rg.in_no_grad(facts, c) for c in uses)
 
 
 def _made_here_and_used_only_without_gradients(call: CallSite, facts: AmpFacts) -> bool:
