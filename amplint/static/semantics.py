@@ -12,6 +12,7 @@ import statements gives for a fraction of that.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -1271,11 +1272,34 @@ class AmpFacts:
                 when = test if on.enabled_when is None else cst.BooleanOperation(test, cst.And(), on.enabled_when)
             return Autocast(expr, "maybe", on.device, on.dtype, on.deprecated, when)
         if isinstance(expr, (cst.Name, cst.Attribute)):
-            for value, value_scope in self.bindings(dotted_name(expr), scope, through_parameters=True):
+            key = dotted_name(expr)
+            bound = self.bindings(key, scope, through_parameters=True)
+            for value, value_scope in bound:
                 found = self.autocast_of(value, value_scope, depth + 1)
                 if found:
-                    return found
+                    return self._on_where_bound(found, key, value) if len(bound) > 1 else found
         return None
+
+    def _on_where_bound(self, region: Autocast, key: str | None, value: cst.BaseExpression) -> Autocast:
+        """A name bound to autocast under an `if` and to something else besides (DSVT's `amp_ctx =
+        nullcontext()`, then `if fp16: amp_ctx = torch.autocast(...)`): entered as `with amp_ctx:`,
+        the region is on only where the `if` held, as `autocast(...) if fp16 else nullcontext()`."""
+        if region.enabled == "no":
+            return region
+        assignment = next((a for a in self._assignments_by_key.get(key, ()) if a.value is value), None)
+        tests = list(self.branch_tests(assignment.where)) if assignment is not None else []
+        if not tests:
+            return region
+        when = [*tests, region.enabled_when] if region.enabled_when is not None else tests
+        return replace(region, enabled="maybe", enabled_when=functools.reduce(lambda a, b: cst.BooleanOperation(a, cst.And(), b), when))
+
+    def branch_tests(self, where: Context) -> Iterator[cst.BaseExpression]:
+        """What must hold for code at `where` to run: the test of each enclosing `if` whose body
+        holds it, and `not` the test of each whose `else` does."""
+        for node_id, label in where.branches:
+            test = self.if_tests.get(node_id)
+            if test is not None:
+                yield test if label == "body" else cst.UnaryOperation(cst.Not(), test)
 
     def _factories(self, bound: list[tuple[cst.BaseExpression, Scope]]) -> Iterator[Scope]:
         """The same-file functions whose call results a name is bound to."""

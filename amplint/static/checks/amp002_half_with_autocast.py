@@ -748,10 +748,8 @@ def _guards(where: Context | None, node: cst.CSTNode, facts: AmpFacts) -> Iterat
     it, `not` the test of each whose `else` does (CoCoOp's `if prec == "amp": with autocast():`),
     and the test of a conditional expression with it in an arm (`GradScaler() if prec == "amp"
     else None`)."""
-    for node_id, label in where.branches if where is not None else ():
-        test = facts.if_tests.get(node_id)
-        if test is not None:
-            yield test if label == "body" else cst.UnaryOperation(cst.Not(), test)
+    if where is not None:
+        yield from facts.branch_tests(where)
     parent = facts.parent_of.get(id(node))
     if isinstance(parent, cst.IfExp) and node is not parent.test:
         yield parent.test if node is parent.body else cst.UnaryOperation(cst.Not(), parent.test)
