@@ -991,6 +991,23 @@ def test_amp017_advice_on_a_torch_older_than_the_setting_moves_autocast_inside(t
     assert "torch._functorch.config" not in finding["message"]
 
 
+def test_amp017_advice_on_a_torch_older_than_torch_compile_says_so(tmp_path) -> None:
+    """efficientdet-pytorch pins torch 1.12.1, older than `torch.compile` itself."""
+    (tmp_path / "requirements.txt").write_text("torch==1.12.1\n")
+    (tmp_path / "train.py").write_text(COMPILED)
+    run = subprocess.run(
+        [sys.executable, "-m", "amplint", "check", "--no-cache", "--output-format", "json", "--select", "AMP017", "."],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    [finding] = json.loads(run.stdout)
+    assert "the project's oldest torch, 1.12.1, predates `torch.compile` (2.0) and the `backward_pass_autocast` setting" in finding["message"]
+
+
+def test_amp012_message_beside_bfloat16_autocast_says_the_scaler_is_not_needed() -> None:
+    [finding] = fixture_findings("AMP012/bad_bf16_trainer_saves_without_the_scaler.py", "AMP012")
+    assert "not needed at all: see AMP010" in finding.message and "re-calibrates" not in finding.message
+
+
 def test_amp017_backward_inside_autocast_is_not_a_mismatch() -> None:
     src = COMPILED.replace("    loss.backward()", "        loss.backward()")
     assert lines(src, "AMP017") == []

@@ -102,8 +102,8 @@ TRIGGERS: dict[str, str] = {
     + "|".join(rf"{owner}\s*\.\s*backward\b" for owner in names.FRAMEWORK_OWNERS),
     "AMP010": r"autocast|bfloat16|" + _SCALER,
     # A checkpoint saved or restored, and anywhere `torch.load` is called (the module-wide
-    # question its restore check starts from).
-    "AMP012": r"save|state_dict|load(?<!\wload)\b|Checkpoint|Accelerator|" + _CHECKPOINT_WRITER + "|" + _SCALER,
+    # question its restore check starts from); the regions, whose dtype its message reads.
+    "AMP012": r"save|state_dict|load(?<!\wload)\b|Checkpoint|Accelerator|autocast|" + _CHECKPOINT_WRITER + "|" + _SCALER,
     # What makes the module AMP-aware; a Function's own methods are kept by _FUNCTION_CLASS_RULES.
     # Every `.apply` of a Function: its exemption needs all of them in autocast-disabled regions.
     # A Triton kernel that converts its loads, which a forward may launch (_launches_a_converting_kernel).

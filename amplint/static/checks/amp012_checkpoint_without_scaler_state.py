@@ -11,6 +11,7 @@ from amplint.model import Applicability
 from amplint.static import names
 from amplint.static.source import code_only
 from amplint.static.checks import FixPlan, Hit, Replacement
+from amplint.static.checks import _regions as rg
 from amplint.static.checks import _training_step as ts
 from amplint.static.semantics import (
     AmpFacts,
@@ -297,6 +298,9 @@ def _optimizer_state_alone(facts: AmpFacts, save: CallSite, obj: cst.BaseExpress
 
 
 def _resumed_run(facts: AmpFacts) -> str:
+    if facts.has_autocast and rg.low_precision_words(facts) == "bfloat16":
+        # bfloat16 gradients have float32's range: a scale that restarts high costs no skipped steps.
+        return f"a resumed run restarts at {_initial_scale(facts)} (with bfloat16 autocast the scaler is not needed at all: see AMP010)"
     return f"a resumed run restarts at {_initial_scale(facts)} and skips steps while it re-calibrates"
 
 

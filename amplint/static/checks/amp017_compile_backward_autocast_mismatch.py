@@ -218,8 +218,10 @@ def _advice(facts: AmpFacts, compiled: str) -> str:
         )
     oldest = ".".join(map(str, facts.min_torch))
     inside = "the compiled function" if compiled == "function" else "the model's `forward`"
+    # Older than torch.compile itself: the compiled path runs only on the newer torch the code checks for.
+    predates = "`torch.compile` (2.0) and " if facts.min_torch < (2, 0) else ""
     return (
-        f"the project's oldest torch, {oldest}, predates the `backward_pass_autocast` setting of torch 2.8: "
+        f"the project's oldest torch, {oldest}, predates {predates}the `backward_pass_autocast` setting of torch 2.8: "
         f"open autocast inside {inside} instead, so that no autocast surrounds the compiled call for backward to inherit"
     )
 
