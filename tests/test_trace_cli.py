@@ -949,6 +949,27 @@ def test_simulate_cuda_says_a_cpu_build_refuses_multihead_attention_in_training(
     assert any("this torch is a CPU build" in error for error in errors), errors
 
 
+def test_simulate_cuda_follows_a_cnn_through_batch_norm_in_training(tmp_path: Path) -> None:
+    """BatchNorm, on no autocast list, keeps its input's dtype on CUDA: the convolution's bfloat16
+    flows on to the activation after it, rather than everything after it going unsimulated."""
+    write(
+        tmp_path,
+        "cnn.py",
+        """
+        import torch
+        from torch import nn
+
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(torch.randn(4, 3, 8, 8))
+        """,
+    )
+    traced = trace(tmp_path, "-q", "--json", "r.json", "--simulate", "cuda", "cnn.py")
+    assert traced.returncode == 0, traced.stderr
+    calls = {c["function"]: c["simulated_output_dtypes"] for c in json.loads((tmp_path / "r.json").read_text())["simulation"]["calls"]}
+    assert calls["torch.nn.functional.batch_norm"] == ["bfloat16"] and calls["torch.nn.functional.relu"] == ["bfloat16"]
+
+
 def test_options_after_the_module_name_belong_to_the_module(tmp_path: Path) -> None:
     write(tmp_path, "pkg/__init__.py", "")
     write(tmp_path, "pkg/train.py", "import sys\nprint(sys.argv[1:])\n")
