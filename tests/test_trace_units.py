@@ -797,7 +797,7 @@ def test_hand_loss_scale_reads_the_seed_gradient_of_backward() -> None:
     ],
 )
 def test_a_command_that_starts_python_is_a_python_program(args, executable, shell) -> None:
-    from amplint.trace.session import runs_python
+    from amplint.trace.children import runs_python
 
     assert runs_python(args, executable, shell)
 
@@ -810,6 +810,6 @@ def test_a_command_that_starts_python_is_a_python_program(args, executable, shel
     ],
 )
 def test_other_commands_are_not_python_programs(args, shell) -> None:
-    from amplint.trace.session import runs_python
+    from amplint.trace.children import runs_python
 
     assert not runs_python(args, None, shell)
