@@ -191,7 +191,7 @@ def oldest_torch_checked(text: str, declared: tuple[int, ...] | None) -> tuple[i
     a fix must not drop what the file supports."""
     if "1" not in text or not re.search(_VERSION_OF_TORCH, text):
         return declared
-    minors = [int(m.group(1) or m.group(2) or m.group(3) or m.group(4)) for m in _TORCH_1_CHECK.finditer(text)]
+    minors = [int(next(group for group in m.groups() if group)) for m in _TORCH_1_CHECK.finditer(text)]
     if not minors:
         return declared
     checked = (1, min(minors))

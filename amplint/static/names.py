@@ -214,7 +214,15 @@ def names_a_test(function_name: str) -> bool:
 VALUE_INSPECTIONS = frozenset({"isfinite", "isnan", "isinf", "isposinf", "isneginf", "isreal", "equal", "allclose", "isclose"})
 
 
+# Clocks a benchmark reads around the work it times.
+CLOCKS = frozenset({
+    "time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic", "time.process_time",
+    "timeit.timeit", "timeit.repeat", "timeit.default_timer", "torch.utils.benchmark.Timer",
+})
 # A timer, a profiler or a project's timing helper, by its name's last part (vissl's
 # `with_timing(...)`, `Timer()`, `torch.profiler.profile`, `record_function`, `benchmark_fn`):
 # what measures a backward, as a clock read does.
 TIMING_NAME = re.compile(r"tim(?:er|ing|ed)|benchmark|profil|record_function", re.IGNORECASE)
+# A Triton kernel converting what it loads (`tl.load(X + offs).to(tl.float32)`): it picks its dtypes
+# (AMP013's _launches_a_converting_kernel, and what the slicer keeps for it).
+CONVERTING_KERNEL = r"\.to\(\s*tl\.float32"

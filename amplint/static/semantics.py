@@ -1268,8 +1268,7 @@ class AmpFacts:
             on = body if on_body else orelse
             when = None
             if on_body != on_else:
-                test = expr.test if on_body else cst.UnaryOperation(cst.Not(), expr.test)
-                when = test if on.enabled_when is None else cst.BooleanOperation(test, cst.And(), on.enabled_when)
+                when = all_of([expr.test if on_body else cst.UnaryOperation(cst.Not(), expr.test), on.enabled_when])
             return Autocast(expr, "maybe", on.device, on.dtype, on.deprecated, when)
         if isinstance(expr, (cst.Name, cst.Attribute)):
             key = dotted_name(expr)
@@ -1290,8 +1289,7 @@ class AmpFacts:
         tests = list(self.branch_tests(assignment.where)) if assignment is not None else []
         if not tests:
             return region
-        when = [*tests, region.enabled_when] if region.enabled_when is not None else tests
-        return replace(region, enabled="maybe", enabled_when=functools.reduce(lambda a, b: cst.BooleanOperation(a, cst.And(), b), when))
+        return replace(region, enabled="maybe", enabled_when=all_of([*tests, region.enabled_when]))
 
     def branch_tests(self, where: Context) -> Iterator[cst.BaseExpression]:
         """What must hold for code at `where` to run: the test of each enclosing `if` whose body
@@ -2041,6 +2039,12 @@ def arms_of(value: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
         yield from arms_of(value.orelse)
     else:
         yield value
+
+
+def all_of(tests: list[cst.BaseExpression | None]) -> cst.BaseExpression | None:
+    """The tests given (None for none) joined by `and`, as a condition the facts can read."""
+    present = [t for t in tests if t is not None]
+    return functools.reduce(lambda a, b: cst.BooleanOperation(a, cst.And(), b), present) if present else None
 
 
 def _is_a_placeholder(function: cst.CSTNode) -> bool:

@@ -75,9 +75,6 @@ _AMP002_WRAPPERS = "|".join(
 # What a test must reach to train (_training_anchors): a backward, a GradScaler, an optimizer step.
 _AMP002_TRAINS = r"backward|GradScaler|\.\s*step\s*\("
 _DEFINED = re.compile(r"def(?<!\wdef)\s+(\w+)")  # the functions a unit defines: itself and those nested in it
-# A Triton kernel converting its loads, which a Function's forward may launch through helpers
-# (AMP013's _launches_a_converting_kernel).
-_CONVERTING_KERNEL = r"\.to\(\s*tl\.float32"
 # Words whose presence makes a function relevant to a rule. Rules not listed disable slicing.
 # Each alternative starts with its literal, and a whole word is checked after it (`amp(?<!\wamp)`
 # rather than `\bamp`): a leading `\b` or class makes `re` try every position, 5-10x slower.
@@ -107,7 +104,7 @@ TRIGGERS: dict[str, str] = {
     # What makes the module AMP-aware; a Function's own methods are kept by _FUNCTION_CLASS_RULES.
     # Every `.apply` of a Function: its exemption needs all of them in autocast-disabled regions.
     # A Triton kernel that converts its loads, which a forward may launch (_launches_a_converting_kernel).
-    "AMP013": r"custom_fwd|custom_bwd|autocast|\.apply(?!\w)|" + _CONVERTING_KERNEL + "|" + _SCALER,
+    "AMP013": r"custom_fwd|custom_bwd|autocast|\.apply(?!\w)|" + names.CONVERTING_KERNEL + "|" + _SCALER,
     "AMP014": r"autocast",
     "AMP015": r"autocast|Thread|submit|Executor|Pool|\.map\(|apply_async|imap|starmap",
     # What says the module trains (its bfloat16 hint then mentions a GradScaler), as AMP002's,
@@ -501,9 +498,9 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
         kept |= graph.reach(TRIGGERS[code], follow_calls=code in _FOLLOW_CALLS, function_classes=code in _FUNCTION_CLASS_RULES)
     if "AMP002" in codes:
         kept |= _amp002_reads(graph)
-    if "AMP013" in codes and graph.reach(_CONVERTING_KERNEL, follow_calls=False, function_classes=False):
+    if "AMP013" in codes and graph.reach(names.CONVERTING_KERNEL, follow_calls=False, function_classes=False):
         # the helpers a Function's forward hands its tensors to, on the way to a kernel that converts them
-        kept |= graph.callees(graph.reach("(?!)", follow_calls=False, function_classes=True))
+        kept |= graph.callees(frozenset(u for u in graph.units if _defines_function_class(u, graph.is_function_base)))
     if "AMP016" in codes:  # what the callers of a helper that switches FlashAttention on pass it
         kept |= graph.callers(graph.reach(_FLASH_SWITCH, follow_calls=False, function_classes=False))
     reads_clocks = not codes.isdisjoint(_ASK_FOR_A_BACKWARD) and _reads_a_clock(screen)
@@ -528,12 +525,12 @@ def _slice(text: str, tree: ast.Module, codes: frozenset[str], code_view: str, s
     for unit in kept:
         keep.update(range(unit.first, unit.last + 1))
     words = re.compile("|".join(triggers) or "(?!)")
-    names = graph.global_names(words)
-    keep -= _inert_elements(screen.walk.tables, code_lines, keep, words, names)
+    bound_names = graph.global_names(words)
+    keep -= _inert_elements(screen.walk.tables, code_lines, keep, words, bound_names)
     # A nested function that calls none of the kept functions is as inert as a blanked one.
-    names |= {unit.name for unit in kept}
+    bound_names |= {unit.name for unit in kept}
     units = {id(unit.node) for unit in skeleton.units}
-    placeholders = _inert_definitions(screen.walk.functions, code_lines, keep, words, names, units)
+    placeholders = _inert_definitions(screen.walk.functions, code_lines, keep, words, bound_names, units)
     for first, last, _indent in placeholders:
         keep.difference_update(range(first, last + 1))
     out = [line if number in keep else _ending(line) for number, line in enumerate(lines, start=1)]
@@ -710,11 +707,8 @@ def _backward_witness(graph: _CallGraph, kept: set[_Unit], screen: Screen) -> fr
     return graph.reach(r"backward", follow_calls=True, function_classes=False)
 
 
-# The clocks rg.times_a_backward reads (its _CLOCKS by their last names, and CUDA events' `elapsed_time`).
-_CLOCK_CALLS = frozenset({
-    "time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "process_time", "timeit", "repeat",
-    "default_timer", "Timer", "elapsed_time",
-})
+# The clocks rg.times_a_backward reads, by their last names, and CUDA events' `elapsed_time`.
+_CLOCK_CALLS = frozenset({clock.rsplit(".", 1)[-1] for clock in names.CLOCKS} | {"elapsed_time"})
 
 
 def _reads_a_clock(screen: Screen) -> bool:

@@ -210,12 +210,6 @@ def has_backward(facts: AmpFacts) -> bool:
     return ts.cached(facts, "has_backward", build)
 
 
-# Clocks a benchmark reads around the work it times.
-_CLOCKS = frozenset({
-    "time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic", "time.process_time",
-    "timeit.timeit", "timeit.repeat", "timeit.default_timer", "torch.utils.benchmark.Timer",
-})
-
 
 def times_a_backward(facts: AmpFacts) -> bool:
     """A module that reads a clock, or calls a timer or a profiler, and has no optimizer and no
@@ -229,7 +223,7 @@ def times_a_backward(facts: AmpFacts) -> bool:
 
 
 def _measures(call: CallSite) -> bool:
-    if call.qualname in _CLOCKS or call.method == "elapsed_time":
+    if call.qualname in names.CLOCKS or call.method == "elapsed_time":
         return True
     name = call.method or (call.callee or "").rsplit(".", 1)[-1]
     return bool(names.TIMING_NAME.search(name))

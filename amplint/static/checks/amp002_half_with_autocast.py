@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import libcst as cst
 
@@ -18,6 +17,7 @@ from amplint.static.semantics import (
     Context,
     Reference,
     Scope,
+    all_of,
     and_operands,
     argument,
     dotted_name,
@@ -734,11 +734,11 @@ def _amp_switches(facts: AmpFacts) -> list[tuple[cst.BaseExpression, Scope] | No
         holder = facts.function_holding(region.node)
         # A decorator's arguments are evaluated where the decorated function is defined.
         decorates = isinstance(facts.parent_of.get(id(region.node)), cst.Decorator)
-        when = _all_of([*_guards(where, region.node, facts), region.enabled_when])
+        when = all_of([*_guards(where, region.node, facts), region.enabled_when])
         switches.append(None if when is None else (when, (holder.parent or holder) if decorates else holder))
     for scaler in facts.calls:
         if scaler.qualname in names.GRAD_SCALER:
-            when = _all_of([*_guards(scaler.where, scaler.node, facts), scaler.arg(None, "enabled")])
+            when = all_of([*_guards(scaler.where, scaler.node, facts), scaler.arg(None, "enabled")])
             switches.append(None if when is None else (when, scaler.scope))
     return switches
 
@@ -753,11 +753,6 @@ def _guards(where: Context | None, node: cst.CSTNode, facts: AmpFacts) -> Iterat
     parent = facts.parent_of.get(id(node))
     if isinstance(parent, cst.IfExp) and node is not parent.test:
         yield parent.test if node is parent.body else cst.UnaryOperation(cst.Not(), parent.test)
-
-
-def _all_of(tests: list[cst.BaseExpression | None]) -> cst.BaseExpression | None:
-    present = [t for t in tests if t is not None]
-    return functools.reduce(lambda a, b: cst.BooleanOperation(a, cst.And(), b), present) if present else None
 
 
 def _with_asserted_settings(
@@ -777,9 +772,7 @@ def _with_asserted_settings(
         for operand in asserted:
             text, positive = facts.condition(operand)
             (held if positive else failed).add(text)
-            comparison = _string_comparison(operand)
-            if comparison is not None and comparison[2]:
-                pinned[facts.module.code_for_node(comparison[0])] = comparison[1]
+        pinned.update(_pinned_by(asserted, facts))
     return frozenset(held), frozenset(failed), pinned
 
 
@@ -789,12 +782,19 @@ def _pinned_by_the_ifs_around(call: CallSite, facts: AmpFacts) -> dict[str, str]
     for another (`enabled=cfg.PREC == "amp"`) is off."""
     pinned = {}
     for guard in call.where.ifs:
-        if (id(guard), "body") not in call.where.branches:
-            continue
-        for operand in and_operands(guard.test):
-            comparison = _string_comparison(operand)
-            if comparison is not None and comparison[2]:
-                pinned[facts.module.code_for_node(comparison[0])] = comparison[1]
+        if (id(guard), "body") in call.where.branches:
+            pinned.update(_pinned_by(and_operands(guard.test), facts))
+    return pinned
+
+
+def _pinned_by(operands: Iterable[cst.BaseExpression], facts: AmpFacts) -> dict[str, str]:
+    """The settings these `and`ed operands compare equal to a string (`cfg.PREC == "fp16"`), by
+    their code."""
+    pinned = {}
+    for operand in operands:
+        comparison = _string_comparison(operand)
+        if comparison is not None and comparison[2]:
+            pinned[facts.module.code_for_node(comparison[0])] = comparison[1]
     return pinned
 
 
@@ -1096,7 +1096,7 @@ def _used_only_without_gradients(call: CallSite, facts: AmpFacts) -> bool:
         c for c in function.calls
         if _reads_a_subject(c, subjects) and (c is call or not _hands_on(c, subjects, facts)) and not _only_inspects(c, facts)
     ]
-    if all(rg.in_no_grad(facts, c) for c in runs) and runs:
+    if runs and all(rg.in_no_grad(facts, c) for c in runs):
         return True
     return _attribute_run_only_without_gradients(call, subjects, function, facts)
 

@@ -327,8 +327,7 @@ def _casts_an_input(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
     )
 
 
-# A Triton kernel converting what it loads (`tl.load(X + offs).to(tl.float32)`).
-_CONVERTS_LOADS = re.compile(r"\.to\(\s*tl\.float32")
+_CONVERTS_LOADS = re.compile(names.CONVERTING_KERNEL)
 
 
 def _launches_a_converting_kernel(facts: AmpFacts, forward: cst.FunctionDef) -> bool:
