@@ -608,13 +608,7 @@ class NonFiniteMonitor:
     def _handles_gradients(self, tensors: list[torch.Tensor]) -> bool:
         """Whether any tensor is (a view of) the gradient of an optimizer's parameter. Only asked
         about an op that made a non-finite value, so the scan costs nothing in a healthy run."""
-        gradients = {
-            storage_of(param.grad)
-            for optimizer in list(self.state.optimizers)
-            for group in optimizer.param_groups
-            for param in group["params"]
-            if param.grad is not None
-        } - {None}
+        gradients = gradients_by_storage(self.state.optimizers)
         return any(storage_of(t) in gradients for t in tensors)
 
     # -- after the run ------------------------------------------------------------------
@@ -637,6 +631,17 @@ class NonFiniteMonitor:
             children = bool(self.state.untraced_processes or self.state.untraced_programs)
             self.state.notes.append(cheap_coverage_note(self._losses_checked, self._gradient_checks, children))
         return first
+
+
+def gradients_by_storage(optimizers) -> dict[int, torch.Tensor]:
+    """The parameters of these optimizers that hold a gradient, by where the gradient lives."""
+    found = {}
+    for optimizer in list(optimizers):
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None and (key := storage_of(param.grad)) is not None:
+                    found[key] = param
+    return found
 
 
 def storage_of(tensor: torch.Tensor) -> int | None:

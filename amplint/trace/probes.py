@@ -32,7 +32,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from amplint.static.names import VALUE_INSPECTIONS
 from amplint.trace.callsite import Callsite, CodeClassifier
-from amplint.trace.nonfinite import NonFiniteMonitor, storage_of, stored_values
+from amplint.trace.nonfinite import NonFiniteMonitor, gradients_by_storage, storage_of, stored_values
 from amplint.trace.recorder import LOW_PRECISION
 from amplint.trace.state import ClipEvent, Conversion, Float16Region, LastUnscale, SchedulerStep, ScalerInfo, ScalerStep, TraceState, Update, WarningRecord
 
@@ -121,8 +121,8 @@ class Probes:
         self.callers: dict = {}  # probe callsite -> user lines on the call stack above it (confirm.Facts)
         self.direct_callers: dict = {}  # probe callsite -> the user lines right above it (a helper's call)
         self._backwards_seen = 0
-        self._grad_storages_for: tuple | None = None
-        self._grad_storages: frozenset = frozenset()
+        self._gradients_for: tuple | None = None
+        self._gradients_seen: dict = {}
         state.scaled_gradient_reads = self.read_scaled_gradients
 
     # -- plumbing -------------------------------------------------------------------------
@@ -178,30 +178,27 @@ class Probes:
         reads = state.grad_reads.get(site)
         if reads and reads[-1]["step"] == state.step:
             return
-        grads = self._gradient_storages()
+        grads = self._gradients()
         inputs = [a for i, a in enumerate(args) if i not in op.mutated] if op.overwrites else args
         # A gradient needs no gradient itself: activations and parameters are passed over cheaply.
-        read = {storage_of(t) for t in _tensors_in(inputs) if not t.requires_grad} & grads
+        read = {storage_of(t) for t in _tensors_in(inputs) if not t.requires_grad} & grads.keys()
         if not read:
             return
-        params = [p for opt in list(state.optimizers) for group in opt.param_groups for p in group["params"] if p.grad is not None and storage_of(p.grad) in read]
-        info = self.still_scaled(params)
+        info = self.still_scaled([grads[key] for key in read])
         if info is None:
             return
         # The first user line above this one (a comprehension or generator on the line runs in a frame of its own).
         caller = next((s for s in self.classifier.user_callsites(2, limit=4) if s != site), None)
         state.grad_reads[site].append({"step": state.step, "scale_slot": self.defer_scale(info), "called_from": caller})
 
-    def _gradient_storages(self) -> frozenset:
-        """Where the gradients of the optimizers' parameters live, once after each backward (a
-        backward may allocate them; later ones accumulate into the same storage)."""
+    def _gradients(self) -> dict:
+        """The optimizers' parameters by where their gradients live, read once after each backward
+        (a backward may allocate them; later ones accumulate into the same storage)."""
         key = (self.state.step, self._backwards_seen)
-        if self._grad_storages_for != key:
-            self._grad_storages_for = key
-            self._grad_storages = frozenset(
-                storage_of(p.grad) for opt in list(self.state.optimizers) for group in opt.param_groups for p in group["params"] if p.grad is not None
-            ) - {None}
-        return self._grad_storages
+        if self._gradients_for != key:
+            self._gradients_for = key
+            self._gradients_seen = gradients_by_storage(self.state.optimizers)
+        return self._gradients_seen
 
     def defer_scale(self, info):
         """A deferred slot for the scale of the scaler whose gradients are still scaled (read after
