@@ -978,29 +978,29 @@ def test_amp017_advice_runs_as_written_on_the_installed_torch() -> None:
     assert run.returncode == 0, run.stderr
 
 
-def test_amp017_advice_on_a_torch_older_than_the_setting_moves_autocast_inside(tmp_path) -> None:
-    """`backward_pass_autocast` arrived in torch 2.8: on an older pin, setting it raises."""
-    (tmp_path / "requirements.txt").write_text("torch==2.1.1\n")
+def _amp017_message_for_a_project_pinning(tmp_path, requirement: str) -> str:
+    """AMP017's message on COMPILED, checked through the CLI in a project whose requirements pin torch."""
+    (tmp_path / "requirements.txt").write_text(requirement + "\n")
     (tmp_path / "train.py").write_text(COMPILED)
     run = subprocess.run(
         [sys.executable, "-m", "amplint", "check", "--no-cache", "--output-format", "json", "--select", "AMP017", "."],
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
     )
     [finding] = json.loads(run.stdout)
-    assert "the project's oldest torch, 2.1.1, predates the `backward_pass_autocast` setting of torch 2.8" in finding["message"]
-    assert "torch._functorch.config" not in finding["message"]
+    return finding["message"]
+
+
+def test_amp017_advice_on_a_torch_older_than_the_setting_moves_autocast_inside(tmp_path) -> None:
+    """`backward_pass_autocast` arrived in torch 2.8: on an older pin, setting it raises."""
+    message = _amp017_message_for_a_project_pinning(tmp_path, "torch==2.1.1")
+    assert "the project's oldest torch, 2.1.1, predates the `backward_pass_autocast` setting of torch 2.8" in message
+    assert "torch._functorch.config" not in message
 
 
 def test_amp017_advice_on_a_torch_older_than_torch_compile_says_so(tmp_path) -> None:
     """efficientdet-pytorch pins torch 1.12.1, older than `torch.compile` itself."""
-    (tmp_path / "requirements.txt").write_text("torch==1.12.1\n")
-    (tmp_path / "train.py").write_text(COMPILED)
-    run = subprocess.run(
-        [sys.executable, "-m", "amplint", "check", "--no-cache", "--output-format", "json", "--select", "AMP017", "."],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
-    )
-    [finding] = json.loads(run.stdout)
-    assert "the project's oldest torch, 1.12.1, predates `torch.compile` (2.0) and the `backward_pass_autocast` setting" in finding["message"]
+    message = _amp017_message_for_a_project_pinning(tmp_path, "torch==1.12.1")
+    assert "the project's oldest torch, 1.12.1, predates `torch.compile` (2.0) and the `backward_pass_autocast` setting" in message
 
 
 def test_amp012_message_beside_bfloat16_autocast_says_the_scaler_is_not_needed() -> None:
